@@ -1,0 +1,29 @@
+"""Wire formats of servewatch (pydantic v2 only; nothing else may be imported here)."""
+
+from pydantic import BaseModel
+
+from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
+from schemas.dead_letter import DeadLetter
+from schemas.request_log import Engine, FinishReason, RequestLog
+from schemas.version import SCHEMA_VERSION
+
+#: Schemas that ``servewatch schema NAME`` exports as JSON Schema.
+EXPORTED: dict[str, type[BaseModel]] = {
+    "RequestLog": RequestLog,
+    "AnomalyEvent": AnomalyEvent,
+    "DeadLetter": DeadLetter,
+}
+
+__all__ = [
+    "EXPORTED",
+    "SCHEMA_VERSION",
+    "AnomalyEvent",
+    "DeadLetter",
+    "Engine",
+    "FinishReason",
+    "Hint",
+    "RequestLog",
+    "Severity",
+    "Signal",
+    "Status",
+]

@@ -1,0 +1,82 @@
+"""``AnomalyEvent``: what servewatch tells people and machines about a deviation.
+
+Identity follows Alertmanager: ``fingerprint`` is derived from labels (segment, signal and
+the incident's start), everything else describes. One incident produces a ``firing`` event,
+periodic updates while it lasts, and one ``resolved`` event.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from schemas.version import SCHEMA_VERSION
+
+
+class Signal(StrEnum):
+    TTFT = "ttft"
+    ITL = "itl"
+    THROUGHPUT = "throughput"
+    QUEUE_TIME = "queue_time"
+    PREFILL_TIME = "prefill_time"
+    LENGTH_TRUNCATION = "length_truncation"
+    REASONING_LEAK = "reasoning_leak"
+    EMPTY_RESPONSE = "empty_response"
+    ERROR_RATE = "error_rate"
+    CACHE_HIT_RATE = "cache_hit_rate"
+    KV_CACHE_USAGE = "kv_cache_usage"
+    PREEMPTIONS = "preemptions"
+
+
+class Status(StrEnum):
+    FIRING = "firing"
+    RESOLVED = "resolved"
+
+
+class Severity(StrEnum):
+    """``info`` never pages (e.g. explained by load); ``warning`` and ``critical`` do."""
+
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class Hint(BaseModel):
+    """A likely cause, from a documented set of codes."""
+
+    model_config = ConfigDict(frozen=True)
+
+    code: str
+    message: str
+
+
+class AnomalyEvent(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    id: str = Field(description="Unique and deterministic per fingerprint, window and status.")
+    fingerprint: str = Field(description="Stable per segment + signal + incident.")
+    status: Status
+    signal: Signal
+    segment: dict[str, str] = Field(description="Workload segment labels; always has 'model'.")
+    window_start: float = Field(description="Unix seconds, inclusive.")
+    window_end: float = Field(description="Unix seconds, exclusive.")
+    observed: float
+    expected: float
+    score: float = Field(
+        description="Surprise: -log10 of the tail probability of `observed` under the model "
+        "(2 = 1 in 100, 3 = 1 in 1,000). The same scale on every signal."
+    )
+    severity: Severity
+    load: dict[str, float] = Field(description="Load figures of the window: requests/s and tokens/s.")
+    explained_by_load: bool
+    hints: list[Hint] = Field(default_factory=list)
+    evidence: list[dict[str, Any]] = Field(default_factory=list)
+    summary: str
+    baseline_young: bool = Field(default=False, description="True while the segment's baseline has seen few windows.")
+
+    @property
+    def pages(self) -> bool:
+        return self.status is Status.FIRING and self.severity is not Severity.INFO

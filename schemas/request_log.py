@@ -1,0 +1,124 @@
+"""``RequestLog``: one served LLM request, as the detector reads it.
+
+Strict where a wrong value would corrupt a statistic (token counts, timings, timestamps),
+lenient where engines disagree (unknown finish reasons are kept as ``other``, extra fields
+are ignored). Every bound below is a reason a record goes to the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from schemas.version import SCHEMA_VERSION
+
+# Bounds that reject absurd values rather than let one record skew a window.
+MAX_TOKENS_PER_REQUEST = 10_000_000
+MAX_SECONDS = 86_400.0  # a request that ran for more than a day is a logging bug
+MAX_TEXT_CHARS = 1_000_000
+MIN_TIMESTAMP = 946_684_800.0  # 2000-01-01: earlier means ms/us units or a zero default
+MAX_TIMESTAMP = 4_102_444_800.0  # 2100-01-01
+
+TokenCount = Annotated[int, Field(ge=0, le=MAX_TOKENS_PER_REQUEST)]
+Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
+ShortLabel = Annotated[str, Field(min_length=1, max_length=256)]
+
+
+class FinishReason(StrEnum):
+    """Why generation stopped. Values engines use, plus ``other`` for anything else."""
+
+    STOP = "stop"
+    LENGTH = "length"
+    ABORT = "abort"
+    ERROR = "error"
+    TOOL_CALLS = "tool_calls"
+    REPETITION = "repetition"
+    OTHER = "other"
+
+
+class Engine(StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+class RequestLog(BaseModel):
+    """One finished request. ``timestamp`` is when it finished, in unix seconds (UTC)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, str_strip_whitespace=True)
+
+    schema_version: int = SCHEMA_VERSION
+    request_id: ShortLabel
+    timestamp: float = Field(description="When the request finished: unix seconds or ISO-8601.")
+    model: ShortLabel
+    prompt_tokens: TokenCount
+    completion_tokens: TokenCount
+    e2e_s: Seconds
+    finish_reason: FinishReason
+
+    ttft_s: Seconds | None = None
+    queue_s: Seconds | None = None
+    prefill_s: Seconds | None = None
+    decode_s: Seconds | None = None
+    cached_tokens: TokenCount | None = None
+    reasoning_tokens: TokenCount | None = None
+    max_tokens: TokenCount | None = None
+    status_code: Annotated[int, Field(ge=100, le=599)] | None = None
+    error: Annotated[str, Field(max_length=4096)] | None = None
+    route: ShortLabel | None = None
+    tenant: ShortLabel | None = None
+    instance: ShortLabel | None = None
+    engine: Engine | None = None
+    engine_version: ShortLabel | None = None
+    prefix_hash: ShortLabel | None = None
+    content: Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None = None
+    reasoning_content: Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None = None
+
+    @field_validator("timestamp", mode="before")
+    @classmethod
+    def _parse_timestamp(cls, value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError("timestamp must be unix seconds or ISO-8601, not a boolean")
+        if isinstance(value, str):
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        elif isinstance(value, int | float):
+            seconds = float(value)
+        else:
+            raise ValueError("timestamp must be unix seconds or ISO-8601")
+        if not math.isfinite(seconds) or not MIN_TIMESTAMP <= seconds <= MAX_TIMESTAMP:
+            raise ValueError(
+                f"timestamp {value!r} is outside 2000..2100 in unix seconds (milliseconds sent as seconds?)"
+            )
+        return seconds
+
+    @field_validator("finish_reason", mode="before")
+    @classmethod
+    def _unknown_reason_is_other(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            lowered = value.strip().lower()
+            return lowered if lowered in FinishReason._value2member_map_ else FinishReason.OTHER
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RequestLog:
+        if self.cached_tokens is not None and self.cached_tokens > self.prompt_tokens:
+            raise ValueError("cached_tokens exceeds prompt_tokens")
+        if self.ttft_s is not None and self.ttft_s > self.e2e_s + 1e-3:
+            raise ValueError("ttft_s exceeds e2e_s")
+        return self
+
+    @property
+    def uncached_prompt_tokens(self) -> int:
+        return self.prompt_tokens - (self.cached_tokens or 0)
+
+    @property
+    def is_error(self) -> bool:
+        return self.finish_reason in (FinishReason.ERROR, FinishReason.ABORT) or (
+            self.status_code is not None and self.status_code >= 500
+        )
