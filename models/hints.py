@@ -1,0 +1,93 @@
+"""Likely causes, from the same window statistics the detectors read.
+
+Each rule is a pure function of the window, the segment's recent normal figures and the
+verdict; it returns a ``Hint`` or ``None``. Rules are ranked by how far their evidence
+moved, so the first hint is the best guess. Codes are a documented, stable set.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from schemas.anomaly import Hint
+
+
+@dataclass
+class Baseline:
+    """Exponentially weighted figures of a segment's normal windows (cheap, O(1))."""
+
+    halflife: float = 30.0
+    cache_hit_rate: float = math.nan
+    uncached_tokens_per_request: float = math.nan
+    requests_per_s: float = math.nan
+    prompt_tokens_per_request: float = math.nan
+    windows: int = 0
+
+    def learn(self, load: dict[str, float]) -> None:
+        alpha = max(1.0 - 0.5 ** (1.0 / self.halflife), 1.0 / (self.windows + 1))
+        rate = load["requests_per_s"]
+        figures = {
+            "cache_hit_rate": load.get("cache_hit_rate", math.nan),
+            "uncached_tokens_per_request": load["uncached_prompt_tokens_per_s"] / rate if rate > 0 else math.nan,
+            "requests_per_s": rate,
+            "prompt_tokens_per_request": load["prompt_tokens_per_s"] / rate if rate > 0 else math.nan,
+        }
+        for name, value in figures.items():
+            if math.isnan(value):
+                continue
+            old = getattr(self, name)
+            setattr(self, name, value if math.isnan(old) else old + alpha * (value - old))
+        self.windows += 1
+
+
+def _ratio(now: float, usual: float) -> float:
+    if math.isnan(now) or math.isnan(usual) or usual <= 0:
+        return math.nan
+    return now / usual
+
+
+def latency_hints(load: dict[str, float], usual: Baseline, *, explained_by_load: bool) -> list[Hint]:
+    """Hints for a latency (TTFT) anomaly, best first."""
+    ranked: list[tuple[float, Hint]] = []
+    hit_now = load.get("cache_hit_rate", math.nan)
+    requests_per_s = load.get("requests_per_s", 0.0)
+    uncached_now = load["uncached_prompt_tokens_per_s"] / requests_per_s if requests_per_s > 0 else math.nan
+    uncached_ratio = _ratio(uncached_now, usual.uncached_tokens_per_request)
+    traffic_ratio = _ratio(requests_per_s, usual.requests_per_s)
+
+    if not math.isnan(hit_now) and usual.cache_hit_rate >= 0.2 and hit_now < usual.cache_hit_rate / 2:
+        ranked.append(
+            (
+                10.0 + (usual.cache_hit_rate - hit_now) * 10,
+                Hint(
+                    code="prefix_cache_ineffective",
+                    message=f"prefix-cache hit rate fell to {hit_now:.0%} from a usual {usual.cache_hit_rate:.0%}; "
+                    "check that prefix caching is enabled (enable_prefix_caching) on the serving instances",
+                ),
+            )
+        )
+    if not math.isnan(uncached_ratio) and uncached_ratio >= 2.0:
+        ranked.append(
+            (
+                5.0 + math.log(uncached_ratio),
+                Hint(
+                    code="prefill_bound",
+                    message=f"uncached prompt tokens per request rose {uncached_ratio:.1f}x "
+                    f"({uncached_now:,.0f} vs {usual.uncached_tokens_per_request:,.0f}): prefill work grew",
+                ),
+            )
+        )
+    if explained_by_load and not math.isnan(traffic_ratio):
+        ranked.append(
+            (
+                4.0 + abs(math.log(max(traffic_ratio, 1e-9))),
+                Hint(
+                    code="queueing",
+                    message=f"requests/s is {traffic_ratio:.1f}x its usual level; the rise is in line with load "
+                    "(capacity, not a fault)",
+                ),
+            )
+        )
+    ranked.sort(key=lambda item: item[0], reverse=True)
+    return [hint for _, hint in ranked]

@@ -1,0 +1,283 @@
+"""Load-conditioned latency: what should a window's latency be, given its demand?
+
+The model is a small Bayesian linear regression (a Kalman filter whose level may drift)
+of log latency on a demand index ``D``, the mean log ratio of requests/s and prompt
+tokens/s to the segment's reference demand (learned over its first windows)::
+
+    log(latency) = level + e * D + e_surge * max(0, D - log(surge_ratio)) + noise
+
+Latency is flat in demand at low utilisation and rises steeply near capacity, so one
+slope cannot serve both: small day-to-day jitter would teach "latency ignores demand"
+and the first real surge would page. The hinge term ``e_surge`` covers demand beyond
+``surge_ratio`` times the usual; it starts from an informative prior (latency grows at
+least in proportion to demand there) and is learned once the segment has seen surges.
+Two properties follow, and they are the point:
+
+* a window at the usual demand is judged against a tight prediction, so a 10x TTFT at flat
+  traffic (prefix cache off) is wildly surprising;
+* a window at 3x demand is judged against a prediction that expects a rise and is unsure
+  of its size, so a surge-driven rise is *explained by load* instead of paging, and the
+  window teaches the model the segment's real response to load.
+
+Demand deliberately means requests/s and prompt tokens/s only. Uncached prompt tokens and
+concurrency are reported with each window but are not regressors: a disabled prefix
+cache multiplies uncached tokens, and any slowdown raises concurrency (Little's law), so
+conditioning on them would explain away the very faults servewatch exists to catch.
+
+``score_one`` returns the *surprise*, ``-log10`` of the upper-tail probability of the
+observation under the predictive distribution: 2 means 1 in 100, 4 means 1 in 10,000.
+It does not saturate, and it means the same on every signal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from river import base
+
+_LN10 = math.log(10.0)
+FEATURES = ("requests_per_s", "prompt_tokens_per_s")
+
+
+def upper_tail_surprise(z: float) -> float:
+    """``-log10 P(Z >= z)`` for a standard normal, accurate far into the tail.
+
+    >>> round(upper_tail_surprise(0.0), 3), round(upper_tail_surprise(3.0), 2)
+    (0.301, 2.87)
+    >>> upper_tail_surprise(60.0) > upper_tail_surprise(50.0) > 500
+    True
+    """
+    if z < 8.0:
+        return -math.log10(max(0.5 * math.erfc(z / math.sqrt(2.0)), 1e-300))
+    # Mills-ratio asymptote: log sf(z) ~ -z^2/2 - log(z) - log(sqrt(2 pi)).
+    log_sf = -0.5 * z * z - math.log(z) - 0.5 * math.log(2.0 * math.pi)
+    return -log_sf / _LN10
+
+
+def quantile_sampling_var(q: float, n: int, log_spread_sd: float) -> float:
+    """Variance of the log of a sample ``q``-quantile over ``n`` values.
+
+    Asymptotic variance of a sample quantile, ``q(1-q) / (n f(x_q)^2)``, for log values that
+    are roughly normal with standard deviation ``log_spread_sd`` within the window.
+
+    >>> round(quantile_sampling_var(0.95, 10, 0.5), 3), round(quantile_sampling_var(0.95, 1000, 0.5), 5)
+    (0.112, 0.00112)
+    """
+    if n <= 0:
+        return math.inf
+    z = _normal_quantile(q)
+    density = math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+    return q * (1.0 - q) / (n * density * density) * log_spread_sd**2
+
+
+def _normal_quantile(q: float) -> float:
+    """Inverse standard normal CDF by bisection on erfc (called once per window; exactness is cheap)."""
+    lo, hi = -10.0, 10.0
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        if 0.5 * math.erfc(-mid / math.sqrt(2.0)) < q:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    mean: float  # in log space
+    sd: float  # predictive standard deviation, log space
+    level: float  # load-blind baseline (log space): what the segment usually shows
+    level_sd: float
+
+    @property
+    def expected(self) -> float:
+        """Expected latency in seconds (the median of the log-normal prediction)."""
+        return math.exp(self.mean)
+
+
+class LoadConditionedLatency(base.SupervisedAnomalyDetector):
+    """Latency of a window given its demand; ``y`` is a latency in seconds (e.g. TTFT p95).
+
+    ``x`` holds the window's ``requests_per_s`` and ``prompt_tokens_per_s``, and optionally
+    ``sampling_var``: the variance (log space) that the observation owes to its finite sample
+    (see ``quantile_sampling_var``). A p95 over 8 requests is far noisier than over 800;
+    counting that keeps small segments quiet without hiding big ones.
+
+    Parameters
+    ----------
+    elasticity
+        Prior mean of d log(latency) / d log(demand) around the usual demand.
+    surge_ratio
+        Demand above this multiple of the usual is a surge, with its own slope.
+    surge_elasticity
+        Prior mean of the extra slope beyond ``surge_ratio`` (queueing near capacity).
+    elasticity_sd
+        How unsure both slope priors are. Wide enough that a surge's rise of any plausible
+        size stays explainable until the segment has seen its own load changes.
+    level_drift_sd
+        How far (log space, per window) the level may drift on its own: slow changes are
+        tracked, sudden ones are surprising.
+    noise_sd
+        Prior for the window-to-window noise of log latency, refined from the data.
+    noise_halflife
+        Windows over which the noise and level estimates forget.
+    grace_windows
+        Windows learned before ``score_one`` says anything but 0 (a cold segment is quiet);
+        the reference demand is the mean over these windows.
+    min_noise_sd
+        Floor on the noise: below ~5 % latency jitter is measurement, not signal.
+
+    Examples
+    --------
+    >>> import random
+    >>> rng = random.Random(7)
+    >>> model = LoadConditionedLatency()
+    >>> for _ in range(60):
+    ...     x = {"requests_per_s": rng.uniform(9, 11), "prompt_tokens_per_s": rng.uniform(9e3, 11e3)}
+    ...     model.learn_one(x, 0.8 * math.exp(rng.gauss(0, 0.1)))
+    >>> flat = {"requests_per_s": 10.0, "prompt_tokens_per_s": 10_000.0}
+    >>> round(model.predict_one(flat).expected, 1)
+    0.8
+    >>> model.score_one(flat, 8.0) > 10      # 10x TTFT at flat traffic: page
+    True
+    >>> surge = {"requests_per_s": 30.0, "prompt_tokens_per_s": 30_000.0}
+    >>> model.score_one(surge, 2.4) < 2      # 3x TTFT at 3x traffic: explained by load
+    True
+    """
+
+    def __init__(
+        self,
+        elasticity: float = 0.3,
+        surge_ratio: float = 1.5,
+        surge_elasticity: float = 1.0,
+        elasticity_sd: float = 0.7,
+        level_drift_sd: float = 0.01,
+        noise_sd: float = 0.3,
+        noise_halflife: float = 100.0,
+        grace_windows: int = 6,
+        min_noise_sd: float = 0.05,
+    ) -> None:
+        self.elasticity = elasticity
+        self.surge_ratio = surge_ratio
+        self.surge_elasticity = surge_elasticity
+        self.elasticity_sd = elasticity_sd
+        self.level_drift_sd = level_drift_sd
+        self.noise_sd = noise_sd
+        self.noise_halflife = noise_halflife
+        self.grace_windows = grace_windows
+        self.min_noise_sd = min_noise_sd
+        self.n_learned = 0
+        self._reference = np.zeros(len(FEATURES))  # mean log demand over the grace windows
+        self._weights = np.array([0.0, elasticity, surge_elasticity])
+        self._cov = np.diag([100.0, elasticity_sd**2, elasticity_sd**2])
+        self._noise_var = noise_sd**2
+        self._noise_weight = 2.0  # pseudo-windows behind the noise prior
+        self._level_mean = 0.0  # load-blind: EW mean/var of log latency
+        self._level_var = noise_sd**2
+
+    # -- features -----------------------------------------------------------------
+    @staticmethod
+    def _log_demand(x: dict[Hashable, Any]) -> np.ndarray:
+        return np.log(np.maximum([float(x.get(name, 0.0)) for name in FEATURES], 1e-6))
+
+    def demand_index(self, x: dict[Hashable, Any]) -> float:
+        """Mean log ratio of demand to the reference: 0 is usual, log(3) is three times."""
+        if self.n_learned == 0:
+            return 0.0
+        return float(np.mean(self._log_demand(x) - self._reference))
+
+    def _phi(self, x: dict[Hashable, Any]) -> np.ndarray:
+        d = self.demand_index(x)
+        return np.array([1.0, d, max(0.0, d - math.log(self.surge_ratio))])
+
+    @property
+    def _decay(self) -> float:
+        return float(0.5 ** (1.0 / self.noise_halflife))
+
+    # -- river API -----------------------------------------------------------------
+    def learn_one(self, x: dict[Hashable, Any], y: base.typing.Target) -> None:
+        y = float(y)
+        if not (y > 0 and math.isfinite(y)):
+            return
+        log_y = math.log(y)
+        if self.n_learned < self.grace_windows:
+            # Reference demand = running mean over the grace windows (the first window is
+            # often partial, so it alone would be a poor reference).
+            self._reference += (self._log_demand(x) - self._reference) / (self.n_learned + 1)
+        if self.n_learned == 0:
+            self._weights[0] = self._level_mean = log_y
+        phi = self._phi(x)
+        sampling_var = float(x.get("sampling_var", 0.0))
+        # Predict step: the level may drift a little each window.
+        self._cov[0, 0] += self.level_drift_sd**2
+        residual = log_y - float(phi @ self._weights)
+        param_var = float(phi @ self._cov @ phi)
+        # Noise between windows: exponentially weighted mean of squared innovations, net of
+        # parameter uncertainty and of this window's own sampling noise.
+        decay = self._decay
+        sample = max(residual * residual - param_var - sampling_var, 0.0)
+        weight = decay * self._noise_weight
+        self._noise_var = (weight * self._noise_var + sample) / (weight + 1.0)
+        self._noise_weight = weight + 1.0
+        noise_var = max(self._noise_var, self.min_noise_sd**2) + sampling_var
+        # Update step (Sherman-Morrison form of the Bayesian update).
+        cov_phi = self._cov @ phi
+        gain = cov_phi / (noise_var + param_var)
+        self._weights = self._weights + gain * residual
+        self._cov = self._cov - np.outer(gain, cov_phi)
+        # Load-blind level, for "is latency above its usual value at all?".
+        alpha = max(1.0 - decay, 1.0 / (self.n_learned + 1))
+        delta = log_y - self._level_mean
+        self._level_mean += alpha * delta
+        self._level_var = (1.0 - alpha) * (self._level_var + alpha * delta * delta)
+        self.n_learned += 1
+
+    def predict_one(self, x: dict[Hashable, Any]) -> Prediction:
+        phi = self._phi(x)
+        sampling_var = float(x.get("sampling_var", 0.0))
+        noise_var = max(self._noise_var, self.min_noise_sd**2) + sampling_var
+        sd = math.sqrt(noise_var + float(phi @ self._cov @ phi))
+        level_sd = math.sqrt(max(self._level_var, self.min_noise_sd**2) + sampling_var)
+        return Prediction(float(phi @ self._weights), sd, self._level_mean, level_sd)
+
+    @property
+    def warm(self) -> bool:
+        return self.n_learned >= self.grace_windows
+
+    def score_one(self, x: dict[Hashable, Any], y: base.typing.Target) -> float:
+        """Surprise of latency ``y`` at demand ``x`` (0 while the model is in its grace period)."""
+        y = float(y)
+        if not self.warm or not (y > 0 and math.isfinite(y)):
+            return 0.0
+        prediction = self.predict_one(x)
+        return upper_tail_surprise((math.log(y) - prediction.mean) / prediction.sd)
+
+    def level_score(self, x: dict[Hashable, Any], y: float) -> float:
+        """Surprise of ``y`` against the load-blind level: is latency high at all?"""
+        if not self.warm or not (y > 0 and math.isfinite(y)):
+            return 0.0
+        prediction = self.predict_one(x)
+        return upper_tail_surprise((math.log(y) - prediction.level) / prediction.level_sd)
+
+    # -- compact state (no pickled river objects) ------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {
+            "n_learned": self.n_learned,
+            "reference": self._reference.tolist(),
+            "weights": self._weights.tolist(),
+            "cov": self._cov.tolist(),
+            "noise": [self._noise_var, self._noise_weight],
+            "level": [self._level_mean, self._level_var],
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.n_learned = int(state["n_learned"])
+        self._reference = np.asarray(state["reference"], dtype=float)
+        self._weights = np.asarray(state["weights"], dtype=float)
+        self._cov = np.asarray(state["cov"], dtype=float)
+        self._noise_var, self._noise_weight = map(float, state["noise"])
+        self._level_mean, self._level_var = map(float, state["level"])

@@ -1,0 +1,102 @@
+"""Incident lifecycle: from a stream of per-window verdicts to a few state changes.
+
+Paging on every anomalous window would flood people; paging on none until the window
+closes for good would be late. Like Alertmanager's ``for:`` and Prometheus' hysteresis:
+an incident *fires* after ``fire_after`` anomalous windows among the last ``fire_within``,
+sends an *update* every ``update_every`` windows while it lasts (or at once when its
+severity changes), and *resolves* after ``resolve_after`` normal windows in a row.
+Pure logic: no clock but the windows it is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Transition(StrEnum):
+    FIRING = "firing"
+    UPDATE = "update"
+    RESOLVED = "resolved"
+
+
+def fingerprint(segment_key: str, signal: str, incident_start: float) -> str:
+    """Stable identity of one incident of one signal in one segment."""
+    raw = f"{segment_key}\x1f{signal}\x1f{incident_start:.3f}".encode()
+    return hashlib.blake2b(raw, digest_size=8).hexdigest()
+
+
+@dataclass
+class IncidentTracker:
+    """Hysteresis over window verdicts.
+
+    >>> t = IncidentTracker(fire_after=2, fire_within=3, resolve_after=2)
+    >>> [t.step(bad, window_start=w, severity="warning") for w, bad in enumerate([1, 0, 1, 1, 0, 0])]
+    [None, None, <Transition.FIRING: 'firing'>, None, None, <Transition.RESOLVED: 'resolved'>]
+    """
+
+    fire_after: int = 2
+    fire_within: int = 3
+    resolve_after: int = 3
+    update_every: int = 6
+    recent: deque[tuple[bool, float]] = field(default_factory=deque)  # (anomalous, window start)
+    firing: bool = False
+    incident_start: float | None = None
+    severity: str | None = None
+    normal_streak: int = 0
+    windows_since_event: int = 0
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.fire_after <= self.fire_within:
+            raise ValueError("need 1 <= fire_after <= fire_within")
+        if self.resolve_after < 1:
+            raise ValueError("resolve_after must be at least 1")
+        self.recent = deque(self.recent, maxlen=self.fire_within)
+
+    def step(self, anomalous: bool, *, window_start: float, severity: str | None = None) -> Transition | None:
+        """Feed one window's verdict; return the state change it causes, if any."""
+        self.recent.append((bool(anomalous), window_start))
+        self.windows_since_event += 1
+        if not self.firing:
+            if anomalous and sum(bad for bad, _ in self.recent) >= self.fire_after:
+                self.firing, self.normal_streak, self.windows_since_event = True, 0, 0
+                # The incident started at the first anomalous window still in view.
+                self.incident_start = next(start for bad, start in self.recent if bad)
+                self.severity = severity
+                return Transition.FIRING
+            return None
+        if anomalous:
+            self.normal_streak = 0
+            changed = severity is not None and severity != self.severity
+            if changed or self.windows_since_event >= self.update_every:
+                self.severity = severity or self.severity
+                self.windows_since_event = 0
+                return Transition.UPDATE
+            return None
+        self.normal_streak += 1
+        if self.normal_streak >= self.resolve_after:
+            self.firing, self.recent = False, deque(maxlen=self.fire_within)
+            self.windows_since_event = 0
+            return Transition.RESOLVED
+        return None
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "recent": [list(item) for item in self.recent],
+            "firing": self.firing,
+            "incident_start": self.incident_start,
+            "severity": self.severity,
+            "normal_streak": self.normal_streak,
+            "windows_since_event": self.windows_since_event,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.recent = deque(((bool(b), float(s)) for b, s in state["recent"]), maxlen=self.fire_within)
+        self.firing = bool(state["firing"])
+        self.incident_start = state["incident_start"]
+        self.severity = state["severity"]
+        self.normal_streak = int(state["normal_streak"])
+        self.windows_since_event = int(state["windows_since_event"])

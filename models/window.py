@@ -1,0 +1,215 @@
+"""``WindowStats``: everything a detector needs to know about one segment in one window.
+
+Built per input partition from batches of request logs (stage 1), shipped as a compact
+partial, merged per segment (stage 2), then read by the models once per window. Every
+field adds up under ``merge``, so the order in which partials arrive does not matter.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from models.segments import parse_key
+from models.sketch import LogHistogram
+from schemas.request_log import RequestLog
+
+#: Fields of a request log kept as evidence: enough to find it in the user's log store,
+#: never the prompt, never the answer text (excerpts are a separate, scrubbed feature).
+EVIDENCE_FIELDS = (
+    "request_id", "timestamp", "instance", "model", "route", "tenant", "prompt_tokens", "cached_tokens",
+    "completion_tokens", "max_tokens", "ttft_s", "queue_s", "prefill_s", "decode_s", "e2e_s",
+    "finish_reason", "status_code", "engine", "engine_version",
+)  # fmt: skip
+
+#: Counters that simply add up under ``merge`` (ints, then floats).
+_INT_SUMS = (
+    "requests", "prompt_tokens", "uncached_prompt_tokens", "cached_tokens", "cache_reported_prompt_tokens",
+    "completion_tokens", "errors",
+)  # fmt: skip
+_FLOAT_SUMS = ("e2e_sum", "ttft_sum")
+
+#: Raw TTFT values are folded into the histogram past this many, to bound memory.
+_RAW_LIMIT = 4096
+
+
+def evidence_record(record: RequestLog) -> dict[str, Any]:
+    data = {name: getattr(record, name) for name in EVIDENCE_FIELDS}
+    data["finish_reason"] = str(record.finish_reason)
+    if record.engine is not None:
+        data["engine"] = str(record.engine)
+    return {k: v for k, v in data.items() if v is not None}
+
+
+@dataclass
+class WindowStats:
+    """Sums, counts and a latency histogram of one segment over ``[start, start + length)``."""
+
+    key: str
+    start: float
+    length: float
+    requests: int = 0
+    prompt_tokens: int = 0
+    uncached_prompt_tokens: int = 0
+    cached_tokens: int = 0
+    cache_reported_prompt_tokens: int = 0  # prompt tokens of requests that reported cached_tokens
+    completion_tokens: int = 0
+    e2e_sum: float = 0.0
+    ttft: LogHistogram = field(default_factory=LogHistogram)
+    ttft_sum: float = 0.0
+    finish_reasons: dict[str, int] = field(default_factory=dict)
+    errors: int = 0
+    evidence_k: int = 5
+    evidence: list[tuple[float, str, dict[str, Any]]] = field(default_factory=list)  # min-heap on TTFT
+    sources: list[tuple[int, int, int]] = field(default_factory=list)  # (partition, first, last offset)
+    watermark: float = -math.inf  # the sending partition's watermark (transport metadata, not merged)
+    _raw_ttft: list[float] = field(default_factory=list, repr=False)
+
+    # -- building -------------------------------------------------------------------
+    def add(self, record: RequestLog) -> None:
+        """Fold one record in; cheap, no numpy per record (numpy runs in ``seal``)."""
+        self.requests += 1
+        self.prompt_tokens += record.prompt_tokens
+        self.completion_tokens += record.completion_tokens
+        self.e2e_sum += record.e2e_s
+        if record.cached_tokens is not None:
+            self.cached_tokens += record.cached_tokens
+            self.cache_reported_prompt_tokens += record.prompt_tokens
+        self.uncached_prompt_tokens += record.prompt_tokens - (record.cached_tokens or 0)
+        reason = record.finish_reason.value
+        self.finish_reasons[reason] = self.finish_reasons.get(reason, 0) + 1
+        if record.is_error:
+            self.errors += 1
+        ttft = record.ttft_s
+        if ttft is not None:
+            self._raw_ttft.append(ttft)
+            self.ttft_sum += ttft
+            if len(self._raw_ttft) >= _RAW_LIMIT:
+                self.seal()
+            # Keep the slowest requests as evidence: a bounded min-heap, ties by id for determinism.
+            if len(self.evidence) < self.evidence_k:
+                heapq.heappush(self.evidence, (ttft, record.request_id, evidence_record(record)))
+            elif self.evidence_k and (ttft, record.request_id) > self.evidence[0][:2]:
+                heapq.heapreplace(self.evidence, (ttft, record.request_id, evidence_record(record)))
+
+    def note_source(self, partition: int, offset: int) -> None:
+        if self.sources and self.sources[-1][0] == partition:
+            p, first, last = self.sources[-1]
+            self.sources[-1] = (p, min(first, offset), max(last, offset))
+        else:
+            self.sources.append((partition, offset, offset))
+
+    def seal(self) -> None:
+        """Move buffered raw values into the histogram (vectorised)."""
+        if self._raw_ttft:
+            self.ttft.add(np.asarray(self._raw_ttft, dtype=np.float64))
+            self._raw_ttft.clear()
+
+    def merge(self, other: WindowStats) -> None:
+        if (other.key, other.start) != (self.key, self.start):
+            raise ValueError("can only merge partials of the same segment and window")
+        other.seal()
+        self.seal()
+        for name in _INT_SUMS + _FLOAT_SUMS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.ttft.merge(other.ttft)
+        for reason, count in other.finish_reasons.items():
+            self.finish_reasons[reason] = self.finish_reasons.get(reason, 0) + count
+        for item in other.evidence:
+            if len(self.evidence) < self.evidence_k:
+                heapq.heappush(self.evidence, item)
+            elif item[:2] > self.evidence[0][:2]:
+                heapq.heapreplace(self.evidence, item)
+        self.sources.extend(other.sources)
+
+    # -- reading --------------------------------------------------------------------
+    @property
+    def end(self) -> float:
+        return self.start + self.length
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return parse_key(self.key)
+
+    @property
+    def ttft_count(self) -> int:
+        self.seal()
+        return self.ttft.count
+
+    def ttft_quantile(self, q: float) -> float:
+        self.seal()
+        return self.ttft.quantile(q)
+
+    @property
+    def cache_hit_rate(self) -> float:
+        """Share of prompt tokens served from the prefix cache (NaN when nobody reported it)."""
+        if self.cache_reported_prompt_tokens == 0:
+            return math.nan
+        return self.cached_tokens / self.cache_reported_prompt_tokens
+
+    def load(self) -> dict[str, float]:
+        """Load in requests and tokens per second; concurrency by Little's law."""
+        per_s = 1.0 / self.length
+        figures = {
+            "requests": float(self.requests),
+            "requests_per_s": self.requests * per_s,
+            "prompt_tokens_per_s": self.prompt_tokens * per_s,
+            "uncached_prompt_tokens_per_s": self.uncached_prompt_tokens * per_s,
+            "output_tokens_per_s": self.completion_tokens * per_s,
+            "concurrency": self.e2e_sum * per_s,
+        }
+        if not math.isnan(hit := self.cache_hit_rate):
+            figures["cache_hit_rate"] = hit
+        return figures
+
+    def evidence_records(self) -> list[dict[str, Any]]:
+        """Worst requests first."""
+        return [record for _, _, record in sorted(self.evidence, key=lambda item: item[:2], reverse=True)]
+
+    # -- wire format ----------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (string keys only): what stage 1 sends to stage 2."""
+        self.seal()
+        data: dict[str, Any] = {name: getattr(self, name) for name in _INT_SUMS + _FLOAT_SUMS}
+        data.update(
+            key=self.key,
+            start=self.start,
+            length=self.length,
+            ttft={str(i): c for i, c in self.ttft.to_sparse().items()},
+            finish_reasons=self.finish_reasons,
+            evidence_k=self.evidence_k,
+            evidence=[list(item) for item in self.evidence],
+            sources=[list(s) for s in self.sources],
+            watermark=self.watermark if math.isfinite(self.watermark) else None,
+        )
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> WindowStats:
+        stats = cls(key=str(data["key"]), start=float(data["start"]), length=float(data["length"]))
+        for name in _INT_SUMS:
+            setattr(stats, name, int(data[name]))
+        for name in _FLOAT_SUMS:
+            setattr(stats, name, float(data[name]))
+        stats.evidence_k = int(data["evidence_k"])
+        stats.ttft = LogHistogram.from_sparse(data["ttft"])
+        stats.finish_reasons = {str(k): int(v) for k, v in data["finish_reasons"].items()}
+        stats.evidence = [(float(t), str(rid), dict(rec)) for t, rid, rec in data["evidence"]]
+        heapq.heapify(stats.evidence)
+        stats.sources = [(int(p), int(a), int(b)) for p, a, b in data["sources"]]
+        watermark = data.get("watermark")
+        stats.watermark = -math.inf if watermark is None else float(watermark)
+        return stats
+
+
+def merge_all(partials: Iterable[WindowStats]) -> WindowStats:
+    iterator = iter(partials)
+    merged = next(iterator)
+    for partial in iterator:
+        merged.merge(partial)
+    return merged

@@ -1,0 +1,193 @@
+"""Event-time windowing in two stages, shared by the Faust worker and ``servewatch replay``.
+
+Stage 1 (``PartitionWindower``, one per input partition) folds batches of request logs into
+per-(segment, window) partials and releases a window's partials once the partition's
+watermark (newest event time minus the allowed lateness) has passed its end.
+
+Stage 2 (``WindowAssembler``, keyed by segment) merges the partials that different
+partitions sent for the same window and releases each segment's windows in order after a
+short grace period, dropping duplicates (a replay after a crash resends partials with the
+same source offsets) and counting partials that arrive after their window was released.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from models.segments import Segmenter
+from models.window import WindowStats
+from schemas.request_log import RequestLog
+
+
+def window_start(timestamp: float, length: float) -> float:
+    return float(math.floor(timestamp / length) * length)
+
+
+@dataclass
+class PartitionWindower:
+    """Stage 1: records of one input partition -> closed per-segment window partials.
+
+    >>> w = PartitionWindower(Segmenter(), window_s=10, allowed_lateness_s=0)
+    >>> base = dict(model="m", prompt_tokens=10, completion_tokens=5, e2e_s=1.0, finish_reason="stop")
+    >>> w.add([RequestLog(request_id="a", timestamp=1_700_000_001, ttft_s=0.2, **base)])
+    >>> w.close_due()
+    []
+    >>> w.add([RequestLog(request_id="b", timestamp=1_700_000_011, ttft_s=0.3, **base)])
+    >>> [(p.start, p.requests) for p in w.close_due()]
+    [(1700000000.0, 1)]
+    """
+
+    segmenter: Segmenter
+    window_s: float = 10.0
+    allowed_lateness_s: float = 5.0
+    evidence_k: int = 5
+    open: dict[tuple[float, str], WindowStats] = field(default_factory=dict)
+    max_event_time: float = -math.inf
+
+    @property
+    def watermark(self) -> float:
+        return self.max_event_time - self.allowed_lateness_s
+
+    def add(self, records: Iterable[RequestLog], partition: int = 0, offset: int | None = None) -> None:
+        segmenter, length, open_windows = self.segmenter, self.window_s, self.open
+        newest = self.max_event_time
+        for record in records:
+            ts = record.timestamp
+            newest = ts if ts > newest else newest
+            key = segmenter.key_for(
+                model=record.model,
+                route=record.route,
+                tenant=record.tenant,
+                instance=record.instance,
+                engine=record.engine,
+                prompt_tokens=record.prompt_tokens,
+                output_tokens=record.completion_tokens,
+            )
+            start = float(math.floor(ts / length) * length)
+            stats = open_windows.get((start, key))
+            if stats is None:
+                stats = open_windows[(start, key)] = WindowStats(
+                    key=key, start=start, length=length, evidence_k=self.evidence_k
+                )
+            stats.add(record)
+            if offset is not None:
+                stats.note_source(partition, offset)
+        self.max_event_time = newest
+
+    def close_due(self) -> list[WindowStats]:
+        """Partials whose window ended at or before the watermark, oldest first."""
+        watermark = self.watermark
+        due = sorted(k for k in self.open if k[0] + self.window_s <= watermark)
+        return [self._seal(self.open.pop(k), watermark) for k in due]
+
+    def flush_all(self) -> list[WindowStats]:
+        """Everything still open (end of input, or the partition went idle)."""
+        due = sorted(self.open)
+        # Flushing declares the partition done with every window it had: its watermark
+        # moves to the end of the newest one.
+        done = max((k[0] + self.window_s for k in due), default=self.watermark)
+        return [self._seal(self.open.pop(k), max(done, self.watermark)) for k in due]
+
+    @staticmethod
+    def _seal(stats: WindowStats, watermark: float) -> WindowStats:
+        stats.seal()
+        stats.watermark = watermark
+        return stats
+
+
+@dataclass
+class _Pending:
+    stats: WindowStats
+    first_seen: float
+    sources: set[tuple[int, int, int]]
+    via: int  # the partials partition it came through
+
+
+@dataclass
+class WindowAssembler:
+    """Stage 2: merge partials per (segment, window); release complete windows in order.
+
+    Watermarks travel with the data: every stage-1 partition broadcasts its watermark to
+    every partials partition after the partials it sent there (``heartbeat``). Kafka keeps
+    order within a partition, so once source ``q``'s watermark has arrived through partials
+    partition ``k`` past a window's end, every partial ``q`` sent to ``k`` for that window is
+    already here. A window is released when that holds for every source partition heard
+    from recently and ``grace_s`` has passed, or in any case ``max_wait_s`` after its first
+    partial. ``expected_partitions`` source partitions count as heard from at start-up, so a
+    worker starting on a backlog waits for all of them. Times are wall-clock seconds from
+    the caller, so tests and replay drive it with their own clock.
+    """
+
+    grace_s: float = 0.0
+    max_wait_s: float = 10.0
+    expected_partitions: int = 0
+    pending: dict[tuple[str, float], _Pending] = field(default_factory=dict)
+    released_until: dict[str, float] = field(default_factory=dict)  # segment -> end of last released window
+    # (partials partition, source partition) -> (watermark, wall time heard)
+    progress: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
+    late_partials: int = 0
+    duplicate_partials: int = 0
+
+    def heartbeat(self, source: int, watermark: float, now: float, via: int = 0) -> None:
+        self._expect_partitions(via, now)
+        newest, _ = self.progress.get((via, source), (-math.inf, now))
+        self.progress[(via, source)] = (max(newest, watermark), now)
+
+    def _expect_partitions(self, via: int, now: float) -> None:
+        if self.expected_partitions and (via, 0) not in self.progress:
+            for source in range(self.expected_partitions):
+                self.progress.setdefault((via, source), (-math.inf, now))
+
+    def add(self, partial: WindowStats, now: float, via: int = 0) -> None:
+        # A partial's own watermark is not progress: the partials sent with it may still be
+        # on their way. Progress comes only from heartbeats, which follow them; a source seen
+        # for the first time is registered as "not there yet".
+        self._expect_partitions(via, now)
+        for source, _, _ in partial.sources:
+            self.progress.setdefault((via, source), (-math.inf, now))
+        if partial.start < self.released_until.get(partial.key, -math.inf):
+            self.late_partials += 1
+            return
+        slot = (partial.key, partial.start)
+        pending = self.pending.get(slot)
+        if pending is None:
+            self.pending[slot] = _Pending(partial, now, set(partial.sources), via)
+            return
+        if partial.sources and all(src in pending.sources for src in partial.sources):
+            self.duplicate_partials += 1
+            return
+        pending.stats.merge(partial)
+        pending.sources.update(partial.sources)
+
+    def _slowest(self, via: int, now: float) -> float:
+        # Sources silent for max_wait_s no longer hold windows back (they went idle).
+        active = [w for (k, _), (w, heard) in self.progress.items() if k == via and now - heard < self.max_wait_s]
+        return min(active, default=math.inf)
+
+    def due(self, now: float) -> list[WindowStats]:
+        slowest: dict[int, float] = {}
+        ready = []
+        for slot, p in self.pending.items():
+            waited = now - p.first_seen
+            if waited >= self.max_wait_s:
+                ready.append(slot)
+            elif waited >= self.grace_s:
+                if p.via not in slowest:
+                    slowest[p.via] = self._slowest(p.via, now)
+                if slowest[p.via] >= p.stats.end:
+                    ready.append(slot)
+        return self._release(ready)
+
+    def flush_all(self) -> list[WindowStats]:
+        return self._release(list(self.pending))
+
+    def _release(self, slots: list[tuple[str, float]]) -> list[WindowStats]:
+        # Oldest first across all segments, so models see each segment's windows in order.
+        released = []
+        for slot in sorted(slots, key=lambda s: (s[1], s[0])):
+            stats = self.pending.pop(slot).stats
+            self.released_until[stats.key] = max(self.released_until.get(stats.key, -math.inf), stats.end)
+            released.append(stats)
+        return released
