@@ -1,0 +1,140 @@
+"""The Faust app: settings -> app, topics and agents. Thin wiring; the logic is in ``stages``.
+
+Agents:
+- ``aggregate_request_batches`` (requests topic): decode, validate, dead-letter the bad,
+  fold records into per-partition window partials, send closed partials keyed by segment.
+- ``detect_anomalies`` (partials topic): merge partials per segment window, judge each
+  window once, publish anomaly events.
+Timers flush partitions that went quiet and release windows whose grace period ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from typing import Any
+
+import faust
+import orjson
+
+from models.window import WindowStats
+from pipeline.decode import Source, internal_error
+from pipeline.settings import Settings
+from pipeline.stages import StageOne, StageTwo
+from pipeline.topics import Topics, declare_topics
+
+logger = logging.getLogger(__name__)
+
+# Consumer-group timing per broker kind. Tansu holds a JoinGroup for half the session
+# timeout, so Faust's default of 60 s would leave a fresh worker idle for 30 s.
+_PROFILES: dict[str, dict[str, Any]] = {
+    "kafka": {},
+    "tansu": {"broker_session_timeout": 6.0, "broker_heartbeat_interval": 1.0, "broker_rebalance_timeout": 6.0},
+}
+
+
+def create_app(settings: Settings) -> tuple[faust.App, Topics]:
+    if settings.bootstrap is None:
+        raise ValueError("create_app needs a broker address; the CLI starts the embedded one when none is set")
+    app = faust.App(
+        settings.app_id,
+        broker=f"kafka://{settings.bootstrap}",
+        store="memory://",
+        datadir=settings.data_dir or tempfile.mkdtemp(prefix="servewatch-faust-"),
+        topic_partitions=settings.topic_partitions,
+        web_enabled=False,
+        producer_linger=0.0,  # Tansu under-reports end offsets of multi-record batches
+        producer_max_request_size=max(settings.max_message_bytes, 1_048_576) + 65_536,
+        consumer_max_fetch_size=max(settings.max_message_bytes, 1_048_576) + 65_536,
+        **_PROFILES[settings.broker_profile],
+    )
+    topics = declare_topics(app, settings.topic_partitions)
+    stage_one = StageOne(settings)
+    stage_two = StageTwo(settings)
+
+    partials_partitions = settings.topic_partitions
+
+    async def send_partials(partials: list[WindowStats]) -> None:
+        for partial in partials:
+            await topics.partials.send(key=partial.key.encode(), value=orjson.dumps(partial.to_dict()))
+        # Then broadcast watermarks to every partials partition, behind those partials.
+        for source, watermark in stage_one.watermarks_to_announce().items():
+            beat = orjson.dumps({"heartbeat": {"source": source, "watermark": watermark}})
+            for partition in range(partials_partitions):
+                await topics.partials.send(key=None, value=beat, partition=partition)
+
+    async def publish(events: list) -> None:
+        for event in events:
+            await topics.anomalies.send(key=event.fingerprint.encode(), value=event.model_dump_json().encode())
+            logger.info("anomaly %s %s %s: %s", event.status.value, event.signal.value, event.severity.value,
+                        event.summary)  # fmt: skip
+
+    @app.agent(topics.requests)
+    async def aggregate_request_batches(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            message = event.message
+            source = Source(topic=message.topic, partition=message.partition, offset=message.offset)
+            try:
+                letters, partials = stage_one.process(event.value, source)
+            except Exception as exc:
+                logger.exception("failed to process message %s/%s", source.partition, source.offset)
+                letters, partials = [internal_error(event.value, source, exc)], []
+            for letter in letters:
+                logger.warning("dead letter (%s) at %s/%s: %s", letter.reason, source.partition, source.offset,
+                               letter.error)  # fmt: skip
+                await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
+            await send_partials(partials)
+
+    @app.agent(topics.partials)
+    async def detect_anomalies(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            via = event.message.partition
+            try:
+                data = orjson.loads(event.value)
+                if "heartbeat" in data:
+                    beat = data["heartbeat"]
+                    stage_two.heartbeat(int(beat["source"]), float(beat["watermark"]), via)
+                    await publish(stage_two.release_due())
+                    continue
+                partial = WindowStats.from_dict(data)
+            except (ValueError, KeyError, TypeError) as exc:  # an internal topic, but never die on it
+                logger.error("unreadable partial dropped: %s", exc)
+                continue
+            try:
+                stage_two.add(partial, via=via)
+                events = stage_two.release_due()
+            except Exception:
+                logger.exception("failed to judge partial of %s at %s", partial.key, partial.start)
+                continue
+            await publish(events)
+
+    @app.timer(0.5)
+    async def flush_quiet_partitions() -> None:
+        await send_partials(stage_one.flush_idle())
+
+    @app.timer(0.25)
+    async def release_due_windows() -> None:
+        try:
+            events = stage_two.release_due()
+        except Exception:
+            logger.exception("failed to release windows")
+            return
+        await publish(events)
+
+    @app.timer(10.0)
+    async def report_progress() -> None:
+        a = stage_two.assembler
+        logger.info(
+            "progress: %d windows judged, %d segments, %d pending windows, %d late and %d duplicate partials dropped",
+            stage_two.bank.windows_judged, len(stage_two.bank.detectors), len(a.pending), a.late_partials,
+            a.duplicate_partials,
+        )  # fmt: skip
+
+    @app.on_partitions_revoked.connect
+    async def hand_over_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        revoked = args[0] if args else kwargs.get("revoked", set())
+        mine = {tp.partition for tp in revoked if tp.topic == topics.requests.get_topic_name()}
+        if mine:
+            await send_partials(stage_one.drop_partitions(mine))
+
+    return app, topics

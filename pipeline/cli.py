@@ -1,0 +1,218 @@
+"""``servewatch``: the command line. The only module that prints.
+
+Every command that needs Kafka takes ``--broker`` (or ``SERVEWATCH_BROKER``); without one it
+starts the embedded Tansu broker on a free loopback port and stops it on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+
+from pipeline.broker import BrokerError, EmbeddedBroker
+from pipeline.settings import Settings
+
+logger = logging.getLogger("servewatch")
+
+
+def _settings(args: argparse.Namespace, **overrides: object) -> Settings:
+    values = {k: v for k, v in overrides.items() if v is not None}
+    if getattr(args, "broker", None):
+        values["broker"] = args.broker
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def _broker(settings: Settings) -> Iterator[Settings]:
+    """``settings`` with a broker: the configured one, or an embedded one for the duration."""
+    if settings.bootstrap is not None:
+        yield settings
+        return
+    with EmbeddedBroker() as broker:
+        print(f"embedded Kafka-compatible broker (Tansu) at {broker.bootstrap}", file=sys.stderr)
+        yield settings.model_copy(update={"broker": broker.bootstrap, "broker_profile": "tansu"})
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    with EmbeddedBroker(port=args.port) as broker:
+        print(f"broker ready: {broker.bootstrap}  (export SERVEWATCH_BROKER={broker.bootstrap}); Ctrl-C stops it")
+        with contextlib.suppress(KeyboardInterrupt):
+            while broker.running:
+                time.sleep(0.5)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import faust
+
+    from pipeline.app import create_app
+
+    with _broker(_settings(args)) as settings:
+        if settings.broker_profile == "tansu" or args.broker is None:
+            asyncio.run(_ensure_topics(settings))
+        app, _ = create_app(settings)
+        worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
+        worker.execute_from_commandline()  # runs until SIGTERM/SIGINT
+    return 0
+
+
+async def _ensure_topics(settings: Settings) -> None:
+    from pipeline.kafka import ensure_topics
+
+    assert settings.bootstrap is not None
+    await ensure_topics(settings.bootstrap, settings.topic_partitions)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from pipeline.demo import run_demo, start_worker, stop_worker, summarise
+
+    started = time.monotonic()
+    with _broker(_settings(args)) as settings:
+        assert settings.bootstrap is not None
+        asyncio.run(_ensure_topics(settings))
+        print("starting the servewatch worker ...", flush=True)
+        worker = start_worker(settings.bootstrap)
+        try:
+            outcome = asyncio.run(run_demo(settings.bootstrap, speed=args.speed, out=lambda s: print(s, flush=True)))
+        finally:
+            stop_worker(worker)
+    print("=== demo summary ===")
+    for line in summarise(outcome):
+        print(line)
+    print(f"wall time {time.monotonic() - started:.0f} s")
+    return 0 if outcome.surge_explained and outcome.cache_off_paged else 1
+
+
+def _lines(path: str) -> Iterator[bytes]:
+    stream = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115 - closed below
+    try:
+        for line in stream:
+            if line.strip():
+                yield line.rstrip(b"\n")
+    finally:
+        if stream is not sys.stdin.buffer:
+            stream.close()
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from pipeline.replay import Replay, ReplayStats
+
+    replay = Replay(_settings(args))
+    started = time.monotonic()
+
+    def progress(stats: ReplayStats) -> None:
+        rate = stats.records / max(time.monotonic() - started, 1e-9)
+        print(f"\r{stats.lines:,} lines, {stats.records:,} records, {stats.events:,} events ({rate:,.0f} rec/s)",
+              end="", file=sys.stderr, flush=True)  # fmt: skip
+
+    out = sys.stdout.buffer if args.out == "-" else open(args.out, "wb")  # noqa: SIM115 - closed below
+    try:
+        for event in replay.run(_lines(args.requests), progress):
+            out.write(event.model_dump_json().encode() + b"\n")
+    finally:
+        if out is not sys.stdout.buffer:
+            out.close()
+    stats = replay.stats
+    progress(stats)
+    print(file=sys.stderr)
+    print(
+        f"replayed {stats.records:,} request logs in {stats.windows:,} segment windows: {stats.events:,} anomaly "
+        f"events, {stats.dead_letters:,} rejected records",
+        file=sys.stderr,
+    )
+    for letter in stats.dead_letter_samples[:5]:
+        print(f"  rejected ({letter.reason}) line {letter.source_offset}: {letter.error}", file=sys.stderr)
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from schemas import EXPORTED
+
+    model = EXPORTED.get(args.name)
+    if model is None:
+        print(f"unknown schema {args.name!r}; choose from {', '.join(EXPORTED)}", file=sys.stderr)
+        return 2
+    text = orjson.dumps(model.model_json_schema(), option=orjson.OPT_INDENT_2).decode()
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Write the demo workload as JSONL, for trying ``replay`` without real logs."""
+    from pipeline.workload import Workload, demo_phases
+
+    workload = Workload(demo_phases(args.scale), seed=args.seed)
+    count = 0
+    with open(args.out, "wb") as out:
+        for record in workload.records():
+            out.write(orjson.dumps(record) + b"\n")
+            count += 1
+    print(f"wrote {count:,} request logs to {args.out}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="servewatch", description="Streaming anomaly detection for LLM serving.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (Tansu) until Ctrl-C")
+    p.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
+    p.set_defaults(func=cmd_broker)
+
+    p = sub.add_parser("worker", help="run the detector worker (Faust)")
+    p.add_argument("--broker", help="Kafka bootstrap host:port (default: SERVEWATCH_BROKER, else embedded)")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("demo", help="embedded broker + worker + scripted incidents, events printed live")
+    p.add_argument("--broker", help="use this Kafka instead of the embedded broker")
+    p.add_argument("--speed", type=float, default=25.0, help="simulated seconds per wall second (default 25)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("replay", help="run the detector over a JSONL file of request logs, no broker")
+    p.add_argument("--requests", required=True, help="JSONL file of RequestLog records ('-' for stdin)")
+    p.add_argument("--out", default="-", help="where to write AnomalyEvent JSONL (default stdout)")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of RequestLog, AnomalyEvent or DeadLetter")
+    p.add_argument("name")
+    p.add_argument("--out", help="write to this file instead of stdout")
+    p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("generate", help="write the demo's synthetic workload as JSONL")
+    p.add_argument("--out", required=True)
+    p.add_argument("--scale", type=float, default=1.0, help="stretch every phase by this factor")
+    p.add_argument("--seed", type=int, default=42)
+    p.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    level = "DEBUG" if args.verbose else Settings().log_level
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not args.verbose:
+        # The Kafka client narrates every (re)connection at INFO; keep the operator's view clean.
+        logging.getLogger("aiokafka").setLevel(logging.WARNING)
+    try:
+        return int(args.func(args))
+    except BrokerError as exc:
+        print(f"servewatch: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

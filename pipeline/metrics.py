@@ -1,0 +1,14 @@
+"""The worker's own Prometheus metrics (counted always, served when ``metrics_port`` is set)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+RECORDS = Counter("servewatch_records", "Request logs accepted.")
+MESSAGES = Counter("servewatch_messages", "Kafka messages read from the requests topic.")
+DEAD_LETTERS = Counter("servewatch_dead_letters", "Records sent to the dead-letter topic.", ["reason"])
+PARTIALS = Counter("servewatch_partials", "Window partials sent from stage 1 to stage 2.")
+LATE_PARTIALS = Counter("servewatch_late_partials", "Partials that arrived after their window was judged.")
+WINDOWS = Counter("servewatch_windows", "Segment windows judged.")
+ANOMALY_EVENTS = Counter("servewatch_anomaly_events", "Anomaly events emitted.", ["signal", "status", "severity"])
+LIVE_SEGMENTS = Gauge("servewatch_live_segments", "Segments with a detector on this worker.")

@@ -1,0 +1,96 @@
+"""All of servewatch's knobs: one pydantic-settings class, read once, ``SERVEWATCH_*`` env vars.
+
+Lists are given as JSON in the environment, e.g.
+``SERVEWATCH_SEGMENT_DIMENSIONS='["model","route"]'``.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from models.detector import DetectorConfig
+from models.segments import DEFAULT_DIMENSIONS, Segmenter
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SERVEWATCH_", extra="ignore")
+
+    # -- Kafka --------------------------------------------------------------------
+    broker: str | None = Field(
+        default=None, description="Kafka bootstrap 'host:port' (or kafka://...). Unset: start the embedded broker."
+    )
+    broker_profile: Literal["kafka", "tansu"] = Field(
+        default="kafka", description="'tansu' applies the timeouts the embedded broker needs (set automatically)."
+    )
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    app_id: str = "servewatch"
+    topic_partitions: int = Field(default=4, ge=1)
+    max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    data_dir: str | None = Field(default=None, description="Faust's data dir; a fresh temp dir when unset.")
+
+    # -- windows and segments -------------------------------------------------------
+    window_s: float = Field(default=10.0, gt=0)
+    allowed_lateness_s: float = Field(default=5.0, ge=0)
+    assembler_grace_s: float = Field(
+        default=0.0, ge=0, description="Extra wall seconds stage 2 waits once all watermarks passed a window."
+    )
+    assembler_max_wait_s: float = Field(
+        default=10.0, gt=0, description="Wall seconds after which stage 2 judges a window whatever is missing."
+    )
+    idle_flush_s: float = Field(default=3.0, gt=0, description="Wall seconds of silence before a partition flushes.")
+    segment_dimensions: tuple[str, ...] = DEFAULT_DIMENSIONS
+    prompt_band_edges: tuple[int, ...] = (4096, 32768)
+    output_band_edges: tuple[int, ...] = (1024,)
+    max_segments: int = Field(default=1000, ge=1)
+    evidence_per_window: int = Field(default=5, ge=0)
+
+    # -- detection ------------------------------------------------------------------
+    threshold: float = Field(default=4.0, gt=0, description="Surprise (-log10 p) that makes a window anomalous.")
+    critical: float = Field(default=8.0, gt=0)
+    min_requests: int = Field(default=5, ge=1)
+    fire_after: int = Field(default=2, ge=1)
+    fire_within: int = Field(default=3, ge=1)
+    resolve_after: int = Field(default=3, ge=1)
+    update_every: int = Field(default=6, ge=1)
+    grace_windows: int = Field(default=6, ge=1)
+
+    # -- operations -----------------------------------------------------------------
+    metrics_port: int | None = Field(default=None, description="Serve Prometheus metrics on this port.")
+    log_level: str = "INFO"
+
+    def segmenter(self) -> Segmenter:
+        return Segmenter(
+            dimensions=tuple(self.segment_dimensions),
+            prompt_band_edges=tuple(self.prompt_band_edges),
+            output_band_edges=tuple(self.output_band_edges),
+            max_segments=self.max_segments,
+        )
+
+    def detector_config(self) -> DetectorConfig:
+        return DetectorConfig(
+            threshold=self.threshold,
+            critical=self.critical,
+            min_requests=self.min_requests,
+            fire_after=self.fire_after,
+            fire_within=self.fire_within,
+            resolve_after=self.resolve_after,
+            update_every=self.update_every,
+            grace_windows=self.grace_windows,
+        )
+
+    @property
+    def bootstrap(self) -> str | None:
+        if self.broker is None:
+            return None
+        return self.broker.removeprefix("kafka://")
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The process's settings, read from the environment once."""
+    return Settings()

@@ -1,0 +1,141 @@
+"""The stream logic of the worker, without Kafka: the Faust agents and ``replay`` both call it.
+
+``StageOne``: raw messages of the requests topic -> dead letters + closed window partials,
+one ``PartitionWindower`` per input partition. ``StageTwo``: partials -> merged windows ->
+``AnomalyEvent``s, through the ``WindowAssembler`` and the segments' detectors.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+from models.detector import DetectorBank
+from models.window import WindowStats
+from models.windowing import PartitionWindower, WindowAssembler
+from pipeline import metrics
+from pipeline.decode import Source, decode_message
+from pipeline.settings import Settings
+from schemas.anomaly import AnomalyEvent
+from schemas.dead_letter import DeadLetter
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StageOne:
+    settings: Settings
+    windowers: dict[int, PartitionWindower] = field(default_factory=dict)
+    last_seen: dict[int, float] = field(default_factory=dict)  # partition -> monotonic time of last message
+    announced: dict[int, float] = field(default_factory=dict)  # partition -> last watermark broadcast
+
+    def __post_init__(self) -> None:
+        # One segmenter for all partitions of this worker, so the segment cap is per worker.
+        self._segmenter = self.settings.segmenter()
+
+    def _windower(self, partition: int) -> PartitionWindower:
+        windower = self.windowers.get(partition)
+        if windower is None:
+            windower = self.windowers[partition] = PartitionWindower(
+                self._segmenter,
+                window_s=self.settings.window_s,
+                allowed_lateness_s=self.settings.allowed_lateness_s,
+                evidence_k=self.settings.evidence_per_window,
+            )
+        return windower
+
+    def process(
+        self, raw: bytes | None, source: Source, now: float | None = None
+    ) -> tuple[list[DeadLetter], list[WindowStats]]:
+        """Decode one message, fold its records in, return dead letters and closed partials."""
+        decoded = decode_message(raw, source, self.settings.max_message_bytes)
+        partition = source.partition or 0
+        windower = self._windower(partition)
+        windower.add(decoded.records, partition, source.offset)
+        self.last_seen[partition] = time.monotonic() if now is None else now
+        metrics.MESSAGES.inc()
+        metrics.RECORDS.inc(len(decoded.records))
+        for letter in decoded.dead_letters:
+            metrics.DEAD_LETTERS.labels(letter.reason).inc()
+        return decoded.dead_letters, windower.close_due()
+
+    def watermarks_to_announce(self) -> dict[int, float]:
+        """Partitions whose watermark crossed a window boundary since it was last broadcast."""
+        length = self.settings.window_s
+        due = {}
+        for partition, windower in self.windowers.items():
+            mark = windower.watermark
+            if not windower.open:  # flushed: done with everything it has seen
+                mark = max(mark, windower.max_event_time)
+            last = self.announced.get(partition)
+            if math.isfinite(mark) and (last is None or math.floor(mark / length) > math.floor(last / length)):
+                due[partition] = mark
+                self.announced[partition] = mark
+        return due
+
+    def flush_idle(self, now: float | None = None) -> list[WindowStats]:
+        """Partials of partitions that have been silent for ``idle_flush_s`` (end of a burst)."""
+        now = time.monotonic() if now is None else now
+        flushed: list[WindowStats] = []
+        for partition, seen in self.last_seen.items():
+            if now - seen >= self.settings.idle_flush_s and self.windowers[partition].open:
+                flushed.extend(self.windowers[partition].flush_all())
+        return flushed
+
+    def flush_all(self) -> list[WindowStats]:
+        return [p for w in self.windowers.values() for p in w.flush_all()]
+
+    def drop_partitions(self, partitions: set[int]) -> list[WindowStats]:
+        """On revocation: hand over what was aggregated so far, then forget the partitions."""
+        flushed = [p for part in partitions if part in self.windowers for p in self.windowers[part].flush_all()]
+        for part in partitions:
+            self.windowers.pop(part, None)
+            self.last_seen.pop(part, None)
+        return flushed
+
+    @property
+    def overflowed_records(self) -> int:
+        return self._segmenter.overflowed
+
+
+@dataclass
+class StageTwo:
+    settings: Settings
+    assembler: WindowAssembler = field(init=False)
+    bank: DetectorBank = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.assembler = WindowAssembler(
+            grace_s=self.settings.assembler_grace_s,
+            max_wait_s=self.settings.assembler_max_wait_s,
+            expected_partitions=self.settings.topic_partitions,
+        )
+        self.bank = DetectorBank(self.settings.detector_config())
+
+    def add(self, partial: WindowStats, now: float | None = None, via: int = 0) -> None:
+        late = self.assembler.late_partials
+        self.assembler.add(partial, time.monotonic() if now is None else now, via)
+        if self.assembler.late_partials > late:
+            metrics.LATE_PARTIALS.inc()
+            logger.debug("late partial for %s at %s dropped", partial.key, partial.start)
+
+    def heartbeat(self, source: int, watermark: float, via: int, now: float | None = None) -> None:
+        self.assembler.heartbeat(source, watermark, time.monotonic() if now is None else now, via)
+
+    def release_due(self, now: float | None = None) -> list[AnomalyEvent]:
+        return self._judge(self.assembler.due(time.monotonic() if now is None else now))
+
+    def release_all(self) -> list[AnomalyEvent]:
+        return self._judge(self.assembler.flush_all())
+
+    def _judge(self, windows: list[WindowStats]) -> list[AnomalyEvent]:
+        events: list[AnomalyEvent] = []
+        for window in windows:
+            events.extend(self.bank.observe(window))
+        metrics.WINDOWS.inc(len(windows))
+        metrics.LIVE_SEGMENTS.set(len(self.bank.detectors))
+        for event in events:
+            metrics.ANOMALY_EVENTS.labels(event.signal.value, event.status.value, event.severity.value).inc()
+        return events

@@ -1,0 +1,35 @@
+"""Every Kafka topic servewatch reads or writes, declared once.
+
+Names are part of the contract with shippers and consumers; change them only with a
+schema version bump. Values are raw bytes: the hot path decodes JSON itself (orjson +
+pydantic) because Faust's per-record codecs cost more than the work they do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import faust
+
+REQUESTS = "servewatch.requests"  # RequestLog JSON: one object, an array, or NDJSON per message
+PARTIALS = "servewatch.partials"  # internal: per-partition window partials, keyed by segment
+ANOMALIES = "servewatch.anomalies"  # AnomalyEvent JSON, keyed by fingerprint
+DEADLETTER = "servewatch.deadletter"  # DeadLetter JSON
+
+ALL = (REQUESTS, PARTIALS, ANOMALIES, DEADLETTER)
+
+
+@dataclass(frozen=True)
+class Topics:
+    requests: faust.TopicT
+    partials: faust.TopicT
+    anomalies: faust.TopicT
+    deadletter: faust.TopicT
+
+
+def declare_topics(app: faust.App, partitions: int) -> Topics:
+    def raw(name: str) -> faust.TopicT:
+        return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
+                         value_serializer="raw", partitions=partitions)  # fmt: skip
+
+    return Topics(requests=raw(REQUESTS), partials=raw(PARTIALS), anomalies=raw(ANOMALIES), deadletter=raw(DEADLETTER))

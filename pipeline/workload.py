@@ -1,0 +1,170 @@
+"""A synthetic but physically sensible LLM serving workload, for the demo, tests and benchmarks.
+
+Arrivals are Poisson; prompt and output lengths are log-normal per route (chat turns vs
+RAG prompts), close to the shapes of public traces (Mooncake, Azure LLM 2023). Timings come
+from a small serving model: prefill costs time per *uncached* prompt token, decode costs
+time per output token, and queueing grows as ``rho / (1 - rho)`` with utilisation ``rho``.
+So a traffic surge raises TTFT through queueing, while turning prefix caching off at flat
+traffic raises it through prefill: the two situations servewatch must tell apart.
+
+Deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+#: 2026-01-01T00:00:00Z, a fixed start so scenarios are reproducible.
+EPOCH = 1_767_225_600.0
+
+
+@dataclass(frozen=True)
+class Route:
+    name: str
+    share: float  # of the model's traffic
+    prompt_median: float
+    prompt_sigma: float
+    output_median: float
+    output_sigma: float
+    shared_prefix: float  # fraction of the prompt that is a shared prefix (cacheable)
+
+
+DEFAULT_ROUTES = (
+    Route("chat", 0.7, prompt_median=1800, prompt_sigma=0.6, output_median=300, output_sigma=0.7, shared_prefix=0.6),
+    Route("rag", 0.3, prompt_median=12000, prompt_sigma=0.4, output_median=350, output_sigma=0.5, shared_prefix=0.9),
+)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """A stretch of simulated time with constant conditions."""
+
+    name: str
+    duration_s: float
+    traffic: float = 1.0  # multiplier on the base request rate
+    prefix_caching: bool = True
+    decode_slowdown: float = 1.0
+    max_tokens: int = 4096
+
+
+@dataclass
+class Workload:
+    """Generates request-log dicts (``RequestLog`` JSON) in finish-time order."""
+
+    phases: tuple[Phase, ...]
+    models: tuple[str, ...] = ("llama-3.1-70b", "qwen3-32b")
+    routes: tuple[Route, ...] = DEFAULT_ROUTES
+    base_rate: float = 15.0  # requests/s per model at traffic 1.0
+    base_utilisation: float = 0.25  # rho at traffic 1.0
+    prefill_s_per_token: float = 1.2e-4
+    itl_s: float = 0.02
+    instances: tuple[str, ...] = ("10.0.0.7:8000", "10.0.0.8:8000")
+    seed: int = 42
+    start: float = EPOCH
+    _rng: np.random.Generator = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._rng = np.random.default_rng(self.seed)
+
+    @property
+    def duration_s(self) -> float:
+        return sum(p.duration_s for p in self.phases)
+
+    def phase_at(self, offset_s: float) -> Phase:
+        elapsed = 0.0
+        for phase in self.phases:
+            elapsed += phase.duration_s
+            if offset_s < elapsed:
+                return phase
+        return self.phases[-1]
+
+    def _second(self, second: int, phase: Phase) -> list[dict[str, Any]]:
+        """Requests arriving during one simulated second."""
+        rng = self._rng
+        rho = min(self.base_utilisation * phase.traffic, 0.93)
+        records: list[dict[str, Any]] = []
+        for model in self.models:
+            n = int(rng.poisson(self.base_rate * phase.traffic))
+            if n == 0:
+                continue
+            shares = np.array([r.share for r in self.routes])
+            route_idx = rng.choice(len(self.routes), size=n, p=shares / shares.sum())
+            arrivals = self.start + second + np.sort(rng.random(n))
+            for i in range(n):
+                route = self.routes[route_idx[i]]
+                prompt = int(max(16, rng.lognormal(math.log(route.prompt_median), route.prompt_sigma)))
+                wanted = int(max(1, rng.lognormal(math.log(route.output_median), route.output_sigma)))
+                output = min(wanted, phase.max_tokens)
+                cached = int(prompt * route.shared_prefix * rng.uniform(0.85, 1.0)) if phase.prefix_caching else 0
+                cached = (cached // 16) * 16  # block granularity
+                uncached = prompt - cached
+                prefill = 0.02 + uncached * self.prefill_s_per_token * rng.lognormal(0.0, 0.1)
+                queue = rng.exponential(0.15 * rho / (1.0 - rho))
+                ttft = queue + prefill
+                itl = self.itl_s * phase.decode_slowdown * (1.0 + 0.5 * rho) * rng.lognormal(0.0, 0.05)
+                decode = itl * max(output - 1, 0)
+                e2e = ttft + decode
+                finish = "length" if wanted > phase.max_tokens else "stop"
+                records.append(
+                    {
+                        "request_id": f"req-{model[:4]}-{second}-{i}",
+                        "timestamp": round(float(arrivals[i]) + e2e, 4),
+                        "model": model,
+                        "route": route.name,
+                        "instance": self.instances[int(rng.integers(len(self.instances)))],
+                        "engine": "vllm",
+                        "engine_version": "0.11.0",
+                        "prompt_tokens": prompt,
+                        "cached_tokens": cached,
+                        "completion_tokens": output,
+                        "max_tokens": phase.max_tokens,
+                        "ttft_s": round(ttft, 5),
+                        "queue_s": round(queue, 5),
+                        "prefill_s": round(prefill, 5),
+                        "decode_s": round(decode, 5),
+                        "e2e_s": round(e2e, 5),
+                        "finish_reason": finish,
+                        "status_code": 200,
+                        "prefix_hash": f"{model}:{route.name}:sys-v1",
+                    }
+                )
+        return records
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """All records, ordered by finish time (as a log shipper would see them)."""
+        yield from (record for _, batch in self.seconds() for record in batch)
+
+    def seconds(self) -> Iterator[tuple[float, list[dict[str, Any]]]]:
+        """Per simulated second: (sim time, records that *finished* by then), in order.
+
+        Records finish after they arrive, so each is held back until its finish time: the
+        stream is in event-time order, the way a shipper tails a log.
+        """
+        pending: list[dict[str, Any]] = []
+        total = int(self.duration_s)
+        for second in range(total + 60):
+            if second < total:
+                pending.extend(self._second(second, self.phase_at(second)))
+            now = self.start + second + 1
+            ready = [r for r in pending if r["timestamp"] < now]
+            if ready:
+                pending = [r for r in pending if r["timestamp"] >= now]
+                ready.sort(key=lambda r: r["timestamp"])
+            yield now, ready
+            if second >= total and not pending:
+                break
+
+
+def demo_phases(scale: float = 1.0) -> tuple[Phase, ...]:
+    """Normal traffic, a 3x surge, recovery, then prefix caching off at flat traffic."""
+    return (
+        Phase("normal", 360 * scale),
+        Phase("surge", 240 * scale, traffic=3.0),
+        Phase("recovery", 180 * scale),
+        Phase("cache_off", 240 * scale, prefix_caching=False),
+    )
