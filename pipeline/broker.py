@@ -68,11 +68,8 @@ async def probe_kafka(bootstrap: str, timeout_s: float = 10.0) -> None:
 
 @dataclass
 class EmbeddedBroker:
-    """A Tansu broker process on a loopback port; use as a (sync) context manager.
-
-    >>> with EmbeddedBroker() as broker:  # doctest: +SKIP
-    ...     print(broker.bootstrap)
-    127.0.0.1:40123
+    """A Tansu broker process on a loopback port; use as a (sync) context manager:
+    ``with EmbeddedBroker() as broker: ...`` then point clients at ``broker.bootstrap``.
     """
 
     port: int = 0

@@ -1,0 +1,115 @@
+"""End to end on the real embedded broker: shipper-style producer -> Faust worker -> anomaly topic.
+
+The worker runs as its own process (``servewatch worker``), exactly as users run it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+import orjson
+import pytest
+
+from pipeline import topics
+from pipeline.broker import EmbeddedBroker
+from pipeline.demo import play, start_worker, stop_worker
+from pipeline.kafka import ensure_topics, producer, read_topic
+from pipeline.workload import Phase, Workload
+from schemas.anomaly import AnomalyEvent, Signal
+from schemas.dead_letter import DeadLetter
+
+pytestmark = pytest.mark.integration
+T = TypeVar("T")
+
+
+@pytest.fixture
+def worker(broker: EmbeddedBroker) -> Iterator[str]:
+    """A worker on the session broker, with its own consumer group; yields the bootstrap address."""
+    asyncio.run(ensure_topics(broker.bootstrap, 4))
+    process = start_worker(
+        broker.bootstrap,
+        {"SERVEWATCH_APP_ID": f"servewatch-test-{uuid.uuid4().hex[:8]}", "SERVEWATCH_LOG_LEVEL": "WARNING"},
+    )
+    try:
+        yield broker.bootstrap
+    finally:
+        stop_worker(process)
+        assert process.returncode is not None
+
+
+async def first_matching(bootstrap: str, topic: str, predicate: Callable[[bytes], T | None], timeout_s: float) -> T:
+    """The first message of ``topic`` that ``predicate`` turns into something (from the beginning)."""
+
+    async def scan() -> T:
+        async for raw in read_topic(bootstrap, topic):
+            item = predicate(raw)
+            if item is not None:
+                return item
+        raise AssertionError("topic reader ended")
+
+    return await asyncio.wait_for(scan(), timeout_s)
+
+
+def test_cache_off_incident_reaches_the_anomaly_topic_and_bad_input_the_dead_letters(worker: str) -> None:
+    bootstrap = worker
+    workload = Workload((Phase("normal", 240), Phase("cache_off", 150, prefix_caching=False)), seed=21)
+
+    async def scenario() -> tuple[AnomalyEvent, DeadLetter]:
+        prod = producer(bootstrap)
+        await prod.start()
+        try:
+            await prod.send_and_wait(topics.REQUESTS, b'{"request_id": "broken", "prompt_tokens": -5')
+            await prod.send_and_wait(topics.REQUESTS, orjson.dumps([{"request_id": "no-fields"}]))
+        finally:
+            await prod.stop()
+        await play(bootstrap, workload, speed=60.0)
+
+        def paging_ttft(raw: bytes) -> AnomalyEvent | None:
+            event = AnomalyEvent.model_validate_json(raw)
+            return event if event.signal is Signal.TTFT and event.pages else None
+
+        def broken(raw: bytes) -> DeadLetter | None:
+            letter = DeadLetter.model_validate_json(raw)
+            return letter if letter.reason == "invalid_json" else None
+
+        event = await first_matching(bootstrap, topics.ANOMALIES, paging_ttft, timeout_s=90)
+        letter = await first_matching(bootstrap, topics.DEADLETTER, broken, timeout_s=30)
+        return event, letter
+
+    event, letter = asyncio.run(scenario())
+    assert not event.explained_by_load
+    assert event.hints[0].code == "prefix_cache_ineffective"
+    assert event.evidence and event.evidence[0]["ttft_s"] >= event.observed * 0.5
+    assert letter.source_topic == topics.REQUESTS and letter.source_offset is not None
+    assert "prompt_tokens" in letter.raw
+
+
+def test_validation_failures_are_dead_lettered_with_their_reason(worker: str) -> None:
+    bootstrap = worker
+
+    async def scenario() -> DeadLetter:
+        prod = producer(bootstrap)
+        await prod.start()
+        try:
+            await prod.send_and_wait(topics.REQUESTS, orjson.dumps([{"request_id": "no-fields-2"}]))
+        finally:
+            await prod.stop()
+
+        def mine(raw: bytes) -> DeadLetter | None:
+            letter = DeadLetter.model_validate_json(raw)
+            return letter if "no-fields-2" in letter.raw else None
+
+        return await first_matching(bootstrap, topics.DEADLETTER, mine, timeout_s=60)
+
+    letter = asyncio.run(scenario())
+    assert letter.reason == "validation" and letter.record_index == 0
+    assert "model" in letter.error and "timestamp" in letter.error
+
+
+def test_embedded_broker_starts_and_stops_cleanly() -> None:
+    with EmbeddedBroker() as second:
+        assert second.running
+    assert not second.running

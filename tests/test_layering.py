@@ -1,0 +1,40 @@
+"""Dependencies point one way: schemas <- models <- pipeline. Checked on the source, not by convention."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# What each package may import beyond the standard library and itself.
+ALLOWED = {
+    "schemas": {"pydantic", "pydantic_core"},
+    "models": {"schemas", "numpy", "river"},
+}
+FORBIDDEN_EVERYWHERE_BUT_PIPELINE = {"faust", "aiokafka", "mode", "httpx", "pipeline", "prometheus_client"}
+
+
+def imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_package_imports_only_what_its_layer_allows(package: str) -> None:
+    import sys
+
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        roots = imported_roots(path) - stdlib - {package}
+        assert not roots & FORBIDDEN_EVERYWHERE_BUT_PIPELINE, (
+            f"{path.name} imports {roots & FORBIDDEN_EVERYWHERE_BUT_PIPELINE}"
+        )
+        assert roots <= ALLOWED[package], f"{path.relative_to(ROOT)} imports {roots - ALLOWED[package]}"

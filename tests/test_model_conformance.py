@@ -1,0 +1,91 @@
+"""One conformance test over every registered model: the contract a detector model must keep."""
+
+from __future__ import annotations
+
+import json
+import math
+import pickle
+import random
+from typing import Any
+
+import pytest
+
+from models import REGISTRY
+
+
+def stream(seed: int, n: int) -> list[tuple[dict[str, Any], float]]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        traffic = 1.0 + 0.5 * math.sin(i / 20)
+        x = {"requests_per_s": 10 * traffic * rng.uniform(0.9, 1.1), "prompt_tokens_per_s": 1e4 * traffic}
+        out.append((x, 0.5 * traffic**0.8 * math.exp(rng.gauss(0, 0.1))))
+    return out
+
+
+@pytest.fixture(params=sorted(REGISTRY))
+def model_cls(request: pytest.FixtureRequest) -> type:
+    return REGISTRY[request.param]
+
+
+def scores(model: Any, data: list[tuple[dict[str, Any], float]]) -> list[float]:
+    out = []
+    for x, y in data:
+        out.append(model.score_one(x, y))
+        model.learn_one(x, y)
+    return out
+
+
+def test_deterministic(model_cls: type) -> None:
+    data = stream(1, 200)
+    assert scores(model_cls(), data) == scores(model_cls(), data)
+
+
+def test_quiet_during_grace_and_finite_after(model_cls: type) -> None:
+    result = scores(model_cls(), stream(2, 200))
+    assert result[0] == 0.0
+    assert all(math.isfinite(s) and s >= 0 for s in result)
+
+
+def test_no_look_ahead(model_cls: type) -> None:
+    """A window's score depends only on what came before it."""
+    data = stream(3, 120)
+    full = scores(model_cls(), data)
+    prefix = scores(model_cls(), data[:60])
+    assert full[:60] == prefix
+
+
+def test_state_round_trips_compactly(model_cls: type) -> None:
+    model = model_cls()
+    data = stream(4, 150)
+    scores(model, data[:100])
+    state = model.state()
+    encoded = json.dumps(state)  # plain JSON: no pickled river objects in the state
+    clone = model_cls()
+    clone.load_state(json.loads(encoded))
+    assert scores(clone, data[100:]) == scores(model, data[100:])
+    assert len(encoded) < 2048
+
+
+def test_pickles(model_cls: type) -> None:
+    model = model_cls()
+    data = stream(5, 80)
+    scores(model, data[:40])
+    assert scores(pickle.loads(pickle.dumps(model)), data[40:]) == scores(model, data[40:])
+
+
+def test_memory_is_bounded(model_cls: type) -> None:
+    """O(1) per segment: the state after 2,000 windows is as large as after 20."""
+    small, large = model_cls(), model_cls()
+    scores(small, stream(6, 20))
+    scores(large, stream(6, 2000))
+    assert len(json.dumps(large.state())) <= len(json.dumps(small.state())) + 64
+
+
+def test_clone_keeps_config(model_cls: type) -> None:
+    """river's contract: constructor arguments are the config, clone() gives a fresh model."""
+    model = model_cls()
+    scores(model, stream(7, 30))
+    fresh = model.clone()
+    assert fresh._get_params() == model._get_params()
+    assert scores(fresh, stream(7, 10))[0] == 0.0

@@ -1,0 +1,156 @@
+"""Stage 1 / stage 2 windowing: partials add up, watermarks decide, replays are idempotent."""
+
+from __future__ import annotations
+
+import collections
+import random
+import zlib
+
+import orjson
+
+from models.segments import OVERFLOW_KEY, Segmenter
+from models.sketch import LogHistogram
+from models.window import WindowStats
+from models.windowing import PartitionWindower, WindowAssembler
+from pipeline.decode import Source
+from pipeline.settings import Settings
+from pipeline.stages import StageOne, StageTwo
+from pipeline.workload import Phase, Workload
+from schemas.request_log import RequestLog
+
+T0 = 1_767_225_600.0
+
+
+def log(i: int, ts: float, ttft: float = 0.2, **extra: object) -> RequestLog:
+    base = {"model": "m", "prompt_tokens": 100, "completion_tokens": 10, "e2e_s": 1.0, "finish_reason": "stop"}
+    return RequestLog.model_validate({**base, "request_id": f"r{i}", "timestamp": ts, "ttft_s": ttft, **extra})
+
+
+def test_histogram_quantiles_within_bucket_error() -> None:
+    import numpy as np
+
+    values = np.random.default_rng(0).lognormal(0, 1, 10_000)
+    hist = LogHistogram()
+    hist.add(values)
+    for q in (0.5, 0.9, 0.99):
+        assert abs(hist.quantile(q) / np.quantile(values, q) - 1) < 0.08
+
+
+def test_histogram_sparse_round_trip_and_rejects_garbage() -> None:
+    hist = LogHistogram()
+    hist.add(__import__("numpy").array([0.01, 1.0, 1e9, 0.0]))
+    again = LogHistogram.from_sparse({str(k): v for k, v in hist.to_sparse().items()})
+    assert (again.counts == hist.counts).all()
+    for bad in ({"-1": 1}, {"100000": 1}, {"3": -2}):
+        try:
+            LogHistogram.from_sparse(bad)
+        except ValueError:
+            continue
+        raise AssertionError(f"accepted {bad}")
+
+
+def test_segment_cap_sends_new_combinations_to_overflow() -> None:
+    seg = Segmenter(max_segments=3)
+    keys = {seg.key_for(model=f"m{i}", prompt_tokens=10, output_tokens=10) for i in range(10)}
+    assert OVERFLOW_KEY in keys and len(keys) == 4
+    assert seg.overflowed == 7 and seg.live_segments == 3
+
+
+def test_partition_windower_closes_on_watermark_only() -> None:
+    w = PartitionWindower(Segmenter(), window_s=10, allowed_lateness_s=5)
+    w.add([log(1, T0 + 1), log(2, T0 + 12)], partition=0, offset=0)
+    assert w.close_due() == []  # watermark T0+7 < first window end T0+10
+    w.add([log(3, T0 + 16)], partition=0, offset=1)
+    closed = w.close_due()
+    assert [(p.start, p.requests, p.sources) for p in closed] == [(T0, 1, [(0, 0, 0)])]
+    assert closed[0].watermark == T0 + 11
+
+
+def test_partial_merge_equals_single_pass_and_survives_json() -> None:
+    records = [log(i, T0 + i % 10, ttft=0.1 + i / 100) for i in range(40)]
+    whole = WindowStats(key="k", start=T0, length=10)
+    for r in records:
+        whole.add(r)
+    parts = [WindowStats(key="k", start=T0, length=10) for _ in range(3)]
+    for i, r in enumerate(records):
+        parts[i % 3].add(r)
+    merged = WindowStats.from_dict(orjson.loads(orjson.dumps(parts[0].to_dict())))
+    for p in parts[1:]:
+        merged.merge(WindowStats.from_dict(orjson.loads(orjson.dumps(p.to_dict()))))
+    assert merged.requests == whole.requests == 40
+    assert merged.ttft_count == whole.ttft_count == 40
+    assert [merged.ttft_quantile(q) for q in (0.1, 0.5, 0.95)] == [whole.ttft_quantile(q) for q in (0.1, 0.5, 0.95)]
+    assert merged.evidence_records() == whole.evidence_records()
+    assert merged.evidence_records()[0]["ttft_s"] == max(r.ttft_s or 0 for r in records)
+
+
+def test_assembler_drops_duplicates_and_counts_late_partials() -> None:
+    a = WindowAssembler(max_wait_s=10)
+    p = WindowStats(key="k", start=T0, length=10, requests=5, sources=[(0, 0, 9)])
+    a.add(p, now=0.0)
+    a.add(WindowStats.from_dict(p.to_dict()), now=0.1)  # replayed after a crash: same offsets
+    assert a.duplicate_partials == 1
+    a.heartbeat(source=0, watermark=T0 + 10, now=0.2)
+    [released] = a.due(now=0.2)
+    assert released.requests == 5
+    a.add(WindowStats(key="k", start=T0, length=10, requests=1, sources=[(1, 0, 0)]), now=0.3)
+    assert a.late_partials == 1
+
+
+def test_assembler_waits_for_every_expected_partition() -> None:
+    a = WindowAssembler(max_wait_s=10, expected_partitions=2)
+    a.add(WindowStats(key="k", start=T0, length=10, requests=1, sources=[(0, 0, 0)]), now=0.0)
+    a.heartbeat(source=0, watermark=T0 + 20, now=0.0)
+    assert a.due(now=1.0) == []  # partition 1 has not spoken yet
+    a.add(WindowStats(key="k", start=T0, length=10, requests=2, sources=[(1, 0, 0)]), now=1.0)
+    a.heartbeat(source=1, watermark=T0 + 20, now=1.0)
+    [window] = a.due(now=1.0)
+    assert window.requests == 3
+    a.add(WindowStats(key="k", start=T0 + 10, length=10, requests=1, sources=[(0, 1, 1)]), now=2.0)
+    assert [w.start for w in a.due(now=12.5)] == [T0 + 10]  # max_wait releases whatever is missing
+
+
+def test_shuffled_delivery_loses_no_partial() -> None:
+    """Two stages over 4 partitions with partials delivered in random interleavings, as Kafka may."""
+    settings = Settings(topic_partitions=4)
+    one, two = StageOne(settings), StageTwo(settings)
+    rng = random.Random(1)
+    queues: dict[int, collections.deque[bytes]] = collections.defaultdict(collections.deque)
+    offsets: collections.Counter[int] = collections.Counter()
+    workload = Workload((Phase("normal", 300),), seed=3)
+    sent = judged = 0  # request logs
+    now = 0.0
+
+    def deliver(k: int) -> None:
+        data = orjson.loads(queues[k].popleft())
+        if "heartbeat" in data:
+            two.heartbeat(data["heartbeat"]["source"], data["heartbeat"]["watermark"], k, now)
+        else:
+            two.add(WindowStats.from_dict(data), now, k)
+
+    for _, batch in workload.seconds():
+        if not batch:
+            continue
+        sent += len(batch)
+        p = rng.randrange(4)
+        _, partials = one.process(orjson.dumps(batch), Source("t", p, offsets[p]), now=now)
+        offsets[p] += 1
+        for partial in partials:
+            queues[zlib.crc32(partial.key.encode()) % 4].append(orjson.dumps(partial.to_dict()))
+        for source, mark in one.watermarks_to_announce().items():
+            for k in range(4):
+                queues[k].append(orjson.dumps({"heartbeat": {"source": source, "watermark": mark}}))
+        now += 0.05
+        for _ in range(rng.randrange(12)):
+            k = rng.randrange(4)
+            if queues[k]:
+                deliver(k)
+        judged += sum(w.requests for w in two.assembler.due(now))
+    for partial in one.flush_all():
+        two.add(partial, now, 0)
+    for k in range(4):
+        while queues[k]:
+            deliver(k)
+    assert two.assembler.late_partials == 0
+    judged += sum(w.requests for w in two.assembler.flush_all())
+    assert judged == sent > 5_000
