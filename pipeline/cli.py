@@ -59,6 +59,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if settings.broker_profile == "tansu" or args.broker is None:
             asyncio.run(_ensure_topics(settings))
         app, _ = create_app(settings)
+        if settings.metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            start_http_server(settings.metrics_port)
+            logger.info("serving worker metrics on :%d/metrics", settings.metrics_port)
         worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
         worker.execute_from_commandline()  # runs until SIGTERM/SIGINT
     return 0

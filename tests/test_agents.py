@@ -1,0 +1,71 @@
+"""The Faust agents' wiring, with Faust's ``test_context()`` (no broker; sends are captured)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from pipeline.app import create_app
+from pipeline.decode import Source
+from pipeline.settings import Settings
+from pipeline.stages import StageOne
+from pipeline.workload import Phase, Workload
+from schemas.anomaly import AnomalyEvent
+from schemas.dead_letter import DeadLetter
+
+
+class Captured:
+    """Stands in for ``Topic.send``: records what would have been produced."""
+
+    def __init__(self) -> None:
+        self.values: list[bytes] = []
+
+    async def __call__(self, *, key: Any = None, value: bytes, partition: int | None = None) -> None:
+        self.values.append(value)
+
+
+@pytest.fixture
+def app_and_sinks(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[str, Captured]]:
+    app, topics = create_app(Settings(broker="127.0.0.1:9", topic_partitions=1))
+    sinks = {name: Captured() for name in ("partials", "anomalies", "deadletter")}
+    for name, sink in sinks.items():
+        monkeypatch.setattr(getattr(topics, name), "send", sink)
+    return app, sinks
+
+
+async def test_bad_message_is_dead_lettered_and_the_agent_keeps_going(app_and_sinks: Any) -> None:
+    app, sinks = app_and_sinks
+    agent = app.agents["pipeline.app.aggregate_request_batches"]
+    good = {"request_id": "ok", "timestamp": 1767225600, "model": "m", "prompt_tokens": 5, "completion_tokens": 1,
+            "e2e_s": 0.5, "finish_reason": "stop", "ttft_s": 0.1}  # fmt: skip
+    async with agent.test_context() as running:
+        await running.put(b"{not json")
+        await running.put(orjson.dumps([good, {**good, "prompt_tokens": -1}]))
+        await running.put(orjson.dumps({**good, "timestamp": 1767225700}))  # moves the watermark on
+    letters = [DeadLetter.model_validate_json(v) for v in sinks["deadletter"].values]
+    assert [(d.reason, d.record_index) for d in letters] == [("invalid_json", None), ("validation", 1)]
+    partials = [orjson.loads(v) for v in sinks["partials"].values]
+    assert [p["requests"] for p in partials if "key" in p] == [1]
+    assert any("heartbeat" in p for p in partials)
+
+
+async def test_partials_in_anomalies_out(app_and_sinks: Any) -> None:
+    """Stage 2's agent turns a cache-off scenario's partials into a paging TTFT event."""
+    app, sinks = app_and_sinks
+    stage_one = StageOne(Settings(topic_partitions=1))
+    messages: list[bytes] = []
+    workload = Workload((Phase("normal", 300), Phase("cache_off", 120, prefix_caching=False)), seed=8)
+    for offset, (_, batch) in enumerate(workload.seconds()):
+        _, partials = stage_one.process(orjson.dumps(batch), Source("t", 0, offset), now=0.0)
+        messages += [orjson.dumps(p.to_dict()) for p in partials]
+        messages += [orjson.dumps({"heartbeat": {"source": s, "watermark": w}})
+                     for s, w in stage_one.watermarks_to_announce().items()]  # fmt: skip
+    agent = app.agents["pipeline.app.detect_anomalies"]
+    async with agent.test_context() as running:
+        await running.put(b"garbage that is not a partial")  # logged and dropped, never fatal
+        for message in messages:
+            await running.put(message)
+    events = [AnomalyEvent.model_validate_json(v) for v in sinks["anomalies"].values]
+    assert any(e.pages and e.signal.value == "ttft" for e in events)
