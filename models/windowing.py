@@ -31,10 +31,12 @@ class PartitionWindower:
 
     >>> w = PartitionWindower(Segmenter(), window_s=10, allowed_lateness_s=0)
     >>> base = dict(model="m", prompt_tokens=10, completion_tokens=5, e2e_s=1.0, finish_reason="stop")
-    >>> w.add([RequestLog(request_id="a", timestamp=1_700_000_001, ttft_s=0.2, **base)])
+    >>> w.add([RequestLog(request_id="a", timestamp=1_700_000_001, ttft_s=0.2, **base)])  # fed until
+    1700000010.0
     >>> w.close_due()
     []
     >>> w.add([RequestLog(request_id="b", timestamp=1_700_000_011, ttft_s=0.3, **base)])
+    1700000020.0
     >>> [(p.start, p.requests) for p in w.close_due()]
     [(1700000000.0, 1)]
     """
@@ -50,9 +52,11 @@ class PartitionWindower:
     def watermark(self) -> float:
         return self.max_event_time - self.allowed_lateness_s
 
-    def add(self, records: Iterable[RequestLog], partition: int = 0, offset: int | None = None) -> None:
+    def add(self, records: Iterable[RequestLog], partition: int = 0, offset: int | None = None) -> float:
+        """Fold records in; return the latest window end they touched (-inf for none)."""
         segmenter, length, open_windows = self.segmenter, self.window_s, self.open
         newest = self.max_event_time
+        latest_start = -math.inf
         for record in records:
             ts = record.timestamp
             newest = ts if ts > newest else newest
@@ -66,6 +70,7 @@ class PartitionWindower:
                 output_tokens=record.completion_tokens,
             )
             start = float(math.floor(ts / length) * length)
+            latest_start = start if start > latest_start else latest_start
             stats = open_windows.get((start, key))
             if stats is None:
                 stats = open_windows[(start, key)] = WindowStats(
@@ -75,6 +80,12 @@ class PartitionWindower:
             if offset is not None:
                 stats.note_source(partition, offset)
         self.max_event_time = newest
+        return latest_start + length
+
+    @property
+    def oldest_open_start(self) -> float:
+        """Start of the oldest window still held here (+inf when none): everything before it was sent."""
+        return min((start for start, _ in self.open), default=math.inf)
 
     def close_due(self) -> list[WindowStats]:
         """Partials whose window ended at or before the watermark, oldest first."""

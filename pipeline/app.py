@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from typing import Any
+from typing import Any, cast
 
 import faust
 import orjson
@@ -44,6 +44,9 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         topic_partitions=settings.topic_partitions,
         web_enabled=False,
         producer_linger=0.0,  # Tansu under-reports end offsets of multi-record batches
+        # Messages still feeding open windows are unacknowledged by design; on shutdown they
+        # are left for the next worker to replay rather than waited for.
+        stream_wait_empty=False,
         producer_max_request_size=max(settings.max_message_bytes, 1_048_576) + 65_536,
         consumer_max_fetch_size=max(settings.max_message_bytes, 1_048_576) + 65_536,
         **_PROFILES[settings.broker_profile],
@@ -69,21 +72,29 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             logger.info("anomaly %s %s %s: %s", event.status.value, event.signal.value, event.severity.value,
                         event.summary)  # fmt: skip
 
+    async def send_partials_and_ack(partials: list[WindowStats]) -> None:
+        await send_partials(partials)
+        for event in stage_one.safe_to_ack():
+            event.ack()
+
     @app.agent(topics.requests)
     async def aggregate_request_batches(stream: faust.StreamT) -> None:
-        async for event in stream.events():
+        # noack: a message is acknowledged (and its offset committed) only once every window
+        # it fed has been sent on to stage 2, so a crash replays what was still in memory.
+        async for event in cast(faust.Stream, stream).noack().events():
             message = event.message
             source = Source(topic=message.topic, partition=message.partition, offset=message.offset)
             try:
-                letters, partials = stage_one.process(event.value, source)
+                letters, partials = stage_one.process(event.value, source, token=event)
             except Exception as exc:
                 logger.exception("failed to process message %s/%s", source.partition, source.offset)
                 letters, partials = [internal_error(event.value, source, exc)], []
+                event.ack()
             for letter in letters:
                 logger.warning("dead letter (%s) at %s/%s: %s", letter.reason, source.partition, source.offset,
                                letter.error)  # fmt: skip
                 await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
-            await send_partials(partials)
+            await send_partials_and_ack(partials)
 
     @app.agent(topics.partials)
     async def detect_anomalies(stream: faust.StreamT) -> None:
@@ -110,7 +121,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
 
     @app.timer(0.5)
     async def flush_quiet_partitions() -> None:
-        await send_partials(stage_one.flush_idle())
+        await send_partials_and_ack(stage_one.flush_idle())
 
     @app.timer(0.25)
     async def release_due_windows() -> None:
@@ -135,6 +146,6 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         revoked = args[0] if args else kwargs.get("revoked", set())
         mine = {tp.partition for tp in revoked if tp.topic == topics.requests.get_topic_name()}
         if mine:
-            await send_partials(stage_one.drop_partitions(mine))
+            await send_partials_and_ack(stage_one.drop_partitions(mine))
 
     return app, topics

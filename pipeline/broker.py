@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -122,9 +123,11 @@ class EmbeddedBroker:
         if proc is None:
             return
         if proc.poll() is None:
-            proc.terminate()
+            # Memory-only: nothing to save, so a short grace then SIGKILL (with clients still
+            # connected Tansu can take seconds to honour SIGINT/SIGTERM).
+            proc.send_signal(signal.SIGINT)
             try:
-                proc.wait(timeout=5)
+                proc.wait(timeout=1)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=5)

@@ -63,16 +63,25 @@ def _describe(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _validate(item: Any, raw: bytes, source: Source, index: int | None, out: Decoded) -> None:
-    if not isinstance(item, dict):
-        out.dead_letters.append(
-            _dead_letter("not_an_object", f"expected a JSON object, got {type(item).__name__}", raw, source, index)
-        )
-        return
+def _as_bytes(item: Any) -> bytes:
+    """The item re-serialised for its dead letter; never raises (orjson stops at depth 254)."""
     try:
-        out.records.append(RequestLog.model_validate(item))
-    except ValidationError as exc:
-        out.dead_letters.append(_dead_letter("validation", _describe(exc), raw, source, index))
+        return orjson.dumps(item)
+    except (orjson.JSONEncodeError, TypeError):
+        return repr(item)[:RAW_KEEP_BYTES].encode("utf-8", errors="replace")
+
+
+def _validate(item: Any, raw: bytes | None, source: Source, index: int | None, out: Decoded) -> None:
+    """Append a record or a dead letter. ``raw`` None: re-serialise the item, only if rejected."""
+    if not isinstance(item, dict):
+        reason, error = "not_an_object", f"expected a JSON object, got {type(item).__name__}"
+    else:
+        try:
+            out.records.append(RequestLog.model_validate(item))
+            return
+        except ValidationError as exc:
+            reason, error = "validation", _describe(exc)
+    out.dead_letters.append(_dead_letter(reason, error, _as_bytes(item) if raw is None else raw, source, index))
 
 
 def decode_message(raw: bytes | None, source: Source | None = None, max_bytes: int = 8 * 1024 * 1024) -> Decoded:
@@ -104,16 +113,7 @@ def decode_message(raw: bytes | None, source: Source | None = None, max_bytes: i
         return out
     if isinstance(value, list):
         for index, item in enumerate(value):
-            if isinstance(item, dict):
-                try:
-                    out.records.append(RequestLog.model_validate(item))
-                    continue
-                except ValidationError as exc:
-                    out.dead_letters.append(
-                        _dead_letter("validation", _describe(exc), orjson.dumps(item), source, index)
-                    )
-                    continue
-            _validate(item, orjson.dumps(item), source, index, out)
+            _validate(item, None, source, index, out)
         return out
     _validate(value, raw, source, None, out)
     return out

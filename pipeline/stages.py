@@ -11,6 +11,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from models.detector import DetectorBank
 from models.window import WindowStats
@@ -30,6 +31,8 @@ class StageOne:
     windowers: dict[int, PartitionWindower] = field(default_factory=dict)
     last_seen: dict[int, float] = field(default_factory=dict)  # partition -> monotonic time of last message
     announced: dict[int, float] = field(default_factory=dict)  # partition -> last watermark broadcast
+    # partition -> (token, latest window end it fed): messages not yet safe to acknowledge
+    unacked: dict[int, list[tuple[Any, float]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # One segmenter for all partitions of this worker, so the segment cap is per worker.
@@ -47,19 +50,38 @@ class StageOne:
         return windower
 
     def process(
-        self, raw: bytes | None, source: Source, now: float | None = None
+        self, raw: bytes | None, source: Source, now: float | None = None, token: Any = None
     ) -> tuple[list[DeadLetter], list[WindowStats]]:
-        """Decode one message, fold its records in, return dead letters and closed partials."""
+        """Decode one message, fold its records in, return dead letters and closed partials.
+
+        ``token`` (the Faust event) is handed back by ``safe_to_ack`` once every window the
+        message fed has been released, so offsets are committed only for records whose
+        partials are on their way: a crash replays the rest (at-least-once).
+        """
         decoded = decode_message(raw, source, self.settings.max_message_bytes)
         partition = source.partition or 0
         windower = self._windower(partition)
-        windower.add(decoded.records, partition, source.offset)
+        fed_until = windower.add(decoded.records, partition, source.offset)
+        if token is not None:
+            self.unacked.setdefault(partition, []).append((token, fed_until))
         self.last_seen[partition] = time.monotonic() if now is None else now
         metrics.MESSAGES.inc()
         metrics.RECORDS.inc(len(decoded.records))
         for letter in decoded.dead_letters:
             metrics.DEAD_LETTERS.labels(letter.reason).inc()
         return decoded.dead_letters, windower.close_due()
+
+    def safe_to_ack(self) -> list[Any]:
+        """Tokens of messages all of whose windows have been released (call after sending partials)."""
+        safe: list[Any] = []
+        for partition, waiting in self.unacked.items():
+            windower = self.windowers.get(partition)
+            horizon = windower.oldest_open_start if windower is not None else math.inf
+            keep: list[tuple[Any, float]] = []
+            for token, fed_until in waiting:
+                (safe if fed_until <= horizon else keep).append((token, fed_until))
+            self.unacked[partition] = keep
+        return [token for token, _ in safe]
 
     def watermarks_to_announce(self) -> dict[int, float]:
         """Partitions whose watermark crossed a window boundary since it was last broadcast."""
@@ -92,7 +114,7 @@ class StageOne:
         flushed = [p for part in partitions if part in self.windowers for p in self.windowers[part].flush_all()]
         for part in partitions:
             self.windowers.pop(part, None)
-            self.last_seen.pop(part, None)
+            self.last_seen.pop(part, None)  # its unacked messages become safe: all was flushed
         return flushed
 
     @property

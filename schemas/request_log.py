@@ -8,7 +8,7 @@ are ignored). Every bound below is a reason a record goes to the dead-letter top
 from __future__ import annotations
 
 import math
-from datetime import datetime
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -23,8 +23,9 @@ MAX_TEXT_CHARS = 1_000_000
 MIN_TIMESTAMP = 946_684_800.0  # 2000-01-01: earlier means ms/us units or a zero default
 MAX_TIMESTAMP = 4_102_444_800.0  # 2100-01-01
 
-TokenCount = Annotated[int, Field(ge=0, le=MAX_TOKENS_PER_REQUEST)]
-Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
+# strict: a boolean or a numeric string is a producer bug, not a count of 1.
+TokenCount = Annotated[int, Field(ge=0, le=MAX_TOKENS_PER_REQUEST, strict=True)]
+Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False, strict=True)]
 ShortLabel = Annotated[str, Field(min_length=1, max_length=256)]
 
 
@@ -82,15 +83,21 @@ class RequestLog(BaseModel):
     def _parse_timestamp(cls, value: Any) -> float:
         if isinstance(value, bool):
             raise ValueError("timestamp must be unix seconds or ISO-8601, not a boolean")
-        if isinstance(value, str):
-            try:
+        try:
+            if isinstance(value, str):
+                try:
+                    seconds = float(value)
+                except ValueError:
+                    parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+                    if parsed.tzinfo is None:  # no zone given: UTC, never the worker's local time
+                        parsed = parsed.replace(tzinfo=UTC)
+                    seconds = parsed.timestamp()
+            elif isinstance(value, int | float):
                 seconds = float(value)
-            except ValueError:
-                seconds = datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
-        elif isinstance(value, int | float):
-            seconds = float(value)
-        else:
-            raise ValueError("timestamp must be unix seconds or ISO-8601")
+            else:
+                raise ValueError("timestamp must be unix seconds or ISO-8601")
+        except OverflowError:
+            raise ValueError(f"timestamp {str(value)[:40]} is out of range") from None
         if not math.isfinite(seconds) or not MIN_TIMESTAMP <= seconds <= MAX_TIMESTAMP:
             raise ValueError(
                 f"timestamp {value!r} is outside 2000..2100 in unix seconds (milliseconds sent as seconds?)"

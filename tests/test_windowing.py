@@ -154,3 +154,16 @@ def test_shuffled_delivery_loses_no_partial() -> None:
     assert two.assembler.late_partials == 0
     judged += sum(w.requests for w in two.assembler.flush_all())
     assert judged == sent > 5_000
+
+
+def test_messages_are_acknowledged_only_after_their_windows_are_sent() -> None:
+    """At-least-once: a message's offset may be committed only once every window it fed is released."""
+    one = StageOne(Settings(window_s=10, allowed_lateness_s=0))
+    batch = lambda *ts: orjson.dumps([log(i, t).model_dump() for i, t in enumerate(ts)])  # noqa: E731
+    one.process(batch(T0 + 1, T0 + 11), Source("t", 0, 0), token="m0")  # feeds windows T0 and T0+10
+    one.process(batch(T0 + 12), Source("t", 0, 1), token="m1")  # closes T0 only
+    assert one.safe_to_ack() == []  # m0 still has records in the open window T0+10
+    one.process(batch(T0 + 25), Source("t", 0, 2), token="m2")  # closes T0+10
+    assert one.safe_to_ack() == ["m0", "m1"]
+    one.flush_all()
+    assert one.safe_to_ack() == ["m2"]
