@@ -56,8 +56,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from pipeline.app import create_app
 
     with _broker(_settings(args)) as settings:
-        if settings.broker_profile == "tansu" or args.broker is None:
-            asyncio.run(_ensure_topics(settings))
+        asyncio.run(_ensure_topics(settings))  # creates only what is missing
         app, _ = create_app(settings)
         if settings.metrics_port is not None:
             from prometheus_client import start_http_server
