@@ -10,8 +10,11 @@ label cardinality (a tenant id sneaking into ``route`` must not take the worker 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
 
 DIMENSIONS = ("model", "route", "tenant", "instance", "engine", "prompt_band", "output_band")
 DEFAULT_DIMENSIONS = ("model", "route", "prompt_band", "output_band")
@@ -67,6 +70,7 @@ class Segmenter:
     _known: set[str] = field(default_factory=set, init=False, repr=False)
     _prompt_labels: list[str] = field(default_factory=list, init=False, repr=False)
     _output_labels: list[str] = field(default_factory=list, init=False, repr=False)
+    _combo_keys: dict[tuple[Any, ...], str] = field(default_factory=dict, init=False, repr=False)
     overflowed: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -114,6 +118,54 @@ class Segmenter:
             return OVERFLOW_KEY
         self._known.add(key)
         return key
+
+    def ids_for_rows(
+        self, rows: Sequence[Mapping[str, Any]], prompt: np.ndarray, output: np.ndarray
+    ) -> tuple[np.ndarray, list[str]]:
+        """Vectorised ``key_for``: a segment id per row, and the keys those ids index.
+
+        Bands come from ``searchsorted``; the label part of each row is a tuple looked up in a
+        cache, so the Python work per row is one tuple and one dict lookup.
+        """
+        n = len(rows)
+        prompt_band = np.searchsorted(np.asarray(self.prompt_band_edges), prompt, side="right")
+        output_band = np.searchsorted(np.asarray(self.output_band_edges), output, side="right")
+        label_dims = [d for d in self.dimensions if d not in ("prompt_band", "output_band")]
+        columns = [[row.get(d) for row in rows] for d in label_dims]
+        combos = zip(*columns, prompt_band.tolist(), output_band.tolist(), strict=True)
+        ids = np.empty(n, dtype=np.int64)
+        local: dict[tuple[Any, ...], int] = {}
+        keys: list[str] = []
+        for i, combo in enumerate(combos):
+            segment = local.get(combo)
+            if segment is None:
+                segment = local[combo] = len(keys)
+                keys.append(self._key_for_combo(label_dims, combo))
+            ids[i] = segment
+        return ids, keys
+
+    def _key_for_combo(self, label_dims: list[str], combo: tuple[Any, ...]) -> str:
+        cached = self._combo_keys.get(combo)
+        if cached is not None:
+            return cached
+        labels = dict(zip(label_dims, combo[:-2], strict=True))
+        key = self.key_for(
+            model=labels.get("model") or UNSET,
+            route=labels.get("route"),
+            tenant=labels.get("tenant"),
+            instance=labels.get("instance"),
+            engine=labels.get("engine"),
+            prompt_tokens=self._band_floor(self.prompt_band_edges, combo[-2]),
+            output_tokens=self._band_floor(self.output_band_edges, combo[-1]),
+        )
+        if key != OVERFLOW_KEY and len(self._combo_keys) < 4 * self.max_segments:
+            self._combo_keys[combo] = key  # bounded: never more combos than a few per segment
+        return key
+
+    @staticmethod
+    def _band_floor(edges: tuple[int, ...], band: int) -> int:
+        """A token count that falls in ``band`` (its lower edge)."""
+        return 0 if band == 0 else edges[band - 1]
 
     @property
     def live_segments(self) -> int:

@@ -13,11 +13,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from models.segments import parse_key
 from models.sketch import LogHistogram
-from schemas.request_log import RequestLog
 
 #: Fields of a request log kept as evidence: enough to find it in the user's log store,
 #: never the prompt, never the answer text (excerpts are a separate, scrubbed feature).
@@ -34,16 +31,24 @@ _INT_SUMS = (
 )  # fmt: skip
 _FLOAT_SUMS = ("e2e_sum", "ttft_sum")
 
-#: Raw TTFT values are folded into the histogram past this many, to bound memory.
-_RAW_LIMIT = 4096
 
+def _add_range(ranges: list[tuple[int, int, int]], new: tuple[int, int, int]) -> list[tuple[int, int, int]]:
+    """Offsets seen per partition as one (partition, first, last) range each.
 
-def evidence_record(record: RequestLog) -> dict[str, Any]:
-    data = {name: getattr(record, name) for name in EVIDENCE_FIELDS}
-    data["finish_reason"] = str(record.finish_reason)
-    if record.engine is not None:
-        data["engine"] = str(record.engine)
-    return {k: v for k, v in data.items() if v is not None}
+    Within a partition offsets are consumed in order, so a partial holds every record of
+    its (segment, window) from the messages in its range; a replayed partial overlaps it.
+    """
+    partition, first, last = new
+    out, merged = [], False
+    for p, a, b in ranges:
+        if p == partition and not merged:
+            out.append((p, min(a, first), max(b, last)))
+            merged = True
+        else:
+            out.append((p, a, b))
+    if not merged:
+        out.append(new)
+    return out
 
 
 @dataclass
@@ -68,64 +73,29 @@ class WindowStats:
     evidence: list[tuple[float, str, dict[str, Any]]] = field(default_factory=list)  # min-heap on TTFT
     sources: list[tuple[int, int, int]] = field(default_factory=list)  # (partition, first, last offset)
     watermark: float = -math.inf  # the sending partition's watermark (transport metadata, not merged)
-    _raw_ttft: list[float] = field(default_factory=list, repr=False)
 
-    # -- building -------------------------------------------------------------------
-    def add(self, record: RequestLog) -> None:
-        """Fold one record in; cheap, no numpy per record (numpy runs in ``seal``)."""
-        self.requests += 1
-        self.prompt_tokens += record.prompt_tokens
-        self.completion_tokens += record.completion_tokens
-        self.e2e_sum += record.e2e_s
-        if record.cached_tokens is not None:
-            self.cached_tokens += record.cached_tokens
-            self.cache_reported_prompt_tokens += record.prompt_tokens
-        self.uncached_prompt_tokens += record.prompt_tokens - (record.cached_tokens or 0)
-        reason = record.finish_reason.value
-        self.finish_reasons[reason] = self.finish_reasons.get(reason, 0) + 1
-        if record.is_error:
-            self.errors += 1
-        ttft = record.ttft_s
-        if ttft is not None:
-            self._raw_ttft.append(ttft)
-            self.ttft_sum += ttft
-            if len(self._raw_ttft) >= _RAW_LIMIT:
-                self.seal()
-            # Keep the slowest requests as evidence: a bounded min-heap, ties by id for determinism.
-            if len(self.evidence) < self.evidence_k:
-                heapq.heappush(self.evidence, (ttft, record.request_id, evidence_record(record)))
-            elif self.evidence_k and (ttft, record.request_id) > self.evidence[0][:2]:
-                heapq.heapreplace(self.evidence, (ttft, record.request_id, evidence_record(record)))
+    # -- building (rows are folded in by ``models.batch.aggregate_rows``) -------------
+    def trim_evidence(self) -> None:
+        """Keep the ``evidence_k`` slowest as a min-heap (ties broken by request id, for determinism)."""
+        self.evidence = heapq.nlargest(self.evidence_k, self.evidence, key=lambda item: item[:2])
+        heapq.heapify(self.evidence)
 
     def note_source(self, partition: int, offset: int) -> None:
-        if self.sources and self.sources[-1][0] == partition:
-            p, first, last = self.sources[-1]
-            self.sources[-1] = (p, min(first, offset), max(last, offset))
-        else:
-            self.sources.append((partition, offset, offset))
-
-    def seal(self) -> None:
-        """Move buffered raw values into the histogram (vectorised)."""
-        if self._raw_ttft:
-            self.ttft.add(np.asarray(self._raw_ttft, dtype=np.float64))
-            self._raw_ttft.clear()
+        """Record that messages up to ``offset`` of ``partition`` are folded in (one range per partition)."""
+        self.sources = _add_range(self.sources, (partition, offset, offset))
 
     def merge(self, other: WindowStats) -> None:
         if (other.key, other.start) != (self.key, self.start):
             raise ValueError("can only merge partials of the same segment and window")
-        other.seal()
-        self.seal()
         for name in _INT_SUMS + _FLOAT_SUMS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.ttft.merge(other.ttft)
         for reason, count in other.finish_reasons.items():
             self.finish_reasons[reason] = self.finish_reasons.get(reason, 0) + count
-        for item in other.evidence:
-            if len(self.evidence) < self.evidence_k:
-                heapq.heappush(self.evidence, item)
-            elif item[:2] > self.evidence[0][:2]:
-                heapq.heapreplace(self.evidence, item)
-        self.sources.extend(other.sources)
+        self.evidence = self.evidence + other.evidence
+        self.trim_evidence()
+        for source in other.sources:
+            self.sources = _add_range(self.sources, source)
 
     # -- reading --------------------------------------------------------------------
     @property
@@ -138,11 +108,9 @@ class WindowStats:
 
     @property
     def ttft_count(self) -> int:
-        self.seal()
         return self.ttft.count
 
     def ttft_quantile(self, q: float) -> float:
-        self.seal()
         return self.ttft.quantile(q)
 
     @property
@@ -174,7 +142,6 @@ class WindowStats:
     # -- wire format ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (string keys only): what stage 1 sends to stage 2."""
-        self.seal()
         data: dict[str, Any] = {name: getattr(self, name) for name in _INT_SUMS + _FLOAT_SUMS}
         data.update(
             key=self.key,

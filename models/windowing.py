@@ -13,12 +13,13 @@ same source offsets) and counting partials that arrive after their window was re
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from models.batch import aggregate_rows
 from models.segments import Segmenter
 from models.window import WindowStats
-from schemas.request_log import RequestLog
+from schemas.request_log import RequestLogRow
 
 
 def window_start(timestamp: float, length: float) -> float:
@@ -31,11 +32,11 @@ class PartitionWindower:
 
     >>> w = PartitionWindower(Segmenter(), window_s=10, allowed_lateness_s=0)
     >>> base = dict(model="m", prompt_tokens=10, completion_tokens=5, e2e_s=1.0, finish_reason="stop")
-    >>> w.add([RequestLog(request_id="a", timestamp=1_700_000_001, ttft_s=0.2, **base)])  # fed until
+    >>> w.add([{"request_id": "a", "timestamp": 1_700_000_001.0, "ttft_s": 0.2, **base}])  # fed until
     1700000010.0
     >>> w.close_due()
     []
-    >>> w.add([RequestLog(request_id="b", timestamp=1_700_000_011, ttft_s=0.3, **base)])
+    >>> w.add([{"request_id": "b", "timestamp": 1_700_000_011.0, "ttft_s": 0.3, **base}])
     1700000020.0
     >>> [(p.start, p.requests) for p in w.close_due()]
     [(1700000000.0, 1)]
@@ -52,35 +53,23 @@ class PartitionWindower:
     def watermark(self) -> float:
         return self.max_event_time - self.allowed_lateness_s
 
-    def add(self, records: Iterable[RequestLog], partition: int = 0, offset: int | None = None) -> float:
-        """Fold records in; return the latest window end they touched (-inf for none)."""
-        segmenter, length, open_windows = self.segmenter, self.window_s, self.open
-        newest = self.max_event_time
-        latest_start = -math.inf
-        for record in records:
-            ts = record.timestamp
-            newest = ts if ts > newest else newest
-            key = segmenter.key_for(
-                model=record.model,
-                route=record.route,
-                tenant=record.tenant,
-                instance=record.instance,
-                engine=record.engine,
-                prompt_tokens=record.prompt_tokens,
-                output_tokens=record.completion_tokens,
-            )
-            start = float(math.floor(ts / length) * length)
-            latest_start = start if start > latest_start else latest_start
-            stats = open_windows.get((start, key))
-            if stats is None:
-                stats = open_windows[(start, key)] = WindowStats(
-                    key=key, start=start, length=length, evidence_k=self.evidence_k
-                )
-            stats.add(record)
+    def add(self, rows: Sequence[RequestLogRow], partition: int = 0, offset: int | None = None) -> float:
+        """Fold a batch of rows in; return the latest window end they touched (-inf for none)."""
+        if not rows:
+            return -math.inf
+        latest_end = -math.inf
+        for partial in aggregate_rows(rows, self.segmenter, self.window_s, self.evidence_k):
             if offset is not None:
-                stats.note_source(partition, offset)
-        self.max_event_time = newest
-        return latest_start + length
+                partial.note_source(partition, offset)
+            slot = (partial.start, partial.key)
+            existing = self.open.get(slot)
+            if existing is None:
+                self.open[slot] = partial
+            else:
+                existing.merge(partial)
+            latest_end = max(latest_end, partial.end)
+        self.max_event_time = max(self.max_event_time, max(row["timestamp"] for row in rows))
+        return latest_end
 
     @property
     def oldest_open_start(self) -> float:
@@ -91,7 +80,7 @@ class PartitionWindower:
         """Partials whose window ended at or before the watermark, oldest first."""
         watermark = self.watermark
         due = sorted(k for k in self.open if k[0] + self.window_s <= watermark)
-        return [self._seal(self.open.pop(k), watermark) for k in due]
+        return [self._stamp(self.open.pop(k), watermark) for k in due]
 
     def flush_all(self) -> list[WindowStats]:
         """Everything still open (end of input, or the partition went idle)."""
@@ -99,11 +88,10 @@ class PartitionWindower:
         # Flushing declares the partition done with every window it had: its watermark
         # moves to the end of the newest one.
         done = max((k[0] + self.window_s for k in due), default=self.watermark)
-        return [self._seal(self.open.pop(k), max(done, self.watermark)) for k in due]
+        return [self._stamp(self.open.pop(k), max(done, self.watermark)) for k in due]
 
     @staticmethod
-    def _seal(stats: WindowStats, watermark: float) -> WindowStats:
-        stats.seal()
+    def _stamp(stats: WindowStats, watermark: float) -> WindowStats:
         stats.watermark = watermark
         return stats
 
@@ -112,8 +100,12 @@ class PartitionWindower:
 class _Pending:
     stats: WindowStats
     first_seen: float
-    sources: set[tuple[int, int, int]]
     via: int  # the partials partition it came through
+
+
+def _overlaps(ranges: list[tuple[int, int, int]], candidate: tuple[int, int, int]) -> bool:
+    partition, first, last = candidate
+    return any(p == partition and a <= last and first <= b for p, a, b in ranges)
 
 
 @dataclass
@@ -164,13 +156,13 @@ class WindowAssembler:
         slot = (partial.key, partial.start)
         pending = self.pending.get(slot)
         if pending is None:
-            self.pending[slot] = _Pending(partial, now, set(partial.sources), via)
+            self.pending[slot] = _Pending(partial, now, via)
             return
-        if partial.sources and all(src in pending.sources for src in partial.sources):
+        # Offsets already merged for this window: a replay after a crash, drop it.
+        if partial.sources and all(_overlaps(pending.stats.sources, src) for src in partial.sources):
             self.duplicate_partials += 1
             return
         pending.stats.merge(partial)
-        pending.sources.update(partial.sources)
 
     def _slowest(self, via: int, now: float) -> float:
         # Sources silent for max_wait_s no longer hold windows back (they went idle).

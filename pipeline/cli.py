@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import logging
 import sys
 import time
@@ -19,6 +20,7 @@ import orjson
 
 from pipeline.broker import BrokerError, EmbeddedBroker
 from pipeline.settings import Settings
+from schemas.dead_letter import DeadLetter
 
 logger = logging.getLogger("servewatch")
 
@@ -95,15 +97,28 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if outcome.surge_explained and outcome.cache_off_paged else 1
 
 
-def _lines(path: str) -> Iterator[bytes]:
+#: Lines per message when replaying a JSONL file: the worker's batched fast path, same code.
+REPLAY_CHUNK_LINES = 1000
+
+
+def _chunks(path: str, lines_per_chunk: int = REPLAY_CHUNK_LINES) -> Iterator[bytes]:
+    """NDJSON chunks of a JSONL file (blank lines kept, so positions map back to line numbers)."""
     stream = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115 - closed below
     try:
-        for line in stream:
-            if line.strip():
-                yield line.rstrip(b"\n")
+        while chunk := list(itertools.islice(stream, lines_per_chunk)):
+            yield b"".join(chunk)
     finally:
         if stream is not sys.stdin.buffer:
             stream.close()
+
+
+def _where(letter: DeadLetter) -> str:
+    """'line N' of the replayed file, from the chunk number and the position in the chunk."""
+    if letter.source_offset is None:
+        return "a chunk"
+    if letter.record_index is None:
+        return f"chunk {letter.source_offset + 1}"
+    return f"near line {letter.source_offset * REPLAY_CHUNK_LINES + letter.record_index + 1}"
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -114,12 +129,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     def progress(stats: ReplayStats) -> None:
         rate = stats.records / max(time.monotonic() - started, 1e-9)
-        print(f"\r{stats.lines:,} lines, {stats.records:,} records, {stats.events:,} events ({rate:,.0f} rec/s)",
+        print(f"\r{stats.messages:,} chunks, {stats.records:,} records, {stats.events:,} events ({rate:,.0f} rec/s)",
               end="", file=sys.stderr, flush=True)  # fmt: skip
 
     out = sys.stdout.buffer if args.out == "-" else open(args.out, "wb")  # noqa: SIM115 - closed below
     try:
-        for event in replay.run(_lines(args.requests), progress):
+        for event in replay.run(_chunks(args.requests), progress):
             out.write(event.model_dump_json().encode() + b"\n")
     finally:
         if out is not sys.stdout.buffer:
@@ -133,7 +148,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     for letter in stats.dead_letter_samples[:5]:
-        print(f"  rejected ({letter.reason}) line {letter.source_offset}: {letter.error}", file=sys.stderr)
+        print(f"  rejected ({letter.reason}) {_where(letter)}: {letter.error}", file=sys.stderr)
     return 0
 
 

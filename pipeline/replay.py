@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class ReplayStats:
-    lines: int = 0
+    messages: int = 0
     records: int = 0
     dead_letters: int = 0
     events: int = 0
@@ -42,7 +42,7 @@ class Replay:
 
     def feed(self, raw: bytes, offset: int | None = None) -> list[AnomalyEvent]:
         letters, partials = self.stage_one.process(raw, Source(topic="file", partition=0, offset=offset), now=0.0)
-        self.stats.lines += 1
+        self.stats.messages += 1
         self.stats.dead_letters += len(letters)
         if letters and len(self.stats.dead_letter_samples) < 20:
             self.stats.dead_letter_samples.extend(letters[: 20 - len(self.stats.dead_letter_samples)])
@@ -67,6 +67,6 @@ class Replay:
     ) -> Iterator[AnomalyEvent]:
         for offset, raw in enumerate(messages):
             yield from self.feed(raw, offset)
-            if progress is not None and offset % 50_000 == 0:
+            if progress is not None and offset % 100 == 0:
                 progress(self.stats)
         yield from self.finish()

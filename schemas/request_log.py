@@ -10,9 +10,10 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal, NotRequired, cast
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator, with_config
+from typing_extensions import TypedDict
 
 from schemas.version import SCHEMA_VERSION
 
@@ -27,6 +28,9 @@ MAX_TIMESTAMP = 4_102_444_800.0  # 2100-01-01
 TokenCount = Annotated[int, Field(ge=0, le=MAX_TOKENS_PER_REQUEST, strict=True)]
 Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False, strict=True)]
 ShortLabel = Annotated[str, Field(min_length=1, max_length=256)]
+StatusCode = Annotated[int, Field(ge=100, le=599)]
+ErrorText = Annotated[str, Field(max_length=4096)]
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 
 
 class FinishReason(StrEnum):
@@ -67,16 +71,16 @@ class RequestLog(BaseModel):
     cached_tokens: TokenCount | None = None
     reasoning_tokens: TokenCount | None = None
     max_tokens: TokenCount | None = None
-    status_code: Annotated[int, Field(ge=100, le=599)] | None = None
-    error: Annotated[str, Field(max_length=4096)] | None = None
+    status_code: StatusCode | None = None
+    error: ErrorText | None = None
     route: ShortLabel | None = None
     tenant: ShortLabel | None = None
     instance: ShortLabel | None = None
     engine: Engine | None = None
     engine_version: ShortLabel | None = None
     prefix_hash: ShortLabel | None = None
-    content: Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None = None
-    reasoning_content: Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None = None
+    content: Text | None = None
+    reasoning_content: Text | None = None
 
     @field_validator("timestamp", mode="before")
     @classmethod
@@ -120,6 +124,14 @@ class RequestLog(BaseModel):
             raise ValueError("ttft_s exceeds e2e_s")
         return self
 
+    def to_row(self) -> RequestLogRow:
+        """The hot path's plain-dict form of this record (what ``RequestLogRow`` validates to)."""
+        row = self.model_dump(exclude={"schema_version"}, exclude_none=True)
+        row["finish_reason"] = self.finish_reason.value
+        if self.engine is not None:
+            row["engine"] = self.engine.value
+        return cast(RequestLogRow, row)
+
     @property
     def uncached_prompt_tokens(self) -> int:
         return self.prompt_tokens - (self.cached_tokens or 0)
@@ -129,3 +141,46 @@ class RequestLog(BaseModel):
         return self.finish_reason in (FinishReason.ERROR, FinishReason.ABORT) or (
             self.status_code is not None and self.status_code >= 500
         )
+
+
+@with_config(ConfigDict(extra="ignore", str_strip_whitespace=True))
+class RequestLogRow(TypedDict):
+    """The hot path's view of a ``RequestLog``: a plain dict, validated from JSON bytes in Rust.
+
+    Same fields and bounds as ``RequestLog``, but it accepts only a subset: timestamps as
+    unix-second numbers (no ISO strings), ``finish_reason`` as given (normalised later,
+    per window). The two cross-field rules (cached <= prompt tokens, TTFT <= e2e) are checked
+    vectorised by the decoder. Whatever this refuses is judged again by ``RequestLog``, which
+    has the last word; ``tests/test_schemas.py`` checks that this never accepts more.
+    """
+
+    request_id: ShortLabel
+    timestamp: Annotated[float, Field(ge=MIN_TIMESTAMP, le=MAX_TIMESTAMP, allow_inf_nan=False, strict=True)]
+    model: ShortLabel
+    prompt_tokens: TokenCount
+    completion_tokens: TokenCount
+    e2e_s: Seconds
+    finish_reason: Annotated[str, Field(min_length=1, max_length=64)]
+    ttft_s: NotRequired[Seconds | None]
+    queue_s: NotRequired[Seconds | None]
+    prefill_s: NotRequired[Seconds | None]
+    decode_s: NotRequired[Seconds | None]
+    cached_tokens: NotRequired[TokenCount | None]
+    reasoning_tokens: NotRequired[TokenCount | None]
+    max_tokens: NotRequired[TokenCount | None]
+    status_code: NotRequired[StatusCode | None]
+    error: NotRequired[ErrorText | None]
+    route: NotRequired[ShortLabel | None]
+    tenant: NotRequired[ShortLabel | None]
+    instance: NotRequired[ShortLabel | None]
+    engine: NotRequired[Literal["vllm", "sglang"] | None]
+    engine_version: NotRequired[ShortLabel | None]
+    prefix_hash: NotRequired[ShortLabel | None]
+    content: NotRequired[Text | None]
+    reasoning_content: NotRequired[Text | None]
+
+
+#: Validates a whole JSON array of rows from bytes in one call (the batched fast path).
+ROWS = TypeAdapter(list[RequestLogRow])
+#: Validates one row (a parsed dict, or JSON bytes).
+ROW = TypeAdapter(RequestLogRow)

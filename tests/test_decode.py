@@ -47,21 +47,21 @@ def test_single_object() -> None:
     decoded = decode_message(dumps(VALID))
     assert decoded.dead_letters == []
     assert len(decoded.records) == 1
-    assert isinstance(decoded.records[0], RequestLog)
-    assert decoded.records[0].request_id == "r1"
-    assert decoded.records[0].timestamp == 1767225600.5
+    assert isinstance(decoded.records[0], dict)
+    assert decoded.records[0]["request_id"] == "r1"
+    assert decoded.records[0]["timestamp"] == 1767225600.5
 
 
 def test_json_array_of_three_records_keeps_their_order() -> None:
     decoded = decode_message(dumps([rec(0), rec(1), rec(2)]))
     assert decoded.dead_letters == []
-    assert [r.request_id for r in decoded.records] == ["r0", "r1", "r2"]
+    assert [r["request_id"] for r in decoded.records] == ["r0", "r1", "r2"]
 
 
 def test_ndjson_with_a_broken_middle_line_loses_only_that_line() -> None:
     raw = dumps(rec(0)) + b"\n" + b'{"request_id": "r1", "timestamp": ' + b"\n" + dumps(rec(2)) + b"\n"
     decoded = decode_message(raw, SOURCE)
-    assert [r.request_id for r in decoded.records] == ["r0", "r2"]
+    assert [r["request_id"] for r in decoded.records] == ["r0", "r2"]
     assert len(decoded.dead_letters) == 1
     letter = decoded.dead_letters[0]
     assert letter.reason == "invalid_json"
@@ -75,7 +75,7 @@ def test_ndjson_tolerates_blank_lines_and_crlf() -> None:
     raw = dumps(rec(0)) + b"\r\n\r\n" + dumps(rec(1)) + b"\r\n"
     decoded = decode_message(raw)
     assert decoded.dead_letters == []
-    assert [r.request_id for r in decoded.records] == ["r0", "r1"]
+    assert [r["request_id"] for r in decoded.records] == ["r0", "r1"]
 
 
 def test_ndjson_line_that_is_not_an_object() -> None:
@@ -90,7 +90,7 @@ def test_ndjson_line_that_is_not_an_object() -> None:
 
 def test_array_with_one_invalid_record() -> None:
     decoded = decode_message(dumps([rec(0), rec(1, prompt_tokens=-5), rec(2)]), SOURCE)
-    assert [r.request_id for r in decoded.records] == ["r0", "r2"]
+    assert [r["request_id"] for r in decoded.records] == ["r0", "r2"]
     assert len(decoded.dead_letters) == 1
     letter = decoded.dead_letters[0]
     assert letter.reason == "validation"
@@ -122,7 +122,7 @@ def test_single_invalid_object_has_no_record_index() -> None:
 @pytest.mark.parametrize("item", [42, "text", None, True, [VALID], 1.5])
 def test_non_object_item_in_array(item: Any) -> None:
     decoded = decode_message(dumps([rec(0), item]))
-    assert [r.request_id for r in decoded.records] == ["r0"]
+    assert [r["request_id"] for r in decoded.records] == ["r0"]
     assert reasons(decoded) == ["not_an_object"]
     assert decoded.dead_letters[0].record_index == 1
     assert orjson.loads(decoded.dead_letters[0].raw) == item
@@ -146,7 +146,7 @@ def test_empty_array_yields_nothing() -> None:
 def test_deeply_nested_batch_item_costs_only_that_item(item: bytes) -> None:
     raw = b"[" + dumps(rec(0)) + b"," + item + b"]"
     decoded = decode_message(raw, SOURCE)
-    assert [r.request_id for r in decoded.records] == ["r0"]
+    assert [r["request_id"] for r in decoded.records] == ["r0"]
     assert len(decoded.dead_letters) == 1
     assert decoded.dead_letters[0].record_index == 1
 
@@ -200,7 +200,7 @@ def test_invalid_utf8_becomes_a_dead_letter_with_replacement_chars() -> None:
 def test_invalid_utf8_on_one_ndjson_line() -> None:
     raw = dumps(rec(0)) + b"\n" + b'{"request_id": "\xc3\x28"}' + b"\n" + dumps(rec(2))
     decoded = decode_message(raw)
-    assert [r.request_id for r in decoded.records] == ["r0", "r2"]
+    assert [r["request_id"] for r in decoded.records] == ["r0", "r2"]
     assert reasons(decoded) == ["invalid_json"]
     assert decoded.dead_letters[0].record_index == 1
     assert "\ufffd" in decoded.dead_letters[0].raw
@@ -263,7 +263,7 @@ def test_dead_letters_without_a_source_have_no_provenance() -> None:
 def test_batch_dead_letters_have_distinct_indexes() -> None:
     raw = dumps([rec(0, prompt_tokens=-1), rec(1), "x", rec(3, cached_tokens=500), rec(4)])
     decoded = decode_message(raw, SOURCE)
-    assert [r.request_id for r in decoded.records] == ["r1", "r4"]
+    assert [r["request_id"] for r in decoded.records] == ["r1", "r4"]
     assert [(d.reason, d.record_index) for d in decoded.dead_letters] == [
         ("validation", 0),
         ("not_an_object", 2),
@@ -337,8 +337,8 @@ def test_arbitrary_json_never_raises_and_accounts_for_every_item(value: Any) -> 
     decoded = decode_message(raw, SOURCE)
     check_accounting(raw, decoded)
     for record in decoded.records:
-        assert math.isfinite(record.timestamp) and math.isfinite(record.e2e_s)
-        assert record.prompt_tokens >= 0 and record.completion_tokens >= 0
+        assert math.isfinite(record["timestamp"]) and math.isfinite(record["e2e_s"])
+        assert record["prompt_tokens"] >= 0 and record["completion_tokens"] >= 0
     for letter in decoded.dead_letters:
         assert_from(letter, SOURCE)
         assert letter.reason in {"invalid_json", "validation", "not_an_object"}
@@ -373,5 +373,5 @@ def test_valid_records_always_decode_in_order(records: list[dict[str, Any]], sha
     raw = dumps(records) if shape == "array" else b"\n".join(dumps(r) for r in records)
     decoded = decode_message(raw)
     assert decoded.dead_letters == []
-    assert [r.request_id for r in decoded.records] == [r["request_id"] for r in records]
-    assert [r.timestamp for r in decoded.records] == [r["timestamp"] for r in records]
+    assert [r["request_id"] for r in decoded.records] == [r["request_id"] for r in records]
+    assert [r["timestamp"] for r in decoded.records] == [r["timestamp"] for r in records]

@@ -315,3 +315,38 @@ def test_anomaly_event_forbids_unknown_fields() -> None:
 def test_pages_only_when_firing_above_info(status: Status, severity: Severity, pages: bool) -> None:
     assert event(status=status, severity=severity).pages is pages
     assert AnomalyEvent.model_validate_json(event(status=status, severity=severity).model_dump_json()).pages is pages
+
+
+# -- the hot path's validator never accepts more than RequestLog -------------------------------
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from schemas.request_log import ROW  # noqa: E402
+
+_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-5, 20_000_000), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=5), st.sampled_from(["stop", "LENGTH", " vllm ", "2026-01-01T00:00:00Z", "1767225600"]),
+)  # fmt: skip
+_near_misses = st.builds(
+    lambda base, changes: {**base, **changes},
+    st.just(VALID_RECORD),
+    st.dictionaries(
+        st.sampled_from([*VALID_RECORD, "cached_tokens", "status_code", "engine", "route", "max_tokens"]), _values
+    ),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_near_misses)
+def test_fast_row_validator_accepts_only_what_requestlog_accepts(item: dict[str, Any]) -> None:
+    try:
+        row = ROW.validate_python(item)
+    except ValidationError:
+        return
+    cached, ttft = row.get("cached_tokens"), row.get("ttft_s")
+    if (cached is not None and cached > row["prompt_tokens"]) or (ttft is not None and ttft > row["e2e_s"] + 1e-3):
+        return  # the decoder sends these to RequestLog, which rejects them
+    model_row = RequestLog.model_validate(item).to_row()  # must not raise
+    assert {k: v for k, v in row.items() if v is not None and k != "finish_reason"} == {
+        k: v for k, v in model_row.items() if k != "finish_reason"
+    }

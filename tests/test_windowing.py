@@ -8,6 +8,7 @@ import zlib
 
 import orjson
 
+from models.batch import aggregate_rows
 from models.segments import OVERFLOW_KEY, Segmenter
 from models.sketch import LogHistogram
 from models.window import WindowStats
@@ -16,14 +17,15 @@ from pipeline.decode import Source
 from pipeline.settings import Settings
 from pipeline.stages import StageOne, StageTwo
 from pipeline.workload import Phase, Workload
-from schemas.request_log import RequestLog
+from schemas.request_log import RequestLog, RequestLogRow
 
 T0 = 1_767_225_600.0
 
 
-def log(i: int, ts: float, ttft: float = 0.2, **extra: object) -> RequestLog:
+def log(i: int, ts: float, ttft: float = 0.2, **extra: object) -> RequestLogRow:
+    """A validated row, as the decoder hands them to stage 1."""
     base = {"model": "m", "prompt_tokens": 100, "completion_tokens": 10, "e2e_s": 1.0, "finish_reason": "stop"}
-    return RequestLog.model_validate({**base, "request_id": f"r{i}", "timestamp": ts, "ttft_s": ttft, **extra})
+    return RequestLog.model_validate({**base, "request_id": f"r{i}", "timestamp": ts, "ttft_s": ttft, **extra}).to_row()
 
 
 def test_histogram_quantiles_within_bucket_error() -> None:
@@ -68,12 +70,9 @@ def test_partition_windower_closes_on_watermark_only() -> None:
 
 def test_partial_merge_equals_single_pass_and_survives_json() -> None:
     records = [log(i, T0 + i % 10, ttft=0.1 + i / 100) for i in range(40)]
-    whole = WindowStats(key="k", start=T0, length=10)
-    for r in records:
-        whole.add(r)
-    parts = [WindowStats(key="k", start=T0, length=10) for _ in range(3)]
-    for i, r in enumerate(records):
-        parts[i % 3].add(r)
+    seg = Segmenter()
+    [whole] = aggregate_rows(records, seg, 10.0)
+    parts = [aggregate_rows(records[i::3], seg, 10.0)[0] for i in range(3)]
     merged = WindowStats.from_dict(orjson.loads(orjson.dumps(parts[0].to_dict())))
     for p in parts[1:]:
         merged.merge(WindowStats.from_dict(orjson.loads(orjson.dumps(p.to_dict()))))
@@ -81,7 +80,8 @@ def test_partial_merge_equals_single_pass_and_survives_json() -> None:
     assert merged.ttft_count == whole.ttft_count == 40
     assert [merged.ttft_quantile(q) for q in (0.1, 0.5, 0.95)] == [whole.ttft_quantile(q) for q in (0.1, 0.5, 0.95)]
     assert merged.evidence_records() == whole.evidence_records()
-    assert merged.evidence_records()[0]["ttft_s"] == max(r.ttft_s or 0 for r in records)
+    assert merged.evidence_records()[0]["ttft_s"] == max(r["ttft_s"] for r in records)
+    assert merged.finish_reasons == {"stop": 40} and merged.errors == 0
 
 
 def test_assembler_drops_duplicates_and_counts_late_partials() -> None:
@@ -159,7 +159,7 @@ def test_shuffled_delivery_loses_no_partial() -> None:
 def test_messages_are_acknowledged_only_after_their_windows_are_sent() -> None:
     """At-least-once: a message's offset may be committed only once every window it fed is released."""
     one = StageOne(Settings(window_s=10, allowed_lateness_s=0))
-    batch = lambda *ts: orjson.dumps([log(i, t).model_dump() for i, t in enumerate(ts)])  # noqa: E731
+    batch = lambda *ts: orjson.dumps([log(i, t) for i, t in enumerate(ts)])  # noqa: E731
     one.process(batch(T0 + 1, T0 + 11), Source("t", 0, 0), token="m0")  # feeds windows T0 and T0+10
     one.process(batch(T0 + 12), Source("t", 0, 1), token="m1")  # closes T0 only
     assert one.safe_to_ack() == []  # m0 still has records in the open window T0+10
@@ -167,3 +167,35 @@ def test_messages_are_acknowledged_only_after_their_windows_are_sent() -> None:
     assert one.safe_to_ack() == ["m0", "m1"]
     one.flush_all()
     assert one.safe_to_ack() == ["m2"]
+
+
+def test_columnar_aggregation_counts_what_a_record_by_record_reading_would() -> None:
+    rows = [
+        log(0, T0 + 1, ttft=0.5, cached_tokens=60, finish_reason="STOP"),
+        log(1, T0 + 2, ttft=0.1, finish_reason="length"),
+        log(2, T0 + 3, ttft=0.3, finish_reason="abort"),
+        log(3, T0 + 4, ttft=0.2, status_code=503, finish_reason="weird-engine-value"),
+        log(4, T0 + 14, ttft=0.9, route="rag", prompt_tokens=9000),
+    ]
+    partials = aggregate_rows(rows, Segmenter(), 10.0, evidence_k=2)
+    assert [(p.start, p.key, p.requests) for p in partials] == [
+        (T0, "model=m|route=-|prompt_band=<4k|output_band=<1k", 4),
+        (T0 + 10, "model=m|route=rag|prompt_band=4k-32k|output_band=<1k", 1),
+    ]
+    first = partials[0]
+    assert first.finish_reasons == {"stop": 1, "length": 1, "abort": 1, "other": 1}
+    assert first.errors == 2  # abort, and a 503
+    assert (first.cached_tokens, first.cache_reported_prompt_tokens, first.uncached_prompt_tokens) == (60, 100, 340)
+    assert [r["request_id"] for r in first.evidence_records()] == ["r0", "r2"]
+    assert first.ttft_count == 4 and first.e2e_sum == 4.0
+
+
+def test_vectorised_segment_ids_agree_with_key_for() -> None:
+    import numpy as np
+
+    rows = [log(i, T0, route=r, prompt_tokens=p) for i, (r, p) in enumerate([("a", 10), ("b", 5000), ("a", 40000)])]
+    seg = Segmenter()
+    ids, keys = seg.ids_for_rows(rows, np.array([10, 5000, 40000]), np.array([10, 10, 10]))
+    expected = [Segmenter().key_for(model="m", route=r["route"], prompt_tokens=r["prompt_tokens"], output_tokens=10)
+                for r in rows]  # fmt: skip
+    assert [keys[i] for i in ids] == expected
