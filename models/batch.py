@@ -8,20 +8,22 @@ a small fraction of what parsing it took.
 
 from __future__ import annotations
 
-import math
+import heapq
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from models.segments import Segmenter
-from models.sketch import N_BUCKETS, LogHistogram, bucket_indices
+from models.sketch import N_BUCKETS, bucket_indices
 from models.window import EVIDENCE_FIELDS, WindowStats
 from schemas.request_log import FinishReason, RequestLogRow
 
-_NAN = math.nan
 _REASONS = tuple(reason.value for reason in FinishReason)
 _ERROR_REASONS = {FinishReason.ERROR.value, FinishReason.ABORT.value}
+_INT_SUM_NAMES = (
+    "prompt_tokens", "completion_tokens", "cached_tokens", "uncached_prompt_tokens", "cache_reported_prompt_tokens",
+)  # fmt: skip
 
 
 def normalise_reason(raw: str) -> str:
@@ -30,8 +32,39 @@ def normalise_reason(raw: str) -> str:
     return lowered if lowered in _REASONS else FinishReason.OTHER.value
 
 
-def _column(rows: Sequence[RequestLogRow], name: str, dtype: type, missing: float) -> np.ndarray:
-    return np.fromiter((missing if (v := row.get(name)) is None else v for row in rows), dtype=dtype, count=len(rows))
+class RowBatch:
+    """Validated rows plus the numeric columns the hot path reads, each extracted once.
+
+    Columns are float64 (a missing optional value is NaN; token counts are exact in float64
+    far beyond any plausible sum), built with one list comprehension each.
+    """
+
+    __slots__ = ("_columns", "rows")
+
+    def __init__(self, rows: Sequence[RequestLogRow]) -> None:
+        self.rows = rows
+        self._columns: dict[str, np.ndarray] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def column(self, name: str) -> np.ndarray:
+        values = self._columns.get(name)
+        if values is None:
+            values = self._columns[name] = np.array([row.get(name) for row in self.rows], dtype=np.float64)
+        return values
+
+    def inconsistent(self) -> np.ndarray:
+        """Rows breaking the cross-field rules of ``RequestLog`` (NaN compares False: missing is fine)."""
+        return (self.column("cached_tokens") > self.column("prompt_tokens")) | (
+            self.column("ttft_s") > self.column("e2e_s") + 1e-3
+        )
+
+    def without(self, drop: np.ndarray) -> RowBatch:
+        keep = np.flatnonzero(~drop)
+        kept = RowBatch([self.rows[i] for i in keep.tolist()])
+        kept._columns = {name: values[keep] for name, values in self._columns.items()}
+        return kept
 
 
 def evidence_from_row(row: RequestLogRow) -> dict[str, Any]:
@@ -41,20 +74,29 @@ def evidence_from_row(row: RequestLogRow) -> dict[str, Any]:
     return record
 
 
-def aggregate_rows(
-    rows: Sequence[RequestLogRow], segmenter: Segmenter, window_s: float, evidence_k: int = 5
+def fold_rows(
+    batch: RowBatch | Sequence[RequestLogRow],
+    segmenter: Segmenter,
+    window_s: float,
+    into: dict[tuple[float, str], WindowStats],
+    evidence_k: int = 5,
 ) -> list[WindowStats]:
-    """Partials of one batch, ordered by (window start, segment key)."""
-    n = len(rows)
+    """Fold one batch into the open windows ``into`` (keyed by (start, segment key)).
+
+    Returns the windows the batch touched.
+    """
+    if not isinstance(batch, RowBatch):
+        batch = RowBatch(batch)
+    rows, n = batch.rows, len(batch)
     if n == 0:
         return []
-    timestamps = np.fromiter((row["timestamp"] for row in rows), dtype=np.float64, count=n)
-    prompt = np.fromiter((row["prompt_tokens"] for row in rows), dtype=np.int64, count=n)
-    completion = np.fromiter((row["completion_tokens"] for row in rows), dtype=np.int64, count=n)
-    e2e = np.fromiter((row["e2e_s"] for row in rows), dtype=np.float64, count=n)
-    ttft = _column(rows, "ttft_s", np.float64, _NAN)
-    cached = _column(rows, "cached_tokens", np.int64, -1)
-    status = _column(rows, "status_code", np.int64, 0)
+    timestamps = batch.column("timestamp")
+    prompt = batch.column("prompt_tokens")
+    completion = batch.column("completion_tokens")
+    e2e = batch.column("e2e_s")
+    ttft = batch.column("ttft_s")
+    cached = batch.column("cached_tokens")
+    status = batch.column("status_code")
     reason_raw = [row["finish_reason"] for row in rows]
 
     segment_ids, keys = segmenter.ids_for_rows(rows, prompt, completion)
@@ -71,8 +113,8 @@ def aggregate_rows(
     def total(weights: np.ndarray) -> np.ndarray:
         return np.bincount(group, weights=weights, minlength=n_groups)
 
-    reported = cached >= 0
-    cached_known = np.where(reported, cached, 0)
+    reported = ~np.isnan(cached)
+    cached_known = np.where(reported, cached, 0.0)
     counts = np.bincount(group, minlength=n_groups)
     sums = {
         "prompt_tokens": total(prompt),
@@ -91,7 +133,7 @@ def aggregate_rows(
     # Finish reasons: normalise each distinct raw value once, then count per group.
     distinct = {raw: normalise_reason(raw) for raw in set(reason_raw)}
     reason_codes = {value: code for code, value in enumerate(_REASONS)}
-    codes = np.fromiter((reason_codes[distinct[raw]] for raw in reason_raw), dtype=np.int64, count=n)
+    codes = np.array([reason_codes[distinct[raw]] for raw in reason_raw], dtype=np.int64)
     reason_counts = np.bincount(group * len(_REASONS) + codes, minlength=n_groups * len(_REASONS)).reshape(
         n_groups, len(_REASONS)
     )
@@ -110,21 +152,48 @@ def aggregate_rows(
         for index, g in zip(order[keep].tolist(), ordered_groups[keep].tolist(), strict=True):
             picks[g].append(index)
 
-    partials = []
+    # Fold each group into its window's accumulator (created on first sight).
+    sum_columns = [(name, sums[name].tolist()) for name in _INT_SUM_NAMES]
+    e2e_sums, ttft_sums = sums["e2e_sum"].tolist(), sums["ttft_sum"].tolist()
+    counts_list, errors_list = counts.tolist(), errors.tolist()
+    touched: list[WindowStats] = []
     for g, (window_id, segment_id) in enumerate(zip(group_windows.tolist(), group_segments.tolist(), strict=True)):
-        stats = WindowStats(
-            key=keys[segment_id], start=float(window_id * window_s), length=window_s, evidence_k=evidence_k
-        )
-        stats.requests = int(counts[g])
-        for name in ("prompt_tokens", "completion_tokens", "cached_tokens", "uncached_prompt_tokens",
-                     "cache_reported_prompt_tokens"):  # fmt: skip
-            setattr(stats, name, int(sums[name][g]))
-        stats.e2e_sum = float(sums["e2e_sum"][g])
-        stats.ttft_sum = float(sums["ttft_sum"][g])
-        stats.errors = int(errors[g])
-        stats.ttft = LogHistogram(hist[g].astype(np.int64))
-        stats.finish_reasons = {_REASONS[c]: int(k) for c, k in enumerate(reason_counts[g]) if k}
-        stats.evidence = [(float(ttft[i]), rows[i]["request_id"], evidence_from_row(rows[i])) for i in picks[g]]
-        stats.trim_evidence()
-        partials.append(stats)
-    return partials
+        slot = (float(window_id * window_s), keys[segment_id])
+        stats = into.get(slot)
+        if stats is None:
+            stats = into[slot] = WindowStats(key=slot[1], start=slot[0], length=window_s, evidence_k=evidence_k)
+        stats.requests += counts_list[g]
+        for name, column in sum_columns:
+            setattr(stats, name, getattr(stats, name) + int(column[g]))
+        stats.e2e_sum += e2e_sums[g]
+        stats.ttft_sum += ttft_sums[g]
+        stats.errors += int(errors_list[g])
+        stats.ttft.counts += hist[g]
+        for code in np.flatnonzero(reason_counts[g]).tolist():
+            reason = _REASONS[code]
+            stats.finish_reasons[reason] = stats.finish_reasons.get(reason, 0) + int(reason_counts[g, code])
+        _offer_evidence(stats, picks[g], ttft, rows)
+        touched.append(stats)
+    return touched
+
+
+def _offer_evidence(stats: WindowStats, picks: list[int], ttft: np.ndarray, rows: Sequence[RequestLogRow]) -> None:
+    """Candidates arrive slowest first; build evidence dicts only for those that make the cut."""
+    heap = stats.evidence
+    for index in picks:
+        item = (float(ttft[index]), rows[index]["request_id"])
+        if len(heap) < stats.evidence_k:
+            heapq.heappush(heap, (*item, evidence_from_row(rows[index])))
+        elif item > heap[0][:2]:
+            heapq.heapreplace(heap, (*item, evidence_from_row(rows[index])))
+        else:
+            break
+
+
+def aggregate_rows(
+    rows: Sequence[RequestLogRow], segmenter: Segmenter, window_s: float, evidence_k: int = 5
+) -> list[WindowStats]:
+    """Partials of one batch on their own, ordered by (window start, segment key)."""
+    windows: dict[tuple[float, str], WindowStats] = {}
+    fold_rows(RowBatch(rows), segmenter, window_s, windows, evidence_k)
+    return [windows[slot] for slot in sorted(windows)]

@@ -31,6 +31,7 @@ It does not saturate, and it means the same on every signal.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass
@@ -74,6 +75,7 @@ def quantile_sampling_var(q: float, n: int, log_spread_sd: float) -> float:
     return q * (1.0 - q) / (n * density * density) * log_spread_sd**2
 
 
+@functools.lru_cache(maxsize=64)
 def _normal_quantile(q: float) -> float:
     """Inverse standard normal CDF by bisection on erfc (called once per window; exactness is cheap)."""
     lo, hi = -10.0, 10.0

@@ -127,22 +127,14 @@ class Segmenter:
         Bands come from ``searchsorted``; the label part of each row is a tuple looked up in a
         cache, so the Python work per row is one tuple and one dict lookup.
         """
-        n = len(rows)
         prompt_band = np.searchsorted(np.asarray(self.prompt_band_edges), prompt, side="right")
         output_band = np.searchsorted(np.asarray(self.output_band_edges), output, side="right")
         label_dims = [d for d in self.dimensions if d not in ("prompt_band", "output_band")]
         columns = [[row.get(d) for row in rows] for d in label_dims]
         combos = zip(*columns, prompt_band.tolist(), output_band.tolist(), strict=True)
-        ids = np.empty(n, dtype=np.int64)
         local: dict[tuple[Any, ...], int] = {}
-        keys: list[str] = []
-        for i, combo in enumerate(combos):
-            segment = local.get(combo)
-            if segment is None:
-                segment = local[combo] = len(keys)
-                keys.append(self._key_for_combo(label_dims, combo))
-            ids[i] = segment
-        return ids, keys
+        ids = np.array([local.setdefault(combo, len(local)) for combo in combos], dtype=np.int64)
+        return ids, [self._key_for_combo(label_dims, combo) for combo in local]  # dicts keep insertion order
 
     def _key_for_combo(self, label_dims: list[str], combo: tuple[Any, ...]) -> str:
         cached = self._combo_keys.get(combo)

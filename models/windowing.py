@@ -12,11 +12,12 @@ same source offsets) and counting partials that arrive after their window was re
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from models.batch import aggregate_rows
+from models.batch import RowBatch, fold_rows
 from models.segments import Segmenter
 from models.window import WindowStats
 from schemas.request_log import RequestLogRow
@@ -53,22 +54,17 @@ class PartitionWindower:
     def watermark(self) -> float:
         return self.max_event_time - self.allowed_lateness_s
 
-    def add(self, rows: Sequence[RequestLogRow], partition: int = 0, offset: int | None = None) -> float:
+    def add(self, rows: RowBatch | Sequence[RequestLogRow], partition: int = 0, offset: int | None = None) -> float:
         """Fold a batch of rows in; return the latest window end they touched (-inf for none)."""
-        if not rows:
+        batch = rows if isinstance(rows, RowBatch) else RowBatch(rows)
+        if not len(batch):
             return -math.inf
         latest_end = -math.inf
-        for partial in aggregate_rows(rows, self.segmenter, self.window_s, self.evidence_k):
+        for window in fold_rows(batch, self.segmenter, self.window_s, self.open, self.evidence_k):
             if offset is not None:
-                partial.note_source(partition, offset)
-            slot = (partial.start, partial.key)
-            existing = self.open.get(slot)
-            if existing is None:
-                self.open[slot] = partial
-            else:
-                existing.merge(partial)
-            latest_end = max(latest_end, partial.end)
-        self.max_event_time = max(self.max_event_time, max(row["timestamp"] for row in rows))
+                window.note_source(partition, offset)
+            latest_end = max(latest_end, window.end)
+        self.max_event_time = max(self.max_event_time, float(batch.column("timestamp").max()))
         return latest_end
 
     @property
@@ -121,6 +117,9 @@ class WindowAssembler:
     partial. ``expected_partitions`` source partitions count as heard from at start-up, so a
     worker starting on a backlog waits for all of them. Times are wall-clock seconds from
     the caller, so tests and replay drive it with their own clock.
+
+    Pending windows sit in two heaps (by end per partials partition, and by age), so
+    ``due`` costs O(released · log pending), not a scan of everything pending.
     """
 
     grace_s: float = 0.0
@@ -132,6 +131,8 @@ class WindowAssembler:
     progress: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
     late_partials: int = 0
     duplicate_partials: int = 0
+    _by_end: dict[int, list[tuple[float, tuple[str, float]]]] = field(default_factory=dict, repr=False)
+    _by_age: list[tuple[float, tuple[str, float]]] = field(default_factory=list, repr=False)
 
     def heartbeat(self, source: int, watermark: float, now: float, via: int = 0) -> None:
         self._expect_partitions(via, now)
@@ -157,6 +158,8 @@ class WindowAssembler:
         pending = self.pending.get(slot)
         if pending is None:
             self.pending[slot] = _Pending(partial, now, via)
+            heapq.heappush(self._by_end.setdefault(via, []), (partial.end, slot))
+            heapq.heappush(self._by_age, (now, slot))
             return
         # Offsets already merged for this window: a replay after a crash, drop it.
         if partial.sources and all(_overlaps(pending.stats.sources, src) for src in partial.sources):
@@ -170,27 +173,40 @@ class WindowAssembler:
         return min(active, default=math.inf)
 
     def due(self, now: float) -> list[WindowStats]:
-        slowest: dict[int, float] = {}
-        ready = []
-        for slot, p in self.pending.items():
-            waited = now - p.first_seen
-            if waited >= self.max_wait_s:
-                ready.append(slot)
-            elif waited >= self.grace_s:
-                if p.via not in slowest:
-                    slowest[p.via] = self._slowest(p.via, now)
-                if slowest[p.via] >= p.stats.end:
-                    ready.append(slot)
+        ready: set[tuple[str, float]] = set()
+        for via, heap in self._by_end.items():
+            slowest = self._slowest(via, now)
+            while heap and (heap[0][1] not in self.pending or heap[0][0] <= slowest):
+                _, slot = heapq.heappop(heap)
+                pending = self.pending.get(slot)
+                if pending is None:
+                    continue  # already released (lazy deletion)
+                if now - pending.first_seen < self.grace_s:
+                    heapq.heappush(heap, (pending.stats.end, slot))
+                    break
+                ready.add(slot)
+        while self._by_age and now - self._by_age[0][0] >= self.max_wait_s:
+            _, slot = heapq.heappop(self._by_age)
+            if slot in self.pending:
+                ready.add(slot)
         return self._release(ready)
 
     def flush_all(self) -> list[WindowStats]:
-        return self._release(list(self.pending))
+        return self._release(set(self.pending))
 
-    def _release(self, slots: list[tuple[str, float]]) -> list[WindowStats]:
+    def _release(self, slots: set[tuple[str, float]]) -> list[WindowStats]:
         # Oldest first across all segments, so models see each segment's windows in order.
         released = []
         for slot in sorted(slots, key=lambda s: (s[1], s[0])):
             stats = self.pending.pop(slot).stats
             self.released_until[stats.key] = max(self.released_until.get(stats.key, -math.inf), stats.end)
             released.append(stats)
+        if len(self._by_age) > 4 * len(self.pending) + 64:  # drop stale heap entries now and then
+            self._by_age = [item for item in self._by_age if item[1] in self.pending]
+            heapq.heapify(self._by_age)
+            self._by_end = {
+                via: [item for item in heap if item[1] in self.pending] for via, heap in self._by_end.items()
+            }
+            for heap in self._by_end.values():
+                heapq.heapify(heap)
         return released

@@ -15,7 +15,6 @@ import tempfile
 from typing import Any, cast
 
 import faust
-import orjson
 
 from models.window import WindowStats
 from pipeline.decode import Source, internal_error
@@ -58,13 +57,8 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     partials_partitions = settings.topic_partitions
 
     async def send_partials(partials: list[WindowStats]) -> None:
-        for partial in partials:
-            await topics.partials.send(key=partial.key.encode(), value=orjson.dumps(partial.to_dict()))
-        # Then broadcast watermarks to every partials partition, behind those partials.
-        for source, watermark in stage_one.watermarks_to_announce().items():
-            beat = orjson.dumps({"heartbeat": {"source": source, "watermark": watermark}})
-            for partition in range(partials_partitions):
-                await topics.partials.send(key=None, value=beat, partition=partition)
+        for partition, bundle in stage_one.bundles(partials, partials_partitions).items():
+            await topics.partials.send(key=None, value=bundle, partition=partition)
 
     async def publish(events: list) -> None:
         for event in events:
@@ -99,23 +93,10 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     @app.agent(topics.partials)
     async def detect_anomalies(stream: faust.StreamT) -> None:
         async for event in stream.events():
-            via = event.message.partition
             try:
-                data = orjson.loads(event.value)
-                if "heartbeat" in data:
-                    beat = data["heartbeat"]
-                    stage_two.heartbeat(int(beat["source"]), float(beat["watermark"]), via)
-                    await publish(stage_two.release_due())
-                    continue
-                partial = WindowStats.from_dict(data)
-            except (ValueError, KeyError, TypeError) as exc:  # an internal topic, but never die on it
-                logger.error("unreadable partial dropped: %s", exc)
-                continue
-            try:
-                stage_two.add(partial, via=via)
-                events = stage_two.release_due()
+                events = stage_two.receive(event.value, via=event.message.partition)
             except Exception:
-                logger.exception("failed to judge partial of %s at %s", partial.key, partial.start)
+                logger.exception("failed to judge a partials bundle")
                 continue
             await publish(events)
 

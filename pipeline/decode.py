@@ -17,9 +17,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
 from pydantic import ValidationError
 
+from models.batch import RowBatch
 from schemas.dead_letter import DeadLetter
 from schemas.request_log import ROW, ROWS, RequestLog, RequestLogRow
 
@@ -39,6 +41,11 @@ class Source:
 class Decoded:
     records: list[RequestLogRow] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
+    batch: RowBatch | None = None  # the fast path's rows with their columns, when it applied
+
+    def rows(self) -> RowBatch:
+        """The accepted rows as a ``RowBatch`` (columns already extracted on the fast path)."""
+        return self.batch if self.batch is not None else RowBatch(self.records)
 
 
 def _dead_letter(reason: str, error: str, raw: bytes, source: Source, index: int | None = None) -> DeadLetter:
@@ -108,11 +115,14 @@ def _fast_array(raw: bytes, source: Source, out: Decoded) -> bool:
         rows = ROWS.validate_json(raw)
     except ValidationError:
         return False
-    for index, row in enumerate(rows):
-        if _inconsistent(row):
-            _validate(dict(row), None, source, index, out)  # RequestLog words the reason
-        else:
-            out.records.append(row)
+    batch = RowBatch(rows)
+    bad = batch.inconsistent()
+    if bad.any():
+        for index in np.flatnonzero(bad).tolist():
+            _validate(dict(rows[index]), None, source, index, out)  # RequestLog words the reason
+        batch = batch.without(bad)
+    out.records.extend(batch.rows)
+    out.batch = batch
     return True
 
 

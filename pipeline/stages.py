@@ -10,8 +10,12 @@ from __future__ import annotations
 import logging
 import math
 import time
+import zlib
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from models.detector import DetectorBank
 from models.window import WindowStats
@@ -25,14 +29,19 @@ from schemas.dead_letter import DeadLetter
 logger = logging.getLogger(__name__)
 
 
+def partition_of(key: str, partitions: int) -> int:
+    """Stable partials partition of a segment, the same on every worker and every run."""
+    return zlib.crc32(key.encode()) % partitions
+
+
 @dataclass
 class StageOne:
     settings: Settings
     windowers: dict[int, PartitionWindower] = field(default_factory=dict)
     last_seen: dict[int, float] = field(default_factory=dict)  # partition -> monotonic time of last message
     announced: dict[int, float] = field(default_factory=dict)  # partition -> last watermark broadcast
-    # partition -> (token, latest window end it fed): messages not yet safe to acknowledge
-    unacked: dict[int, list[tuple[Any, float]]] = field(default_factory=dict)
+    # partition -> (token, latest window end it fed), in offset order: messages not yet safe to ack
+    unacked: dict[int, deque[tuple[Any, float]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # One segmenter for all partitions of this worker, so the segment cap is per worker.
@@ -61,9 +70,9 @@ class StageOne:
         decoded = decode_message(raw, source, self.settings.max_message_bytes)
         partition = source.partition or 0
         windower = self._windower(partition)
-        fed_until = windower.add(decoded.records, partition, source.offset)
+        fed_until = windower.add(decoded.rows(), partition, source.offset)
         if token is not None:
-            self.unacked.setdefault(partition, []).append((token, fed_until))
+            self.unacked.setdefault(partition, deque()).append((token, fed_until))
         self.last_seen[partition] = time.monotonic() if now is None else now
         metrics.MESSAGES.inc()
         metrics.RECORDS.inc(len(decoded.records))
@@ -71,17 +80,32 @@ class StageOne:
             metrics.DEAD_LETTERS.labels(letter.reason).inc()
         return decoded.dead_letters, windower.close_due()
 
+    def bundles(self, partials: list[WindowStats], partitions: int) -> dict[int, bytes]:
+        """What to send to each partials partition: its partials, then every source's new watermark.
+
+        One message per partials partition per flush, not one per partial: Faust pays per
+        message on both ends. Partials go to ``partition_of(key)``, so a segment always
+        lands on the same stage-2 partition; watermarks go to every partition, after the
+        partials, which is what lets stage 2 know a window is complete.
+        """
+        grouped: dict[int, list[dict[str, Any]]] = {}
+        for partial in partials:
+            grouped.setdefault(partition_of(partial.key, partitions), []).append(partial.to_dict())
+        marks = {str(source): mark for source, mark in self.watermarks_to_announce().items()}
+        targets = range(partitions) if marks else grouped
+        return {k: orjson.dumps({"partials": grouped.get(k, []), "watermarks": marks}) for k in targets}
+
     def safe_to_ack(self) -> list[Any]:
         """Tokens of messages all of whose windows have been released (call after sending partials)."""
         safe: list[Any] = []
         for partition, waiting in self.unacked.items():
             windower = self.windowers.get(partition)
             horizon = windower.oldest_open_start if windower is not None else math.inf
-            keep: list[tuple[Any, float]] = []
-            for token, fed_until in waiting:
-                (safe if fed_until <= horizon else keep).append((token, fed_until))
-            self.unacked[partition] = keep
-        return [token for token, _ in safe]
+            # Kafka commits a contiguous prefix of offsets, so acknowledging in order, stopping
+            # at the first message still feeding an open window, loses nothing and is O(acked).
+            while waiting and waiting[0][1] <= horizon:
+                safe.append(waiting.popleft()[0])
+        return safe
 
     def watermarks_to_announce(self) -> dict[int, float]:
         """Partitions whose watermark crossed a window boundary since it was last broadcast."""
@@ -145,6 +169,26 @@ class StageTwo:
 
     def heartbeat(self, source: int, watermark: float, via: int, now: float | None = None) -> None:
         self.assembler.heartbeat(source, watermark, time.monotonic() if now is None else now, via)
+
+    def receive(self, raw: bytes, via: int, now: float | None = None) -> list[AnomalyEvent]:
+        """One bundle from stage 1 (see ``StageOne.bundles``): merge, advance, judge what is due.
+
+        An unreadable bundle is logged and dropped: the topic is internal, so this is a bug
+        or a version skew, and it must not stop the worker.
+        """
+        now = time.monotonic() if now is None else now
+        try:
+            bundle = orjson.loads(raw)
+            partials = [WindowStats.from_dict(item) for item in bundle["partials"]]
+            marks = [(int(source), float(mark)) for source, mark in bundle["watermarks"].items()]
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            logger.error("unreadable partials bundle dropped: %s", exc)
+            return []
+        for partial in partials:
+            self.add(partial, now, via)
+        for source, mark in marks:
+            self.heartbeat(source, mark, via, now)
+        return self.release_due(now) if marks else []
 
     def release_due(self, now: float | None = None) -> list[AnomalyEvent]:
         return self._judge(self.assembler.due(time.monotonic() if now is None else now))

@@ -46,9 +46,9 @@ async def test_bad_message_is_dead_lettered_and_the_agent_keeps_going(app_and_si
         await running.put(orjson.dumps({**good, "timestamp": 1767225700}))  # moves the watermark on
     letters = [DeadLetter.model_validate_json(v) for v in sinks["deadletter"].values]
     assert [(d.reason, d.record_index) for d in letters] == [("invalid_json", None), ("validation", 1)]
-    partials = [orjson.loads(v) for v in sinks["partials"].values]
-    assert [p["requests"] for p in partials if "key" in p] == [1]
-    assert any("heartbeat" in p for p in partials)
+    bundles = [orjson.loads(v) for v in sinks["partials"].values]
+    assert [p["requests"] for b in bundles for p in b["partials"]] == [1]
+    assert any(b["watermarks"] for b in bundles)
 
 
 async def test_partials_in_anomalies_out(app_and_sinks: Any) -> None:
@@ -59,12 +59,11 @@ async def test_partials_in_anomalies_out(app_and_sinks: Any) -> None:
     workload = Workload((Phase("normal", 300), Phase("cache_off", 120, prefix_caching=False)), seed=8)
     for offset, (_, batch) in enumerate(workload.seconds()):
         _, partials = stage_one.process(orjson.dumps(batch), Source("t", 0, offset), now=0.0)
-        messages += [orjson.dumps(p.to_dict()) for p in partials]
-        messages += [orjson.dumps({"heartbeat": {"source": s, "watermark": w}})
-                     for s, w in stage_one.watermarks_to_announce().items()]  # fmt: skip
+        messages += stage_one.bundles(partials, 1).values()
     agent = app.agents["pipeline.app.detect_anomalies"]
     async with agent.test_context() as running:
-        await running.put(b"garbage that is not a partial")  # logged and dropped, never fatal
+        await running.put(b"garbage that is not a bundle")  # logged and dropped, never fatal
+        await running.put(b'{"partials": [{"key": 1}], "watermarks": {}}')
         for message in messages:
             await running.put(message)
     events = [AnomalyEvent.model_validate_json(v) for v in sinks["anomalies"].values]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import random
-import zlib
 
 import orjson
 
@@ -111,49 +110,39 @@ def test_assembler_waits_for_every_expected_partition() -> None:
 
 
 def test_shuffled_delivery_loses_no_partial() -> None:
-    """Two stages over 4 partitions with partials delivered in random interleavings, as Kafka may."""
+    """Two stages over 4 partitions with bundles delivered in random interleavings, as Kafka may."""
     settings = Settings(topic_partitions=4)
     one, two = StageOne(settings), StageTwo(settings)
+    judged: list[int] = []  # requests per judged window
+    observe = two.bank.observe
+    two.bank.observe = lambda window: (judged.append(window.requests), observe(window))[1]  # type: ignore[method-assign]
     rng = random.Random(1)
     queues: dict[int, collections.deque[bytes]] = collections.defaultdict(collections.deque)
     offsets: collections.Counter[int] = collections.Counter()
-    workload = Workload((Phase("normal", 300),), seed=3)
-    sent = judged = 0  # request logs
-    now = 0.0
-
-    def deliver(k: int) -> None:
-        data = orjson.loads(queues[k].popleft())
-        if "heartbeat" in data:
-            two.heartbeat(data["heartbeat"]["source"], data["heartbeat"]["watermark"], k, now)
-        else:
-            two.add(WindowStats.from_dict(data), now, k)
-
-    for _, batch in workload.seconds():
+    sent, now = 0, 0.0
+    for _, batch in Workload((Phase("normal", 300),), seed=3).seconds():
         if not batch:
             continue
         sent += len(batch)
         p = rng.randrange(4)
         _, partials = one.process(orjson.dumps(batch), Source("t", p, offsets[p]), now=now)
         offsets[p] += 1
-        for partial in partials:
-            queues[zlib.crc32(partial.key.encode()) % 4].append(orjson.dumps(partial.to_dict()))
-        for source, mark in one.watermarks_to_announce().items():
-            for k in range(4):
-                queues[k].append(orjson.dumps({"heartbeat": {"source": source, "watermark": mark}}))
+        for k, bundle in one.bundles(partials, 4).items():
+            queues[k].append(bundle)
         now += 0.05
         for _ in range(rng.randrange(12)):
             k = rng.randrange(4)
             if queues[k]:
-                deliver(k)
-        judged += sum(w.requests for w in two.assembler.due(now))
-    for partial in one.flush_all():
-        two.add(partial, now, 0)
+                two.receive(queues[k].popleft(), via=k, now=now)
+    assert judged, "windows are judged while data flows, not only at the end"
+    for k, bundle in one.bundles(one.flush_all(), 4).items():
+        queues[k].append(bundle)
     for k in range(4):
         while queues[k]:
-            deliver(k)
+            two.receive(queues[k].popleft(), via=k, now=now)
+    two.release_all()
     assert two.assembler.late_partials == 0
-    judged += sum(w.requests for w in two.assembler.flush_all())
-    assert judged == sent > 5_000
+    assert sum(judged) == sent > 5_000
 
 
 def test_messages_are_acknowledged_only_after_their_windows_are_sent() -> None:

@@ -1,0 +1,155 @@
+"""Throughput: the servewatch worker against a raw aiokafka consumer, side by side in one run.
+
+    python bench/throughput.py [--records 200000] [--batch 500] [--single 20000]
+
+For each message shape (batched JSON arrays, then one record per message) it starts a fresh
+embedded broker, produces the same request logs, then measures
+  (a) a raw aiokafka consumer that only reads and JSON-decodes every record, and
+  (b) one servewatch worker process end to end (decode, validate, segment, window, models,
+      anomaly topic), timed from its first record to its last through its own metrics,
+and prints records/s of both, the ratio (b)/(a) and the worker's peak RSS. Then the same
+records through ``servewatch replay`` (file -> anomalies, no broker).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+from aiokafka import AIOKafkaConsumer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import encode, fleet_records, metric, peak_rss_kib, produce, wait_for
+from pipeline import topics
+from pipeline.broker import EmbeddedBroker, free_loopback_port
+from pipeline.cli import _chunks
+from pipeline.demo import start_worker, stop_worker
+from pipeline.kafka import ensure_topics
+from pipeline.replay import Replay
+
+PARTITIONS = 4
+
+
+async def raw_consumer(bootstrap: str, expected: int) -> float:
+    """Records/s of a consumer that reads and JSON-decodes every record, nothing else."""
+    consumer = AIOKafkaConsumer(
+        topics.REQUESTS,
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        fetch_max_bytes=64 * 1024 * 1024,
+        max_partition_fetch_bytes=32 * 1024 * 1024,
+    )
+    await consumer.start()
+    count, started = 0, None
+    try:
+        while count < expected:
+            batches = await consumer.getmany(timeout_ms=1000, max_records=20_000)
+            if started is None and batches:
+                started = time.perf_counter()
+            for messages in batches.values():
+                for message in messages:
+                    value = orjson.loads(message.value)
+                    count += len(value) if isinstance(value, list) else 1
+    finally:
+        await consumer.stop()
+    assert started is not None
+    return count / (time.perf_counter() - started)
+
+
+def worker_rate(bootstrap: str, expected: int) -> tuple[float, int, float]:
+    """Records/s of one worker process from its first record to its last; its peak RSS (KiB);
+    seconds after the last record until stage 2 had judged every window it was going to."""
+    port = free_loopback_port()
+    env = {
+        "SERVEWATCH_METRICS_PORT": str(port),
+        "SERVEWATCH_APP_ID": f"bench-{uuid.uuid4().hex[:6]}",
+        "SERVEWATCH_LOG_LEVEL": "WARNING",
+        "SERVEWATCH_TOPIC_PARTITIONS": str(PARTITIONS),
+    }
+    worker = start_worker(bootstrap, env)
+    try:
+        wait_for(lambda: metric(port, "servewatch_records_total") > 0, timeout_s=60, poll_s=0.05)
+        started, first = time.monotonic(), metric(port, "servewatch_records_total")
+        done = wait_for(lambda: metric(port, "servewatch_records_total") >= expected, timeout_s=600)
+        rate = (expected - first) / (done - started)
+        # Stage 2 keeps judging windows; wait until it is quiet (the last windows close on idle flush).
+        last, quiet_since = metric(port, "servewatch_windows_total"), time.monotonic()
+        while time.monotonic() - quiet_since < 3.0:
+            time.sleep(0.2)
+            now = metric(port, "servewatch_windows_total")
+            if now != last:
+                last, quiet_since = now, time.monotonic()
+        settled = quiet_since - done
+        rss = peak_rss_kib(worker.pid)
+    finally:
+        stop_worker(worker)
+    return rate, rss, settled
+
+
+def measure(records: list[dict], batch: int) -> tuple[float, float, int, float]:
+    messages = encode(records, batch)
+    with EmbeddedBroker() as broker:
+        asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS))
+        asyncio.run(produce(broker.bootstrap, topics.REQUESTS, messages, PARTITIONS))
+        raw = asyncio.run(raw_consumer(broker.bootstrap, len(records)))
+        pipeline, rss, settled = worker_rate(broker.bootstrap, len(records))
+    return raw, pipeline, rss, settled
+
+
+def replay_rate(records: list[dict]) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "requests.jsonl"
+        path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+        engine = Replay()
+        started = time.perf_counter()
+        for _ in engine.run(_chunks(str(path))):
+            pass
+        elapsed = time.perf_counter() - started
+        assert engine.stats.records == len(records), engine.stats
+    return len(records) / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=500, help="records per message in the batched run")
+    parser.add_argument("--single", type=int, default=20_000, help="records in the one-per-message run")
+    args = parser.parse_args()
+
+    print(f"machine: {os.cpu_count()} cores; broker, producer, consumer and worker share them", flush=True)
+    records = fleet_records(args.records)
+    print(f"workload: {len(records):,} request logs, {len({(r['model'], r['route']) for r in records})} "
+          "model x route pairs (x length bands = segments)", flush=True)  # fmt: skip
+
+    rows = []
+    for label, batch, subset in (
+        (f"batched ({args.batch}/msg)", args.batch, records),
+        ("one record per message", 1, records[: args.single]),
+    ):
+        raw, pipe, rss, settled = measure(subset, batch)
+        rows.append((label, len(subset), raw, pipe, rss, settled))
+        print(f"  measured {label}", flush=True)
+    replay = replay_rate(records)
+
+    print()
+    header = ("messages", "records", "raw consumer", "servewatch", "ratio", "peak RSS", "tail")
+    print("{:26} {:>9} {:>14} {:>12} {:>6} {:>9} {:>6}".format(*header))
+    for label, n, raw, pipe, rss, settled in rows:
+        print(f"{label:26} {n:9,} {raw:12,.0f}/s {pipe:10,.0f}/s {pipe / raw:6.2f} {rss / 1024:7.0f}MB {settled:5.1f}s")
+    print(f"{'replay (file, no broker)':26} {len(records):9,} {'':>14} {replay:10,.0f}/s")
+    print()
+    print("ratio = servewatch / raw consumer records/s, same records, same broker, measured in this run.")
+    print("tail = seconds after the last record until stage 2 had judged every window (idle flush included).")
+
+
+if __name__ == "__main__":
+    main()
