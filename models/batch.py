@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -21,9 +21,6 @@ from schemas.request_log import FinishReason, RequestLogRow
 
 _REASONS = tuple(reason.value for reason in FinishReason)
 _ERROR_REASONS = {FinishReason.ERROR.value, FinishReason.ABORT.value}
-_INT_SUM_NAMES = (
-    "prompt_tokens", "completion_tokens", "cached_tokens", "uncached_prompt_tokens", "cache_reported_prompt_tokens",
-)  # fmt: skip
 
 
 def normalise_reason(raw: str) -> str:
@@ -67,7 +64,7 @@ class RowBatch:
         return kept
 
 
-def evidence_from_row(row: RequestLogRow) -> dict[str, Any]:
+def evidence_from_row(row: RequestLogRow | dict[str, Any]) -> dict[str, Any]:
     """What a person needs to find the request in their own log store; never prompt or answer text."""
     record = {name: row[name] for name in EVIDENCE_FIELDS if row.get(name) is not None}  # type: ignore[literal-required]
     record["finish_reason"] = normalise_reason(row["finish_reason"])
@@ -152,10 +149,16 @@ def fold_rows(
         for index, g in zip(order[keep].tolist(), ordered_groups[keep].tolist(), strict=True):
             picks[g].append(index)
 
-    # Fold each group into its window's accumulator (created on first sight).
-    sum_columns = [(name, sums[name].tolist()) for name in _INT_SUM_NAMES]
+    # Fold each group into its window's accumulator (created on first sight). Everything is
+    # converted to Python lists once, so the per-group loop touches no numpy scalars.
+    prompt_s, completion_s = sums["prompt_tokens"].tolist(), sums["completion_tokens"].tolist()
+    cached_s, uncached_s = sums["cached_tokens"].tolist(), sums["uncached_prompt_tokens"].tolist()
+    reported_s = sums["cache_reported_prompt_tokens"].tolist()
     e2e_sums, ttft_sums = sums["e2e_sum"].tolist(), sums["ttft_sum"].tolist()
     counts_list, errors_list = counts.tolist(), errors.tolist()
+    reasons_by_group: list[list[tuple[str, int]]] = [[] for _ in range(n_groups)]
+    for g, code in zip(*(axis.tolist() for axis in np.nonzero(reason_counts)), strict=True):
+        reasons_by_group[g].append((_REASONS[code], int(reason_counts[g, code])))
     touched: list[WindowStats] = []
     for g, (window_id, segment_id) in enumerate(zip(group_windows.tolist(), group_segments.tolist(), strict=True)):
         slot = (float(window_id * window_s), keys[segment_id])
@@ -163,31 +166,41 @@ def fold_rows(
         if stats is None:
             stats = into[slot] = WindowStats(key=slot[1], start=slot[0], length=window_s, evidence_k=evidence_k)
         stats.requests += counts_list[g]
-        for name, column in sum_columns:
-            setattr(stats, name, getattr(stats, name) + int(column[g]))
+        stats.prompt_tokens += int(prompt_s[g])
+        stats.completion_tokens += int(completion_s[g])
+        stats.cached_tokens += int(cached_s[g])
+        stats.uncached_prompt_tokens += int(uncached_s[g])
+        stats.cache_reported_prompt_tokens += int(reported_s[g])
         stats.e2e_sum += e2e_sums[g]
         stats.ttft_sum += ttft_sums[g]
         stats.errors += int(errors_list[g])
         stats.ttft.counts += hist[g]
-        for code in np.flatnonzero(reason_counts[g]).tolist():
-            reason = _REASONS[code]
-            stats.finish_reasons[reason] = stats.finish_reasons.get(reason, 0) + int(reason_counts[g, code])
-        _offer_evidence(stats, picks[g], ttft, rows)
+        for reason, count in reasons_by_group[g]:
+            stats.finish_reasons[reason] = stats.finish_reasons.get(reason, 0) + count
+        if picks[g]:
+            _offer_evidence(stats, picks[g], ttft, rows)
         touched.append(stats)
     return touched
 
 
 def _offer_evidence(stats: WindowStats, picks: list[int], ttft: np.ndarray, rows: Sequence[RequestLogRow]) -> None:
-    """Candidates arrive slowest first; build evidence dicts only for those that make the cut."""
+    """Candidates arrive slowest first; keep those that make the cut.
+
+    The row itself is kept (projected to the evidence fields only when it is sent), unless
+    it carries answer text, which is never held longer than needed.
+    """
     heap = stats.evidence
     for index in picks:
-        item = (float(ttft[index]), rows[index]["request_id"])
-        if len(heap) < stats.evidence_k:
-            heapq.heappush(heap, (*item, evidence_from_row(rows[index])))
-        elif item > heap[0][:2]:
-            heapq.heapreplace(heap, (*item, evidence_from_row(rows[index])))
-        else:
+        row = rows[index]
+        item = (float(ttft[index]), row["request_id"])
+        if len(heap) >= stats.evidence_k and item <= heap[0][:2]:
             break
+        has_text = "content" in row or "reasoning_content" in row
+        kept: dict[str, Any] = evidence_from_row(row) if has_text else cast(dict[str, Any], row)
+        if len(heap) < stats.evidence_k:
+            heapq.heappush(heap, (*item, kept))
+        else:
+            heapq.heapreplace(heap, (*item, kept))
 
 
 def aggregate_rows(

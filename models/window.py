@@ -136,12 +136,17 @@ class WindowStats:
         return figures
 
     def evidence_records(self) -> list[dict[str, Any]]:
-        """Worst requests first."""
-        return [record for _, _, record in sorted(self.evidence, key=lambda item: item[:2], reverse=True)]
+        """Worst requests first, as evidence records (see ``models.batch.evidence_from_row``)."""
+        from models.batch import evidence_from_row  # batch builds on this module
+
+        ranked = sorted(self.evidence, key=lambda item: item[:2], reverse=True)
+        return [evidence_from_row(record) for _, _, record in ranked]
 
     # -- wire format ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (string keys only): what stage 1 sends to stage 2."""
+        from models.batch import evidence_from_row  # batch builds on this module
+
         data: dict[str, Any] = {name: getattr(self, name) for name in _INT_SUMS + _FLOAT_SUMS}
         data.update(
             key=self.key,
@@ -150,7 +155,7 @@ class WindowStats:
             ttft={str(i): c for i, c in self.ttft.to_sparse().items()},
             finish_reasons=self.finish_reasons,
             evidence_k=self.evidence_k,
-            evidence=[list(item) for item in self.evidence],
+            evidence=[[ttft, request_id, evidence_from_row(record)] for ttft, request_id, record in self.evidence],
             sources=[list(s) for s in self.sources],
             watermark=self.watermark if math.isfinite(self.watermark) else None,
         )

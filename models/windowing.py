@@ -48,6 +48,7 @@ class PartitionWindower:
     allowed_lateness_s: float = 5.0
     evidence_k: int = 5
     open: dict[tuple[float, str], WindowStats] = field(default_factory=dict)
+    _keys_by_start: dict[float, set[str]] = field(default_factory=dict, repr=False)  # index of ``open``
     max_event_time: float = -math.inf
 
     @property
@@ -61,6 +62,7 @@ class PartitionWindower:
             return -math.inf
         latest_end = -math.inf
         for window in fold_rows(batch, self.segmenter, self.window_s, self.open, self.evidence_k):
+            self._keys_by_start.setdefault(window.start, set()).add(window.key)
             if offset is not None:
                 window.note_source(partition, offset)
             latest_end = max(latest_end, window.end)
@@ -70,17 +72,21 @@ class PartitionWindower:
     @property
     def oldest_open_start(self) -> float:
         """Start of the oldest window still held here (+inf when none): everything before it was sent."""
-        return min((start for start, _ in self.open), default=math.inf)
+        return min(self._keys_by_start, default=math.inf)
 
     def close_due(self) -> list[WindowStats]:
         """Partials whose window ended at or before the watermark, oldest first."""
         watermark = self.watermark
-        due = sorted(k for k in self.open if k[0] + self.window_s <= watermark)
-        return [self._stamp(self.open.pop(k), watermark) for k in due]
+        starts = sorted(start for start in self._keys_by_start if start + self.window_s <= watermark)
+        return [self._stamp(self.open.pop(slot), watermark) for slot in self._take(starts)]
+
+    def _take(self, starts: list[float]) -> list[tuple[float, str]]:
+        """Slots of the given window starts, in (start, key) order, forgotten by the index."""
+        return [(start, key) for start in starts for key in sorted(self._keys_by_start.pop(start))]
 
     def flush_all(self) -> list[WindowStats]:
         """Everything still open (end of input, or the partition went idle)."""
-        due = sorted(self.open)
+        due = self._take(sorted(self._keys_by_start))
         # Flushing declares the partition done with every window it had: its watermark
         # moves to the end of the newest one.
         done = max((k[0] + self.window_s for k in due), default=self.watermark)
