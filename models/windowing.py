@@ -51,9 +51,22 @@ class PartitionWindower:
     _keys_by_start: dict[float, set[str]] = field(default_factory=dict, repr=False)  # index of ``open``
     max_event_time: float = -math.inf
 
+    idle_floor: float = -math.inf  # watermark floor set by processing time while the partition is silent
+
     @property
     def watermark(self) -> float:
-        return self.max_event_time - self.allowed_lateness_s
+        return max(self.max_event_time - self.allowed_lateness_s, self.idle_floor)
+
+    def advance_idle(self, silent_s: float) -> list[WindowStats]:
+        """The partition has been silent for ``silent_s`` wall seconds: let event time move on
+        by as much (as a live source's would) and close what that completes.
+
+        Without this a quiet partition would hold its last windows open until traffic came
+        back; with it, a window closes about ``allowed_lateness_s`` after its end even when
+        nothing follows it.
+        """
+        self.idle_floor = max(self.idle_floor, self.max_event_time + silent_s - self.allowed_lateness_s)
+        return self.close_due()
 
     def add(self, rows: RowBatch | Sequence[RequestLogRow], partition: int = 0, offset: int | None = None) -> float:
         """Fold a batch of rows in; return the latest window end they touched (-inf for none)."""

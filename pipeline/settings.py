@@ -35,14 +35,21 @@ class Settings(BaseSettings):
 
     # -- windows and segments -------------------------------------------------------
     window_s: float = Field(default=10.0, gt=0)
-    allowed_lateness_s: float = Field(default=5.0, ge=0)
+    allowed_lateness_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="How late (event time) a record may arrive and still count in its window. Part of the "
+        "detection latency; raise it when shippers deliver out of order by more.",
+    )
     assembler_grace_s: float = Field(
         default=0.0, ge=0, description="Extra wall seconds stage 2 waits once all watermarks passed a window."
     )
     assembler_max_wait_s: float = Field(
         default=10.0, gt=0, description="Wall seconds after which stage 2 judges a window whatever is missing."
     )
-    idle_flush_s: float = Field(default=3.0, gt=0, description="Wall seconds of silence before a partition flushes.")
+    idle_flush_s: float = Field(
+        default=2.0, gt=0, description="Wall seconds of silence after which a partition's event time follows the clock."
+    )
     segment_dimensions: tuple[str, ...] = DEFAULT_DIMENSIONS
     prompt_band_edges: tuple[int, ...] = (4096, 32768)
     output_band_edges: tuple[int, ...] = (1024,)

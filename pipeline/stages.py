@@ -113,8 +113,6 @@ class StageOne:
         due = {}
         for partition, windower in self.windowers.items():
             mark = windower.watermark
-            if not windower.open:  # flushed: done with everything it has seen
-                mark = max(mark, windower.max_event_time)
             last = self.announced.get(partition)
             if math.isfinite(mark) and (last is None or math.floor(mark / length) > math.floor(last / length)):
                 due[partition] = mark
@@ -122,12 +120,13 @@ class StageOne:
         return due
 
     def flush_idle(self, now: float | None = None) -> list[WindowStats]:
-        """Partials of partitions that have been silent for ``idle_flush_s`` (end of a burst)."""
+        """Partials that silence completed: partitions quiet for ``idle_flush_s`` advance their
+        event time with the wall clock (see ``PartitionWindower.advance_idle``)."""
         now = time.monotonic() if now is None else now
         flushed: list[WindowStats] = []
         for partition, seen in self.last_seen.items():
             if now - seen >= self.settings.idle_flush_s and self.windowers[partition].open:
-                flushed.extend(self.windowers[partition].flush_all())
+                flushed.extend(self.windowers[partition].advance_idle(now - seen))
         return flushed
 
     def flush_all(self) -> list[WindowStats]:
