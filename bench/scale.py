@@ -99,7 +99,9 @@ def main() -> None:
         )  # fmt: skip
         r = json.loads(out.stdout.strip().splitlines()[-1])
         slope = "-"
-        if previous is not None and r["live"] > previous["live"]:
+        if previous is not None and r["live"] == previous["live"] + 1:
+            slope = "capped"
+        elif previous is not None and r["live"] > previous["live"]:
             per = (r["rss_growth_kib"] - previous["rss_growth_kib"]) / (r["live"] - previous["live"])
             slope = f"{per:.2f}KiB"
         print(f"{r['segments']:9,} {r['live']:6,} {r['overflowed_records']:11,} {r['rss_growth_kib'] / 1024:9.1f}MB "
