@@ -53,17 +53,24 @@ async def probe_kafka(bootstrap: str, timeout_s: float = 10.0) -> None:
 
     deadline = time.monotonic() + timeout_s
     last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        client = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
-        try:
-            await client.start()
-            await client.list_topics()
-            return
-        except Exception as exc:
-            last_error = exc
-            await asyncio.sleep(0.1)
-        finally:
-            await client.close()
+    # Refused connections are expected while the broker starts; the client logs each at ERROR.
+    client_logger = logging.getLogger("aiokafka")
+    previous_level = client_logger.level
+    client_logger.setLevel(logging.CRITICAL)
+    try:
+        while time.monotonic() < deadline:
+            client = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+            try:
+                await client.start()
+                await client.list_topics()
+                return
+            except Exception as exc:
+                last_error = exc
+                await asyncio.sleep(0.1)
+            finally:
+                await client.close()
+    finally:
+        client_logger.setLevel(previous_level)
     raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout_s}s: {last_error}")
 
 
