@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -177,11 +176,3 @@ class WindowStats:
         watermark = data.get("watermark")
         stats.watermark = -math.inf if watermark is None else float(watermark)
         return stats
-
-
-def merge_all(partials: Iterable[WindowStats]) -> WindowStats:
-    iterator = iter(partials)
-    merged = next(iterator)
-    for partial in iterator:
-        merged.merge(partial)
-    return merged

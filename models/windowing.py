@@ -23,10 +23,6 @@ from models.window import WindowStats
 from schemas.request_log import RequestLogRow
 
 
-def window_start(timestamp: float, length: float) -> float:
-    return float(math.floor(timestamp / length) * length)
-
-
 @dataclass
 class PartitionWindower:
     """Stage 1: records of one input partition -> closed per-segment window partials.
