@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import encode, fleet_records, metric, peak_rss_kib, produce, wait_for
 from pipeline import topics
 from pipeline.broker import EmbeddedBroker, free_loopback_port
-from pipeline.cli import _chunks
+from pipeline.cli import _chunks, tune_gc
 from pipeline.demo import start_worker, stop_worker
 from pipeline.kafka import ensure_topics
 from pipeline.replay import Replay
@@ -109,6 +109,7 @@ def replay_rate(records: list[dict]) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "requests.jsonl"
         path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
+        tune_gc()  # as `servewatch replay` does
         engine = Replay()
         started = time.perf_counter()
         for _ in engine.run(_chunks(str(path))):
