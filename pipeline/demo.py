@@ -49,11 +49,13 @@ class DemoOutcome:
         return any(e.signal.value == "ttft" and not e.explained_by_load for e in self.paging_in("cache_off"))
 
 
-def format_event(event: AnomalyEvent, phase: str) -> str:
+def format_event(event: AnomalyEvent, phase: str, update: bool = False) -> str:
+    """Two or three lines for a terminal; ``update``: a later event of an incident already shown."""
     segment = "/".join(v for k, v in event.segment.items() if v != "-")
     offset = event.window_start - EPOCH
+    status = "UPDATE" if update and event.status is Status.FIRING else event.status.value.upper()
     head = (
-        f"[t+{int(offset) // 60:02d}:{int(offset) % 60:02d} {phase:>9}] {event.status.value.upper():8} "
+        f"[t+{int(offset) // 60:02d}:{int(offset) % 60:02d} {phase:>9}] {status:8} "
         f"{event.severity.value:8} {event.signal.value:5} {segment}  score={event.score:.1f} "
         f"explained_by_load={str(event.explained_by_load).lower()}"
     )
@@ -129,13 +131,16 @@ async def run_demo(
         current_phase["name"] = name
         out(f"--- simulated phase: {name} ---")
 
+    seen: set[str] = set()
+
     async def watch() -> None:
         async for raw in read_topic(bootstrap, topics.ANOMALIES):
             event = AnomalyEvent.model_validate_json(raw)
             phase = phase_at_window(event.window_start)
             outcome.events.append(event)
             outcome.phase_of[event.id] = phase
-            out(format_event(event, phase))
+            out(format_event(event, phase, update=event.fingerprint in seen))
+            seen.add(event.fingerprint)
 
     watcher = asyncio.create_task(watch())
     try:
