@@ -68,3 +68,16 @@ async def test_partials_in_anomalies_out(app_and_sinks: Any) -> None:
             await running.put(message)
     events = [AnomalyEvent.model_validate_json(v) for v in sinks["anomalies"].values]
     assert any(e.pages and e.signal.value == "ttft" for e in events)
+
+
+def test_dead_letters_are_counted_by_reason() -> None:
+    from prometheus_client import REGISTRY
+
+    def count(reason: str) -> float:
+        return REGISTRY.get_sample_value("servewatch_dead_letters_total", {"reason": reason}) or 0.0
+
+    before = count("invalid_json"), count("too_large")
+    stage = StageOne(Settings(max_message_bytes=1024))
+    stage.process(b"{nope", Source("t", 0, 0))
+    stage.process(b"[" + b" " * 2000 + b"]", Source("t", 0, 1))
+    assert (count("invalid_json"), count("too_large")) == (before[0] + 1, before[1] + 1)
