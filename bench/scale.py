@@ -37,7 +37,7 @@ def rss_kib() -> int:
 
 
 def batches(segments: int, windows: int) -> Iterator[bytes]:
-    """Per window, PER_SEGMENT_PER_WINDOW requests for each segment, in messages of 5,000."""
+    """Per window, PER_SEGMENT_PER_WINDOW requests for each segment, in messages of 500."""
     for w in range(windows):
         rows = [
             {"request_id": f"{w}-{s}-{i}", "timestamp": T0 + w * 10 + i, "model": "m", "route": f"r{s}",
@@ -45,7 +45,7 @@ def batches(segments: int, windows: int) -> Iterator[bytes]:
              "cached_tokens": 400, "finish_reason": "stop"}
             for s in range(segments) for i in range(PER_SEGMENT_PER_WINDOW)
         ]  # fmt: skip
-        yield from (orjson.dumps(rows[i : i + 5000]) for i in range(0, len(rows), 5000))  # shipper-sized
+        yield from (orjson.dumps(rows[i : i + 500]) for i in range(0, len(rows), 500))  # shipper-sized
 
 
 def child(segments: int, windows: int) -> dict[str, float]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from schemas.anomaly import Hint
 
 
-@dataclass
+@dataclass(slots=True)
 class Baseline:
     """Exponentially weighted figures of a segment's normal windows (cheap, O(1))."""
 

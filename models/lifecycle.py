@@ -11,8 +11,7 @@ Pure logic: no clock but the windows it is given.
 from __future__ import annotations
 
 import hashlib
-from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -29,7 +28,7 @@ def fingerprint(segment_key: str, signal: str, incident_start: float) -> str:
     return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
-@dataclass
+@dataclass(slots=True)
 class IncidentTracker:
     """Hysteresis over window verdicts.
 
@@ -42,7 +41,7 @@ class IncidentTracker:
     fire_within: int = 3
     resolve_after: int = 3
     update_every: int = 6
-    recent: deque[tuple[bool, float]] = field(default_factory=deque)  # (anomalous, window start)
+    recent: tuple[tuple[bool, float], ...] = ()  # (anomalous, window start) of the last fire_within windows
     firing: bool = False
     incident_start: float | None = None
     severity: str | None = None
@@ -54,11 +53,11 @@ class IncidentTracker:
             raise ValueError("need 1 <= fire_after <= fire_within")
         if self.resolve_after < 1:
             raise ValueError("resolve_after must be at least 1")
-        self.recent = deque(self.recent, maxlen=self.fire_within)
+        self.recent = tuple(self.recent)[-self.fire_within :]
 
     def step(self, anomalous: bool, *, window_start: float, severity: str | None = None) -> Transition | None:
         """Feed one window's verdict; return the state change it causes, if any."""
-        self.recent.append((bool(anomalous), window_start))
+        self.recent = (*self.recent, (bool(anomalous), window_start))[-self.fire_within :]
         self.windows_since_event += 1
         if not self.firing:
             if anomalous and sum(bad for bad, _ in self.recent) >= self.fire_after:
@@ -78,7 +77,7 @@ class IncidentTracker:
             return None
         self.normal_streak += 1
         if self.normal_streak >= self.resolve_after:
-            self.firing, self.recent = False, deque(maxlen=self.fire_within)
+            self.firing, self.recent = False, ()
             self.windows_since_event = 0
             return Transition.RESOLVED
         return None
@@ -94,7 +93,7 @@ class IncidentTracker:
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.recent = deque(((bool(b), float(s)) for b, s in state["recent"]), maxlen=self.fire_within)
+        self.recent = tuple((bool(b), float(s)) for b, s in state["recent"])[-self.fire_within :]
         self.firing = bool(state["firing"])
         self.incident_start = state["incident_start"]
         self.severity = state["severity"]

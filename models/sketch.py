@@ -45,8 +45,9 @@ class LogHistogram:
 
     __slots__ = ("counts",)
 
-    def __init__(self, counts: npt.NDArray[np.int64] | None = None) -> None:
-        self.counts = counts if counts is not None else np.zeros(N_BUCKETS, dtype=np.int64)
+    def __init__(self, counts: npt.NDArray[np.int32] | None = None) -> None:
+        # int32: a window never holds 2^31 requests, and it halves a live segment's histogram.
+        self.counts = counts if counts is not None else np.zeros(N_BUCKETS, dtype=np.int32)
 
     @property
     def count(self) -> int:
