@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
@@ -64,11 +64,21 @@ class RowBatch:
         return kept
 
 
-def evidence_from_row(row: RequestLogRow | dict[str, Any]) -> dict[str, Any]:
-    """What a person needs to find the request in their own log store; never prompt or answer text."""
-    record = {name: row[name] for name in EVIDENCE_FIELDS if row.get(name) is not None}  # type: ignore[literal-required]
-    record["finish_reason"] = normalise_reason(row["finish_reason"])
+def evidence_from_row(row: RequestLogRow | dict[str, Any] | tuple[Any, ...]) -> dict[str, Any]:
+    """What a person needs to find the request in their own log store; never prompt or answer text.
+
+    Accepts a row, an evidence dict (idempotent) or a ``compact_evidence`` tuple.
+    """
+    source: Any = dict(zip(EVIDENCE_FIELDS, row, strict=True)) if isinstance(row, tuple) else row
+    record = {name: source[name] for name in EVIDENCE_FIELDS if source.get(name) is not None}
+    record["finish_reason"] = normalise_reason(source["finish_reason"])
     return record
+
+
+def compact_evidence(row: RequestLogRow) -> tuple[Any, ...]:
+    """The evidence fields' values only: what an open window keeps (a fraction of the row's memory)."""
+    get = row.get
+    return tuple(get(name) for name in EVIDENCE_FIELDS)
 
 
 def fold_rows(
@@ -184,19 +194,15 @@ def fold_rows(
 
 
 def _offer_evidence(stats: WindowStats, picks: list[int], ttft: np.ndarray, rows: Sequence[RequestLogRow]) -> None:
-    """Candidates arrive slowest first; keep those that make the cut.
-
-    The row itself is kept (projected to the evidence fields only when it is sent), unless
-    it carries answer text, which is never held longer than needed.
-    """
+    """Candidates arrive slowest first; keep those that make the cut, as compact tuples
+    (turned into evidence records only when the window is sent)."""
     heap = stats.evidence
     for index in picks:
         row = rows[index]
         item = (float(ttft[index]), row["request_id"])
         if len(heap) >= stats.evidence_k and item <= heap[0][:2]:
             break
-        has_text = "content" in row or "reasoning_content" in row
-        kept: dict[str, Any] = evidence_from_row(row) if has_text else cast(dict[str, Any], row)
+        kept = compact_evidence(row)
         if len(heap) < stats.evidence_k:
             heapq.heappush(heap, (*item, kept))
         else:

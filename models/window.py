@@ -69,7 +69,8 @@ class WindowStats:
     finish_reasons: dict[str, int] = field(default_factory=dict)
     errors: int = 0
     evidence_k: int = 5
-    evidence: list[tuple[float, str, dict[str, Any]]] = field(default_factory=list)  # min-heap on TTFT
+    # min-heap on (TTFT, request id); the record is an evidence dict or a compact tuple of its values
+    evidence: list[tuple[float, str, Any]] = field(default_factory=list)
     sources: list[tuple[int, int, int]] = field(default_factory=list)  # (partition, first, last offset)
     watermark: float = -math.inf  # the sending partition's watermark (transport metadata, not merged)
 
