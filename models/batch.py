@@ -145,6 +145,7 @@ def fold_rows(
         n_groups, len(_REASONS)
     )
     error_codes = np.array([reason_codes[r] for r in _ERROR_REASONS])
+    # Same rule as RequestLog.is_error: error/abort finish, or a 5xx status.
     errors = total((np.isin(codes, error_codes) | (status >= 500)).astype(np.float64))
 
     # Evidence: the slowest requests per group (highest TTFT first; request id breaks ties).

@@ -21,7 +21,6 @@ class Baseline:
     cache_hit_rate: float = math.nan
     uncached_tokens_per_request: float = math.nan
     requests_per_s: float = math.nan
-    prompt_tokens_per_request: float = math.nan
     windows: int = 0
 
     def learn(self, load: dict[str, float]) -> None:
@@ -31,7 +30,6 @@ class Baseline:
             "cache_hit_rate": load.get("cache_hit_rate", math.nan),
             "uncached_tokens_per_request": load["uncached_prompt_tokens_per_s"] / rate if rate > 0 else math.nan,
             "requests_per_s": rate,
-            "prompt_tokens_per_request": load["prompt_tokens_per_s"] / rate if rate > 0 else math.nan,
         }
         for name, value in figures.items():
             if math.isnan(value):

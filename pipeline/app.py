@@ -2,16 +2,19 @@
 
 Agents:
 - ``aggregate_request_batches`` (requests topic): decode, validate, dead-letter the bad,
-  fold records into per-partition window partials, send closed partials keyed by segment.
+  fold records into per-partition window partials, send closed ones as one bundle per
+  partials partition (a segment always goes to the same one), followed by watermarks.
 - ``detect_anomalies`` (partials topic): merge partials per segment window, judge each
   window once, publish anomaly events.
-Timers flush partitions that went quiet and release windows whose grace period ended.
+Timers advance quiet partitions' event time and release windows that waited long enough.
 """
 
 from __future__ import annotations
 
 import logging
 import tempfile
+from collections.abc import Callable
+from functools import partial
 from typing import Any, cast
 
 import faust
@@ -21,6 +24,7 @@ from pipeline.decode import Source, internal_error
 from pipeline.settings import Settings
 from pipeline.stages import StageOne, StageTwo
 from pipeline.topics import Topics, declare_topics
+from schemas.anomaly import AnomalyEvent
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +64,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         for partition, bundle in stage_one.bundles(partials, partials_partitions).items():
             await topics.partials.send(key=None, value=bundle, partition=partition)
 
-    async def publish(events: list) -> None:
+    async def publish(events: list[AnomalyEvent]) -> None:
         for event in events:
             await topics.anomalies.send(key=event.fingerprint.encode(), value=event.model_dump_json().encode())
             logger.info("anomaly %s %s %s: %s", event.status.value, event.signal.value, event.severity.value,
@@ -90,15 +94,19 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
                 await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
             await send_partials_and_ack(partials)
 
+    async def judge_and_publish(judge: Callable[[], list[AnomalyEvent]]) -> None:
+        """Run one stage-2 step; a bug in judging costs that step, never the worker."""
+        try:
+            events = judge()
+        except Exception:
+            logger.exception("stage 2 failed to judge windows")
+            return
+        await publish(events)
+
     @app.agent(topics.partials)
     async def detect_anomalies(stream: faust.StreamT) -> None:
         async for event in stream.events():
-            try:
-                events = stage_two.receive(event.value, via=event.message.partition)
-            except Exception:
-                logger.exception("failed to judge a partials bundle")
-                continue
-            await publish(events)
+            await judge_and_publish(partial(stage_two.receive, event.value, via=event.message.partition))
 
     @app.timer(0.5)
     async def flush_quiet_partitions() -> None:
@@ -106,12 +114,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
 
     @app.timer(0.25)
     async def release_due_windows() -> None:
-        try:
-            events = stage_two.release_due()
-        except Exception:
-            logger.exception("failed to release windows")
-            return
-        await publish(events)
+        await judge_and_publish(stage_two.release_due)
 
     @app.timer(10.0)
     async def report_progress() -> None:
