@@ -43,6 +43,11 @@ def band_of(tokens: int, edges: Sequence[int], labels: Sequence[str]) -> str:
     return labels[-1]
 
 
+def _clean(label: str | None) -> str | None:
+    """Labels compare without surrounding blanks (``" chat"`` is ``chat``)."""
+    return label.strip() or None if label is not None else None
+
+
 def parse_key(key: str) -> dict[str, str]:
     """Labels of a segment key (``model=a|route=b`` -> ``{"model": "a", "route": "b"}``)."""
     labels = dict(part.split("=", 1) for part in key.split("|") if "=" in part)
@@ -67,10 +72,15 @@ class Segmenter:
     prompt_band_edges: tuple[int, ...] = (4096, 32768)
     output_band_edges: tuple[int, ...] = (1024,)
     max_segments: int = 1000
-    _known: set[str] = field(default_factory=set, init=False, repr=False)
+    #: Every segment key seen, in order of first sight; a key's position is its stable id.
+    keys: list[str] = field(default_factory=list, init=False, repr=False)
+    _ids: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    _overflow_id: int | None = field(default=None, init=False, repr=False)
     _prompt_labels: list[str] = field(default_factory=list, init=False, repr=False)
     _output_labels: list[str] = field(default_factory=list, init=False, repr=False)
-    _combo_keys: dict[tuple[Any, ...], str] = field(default_factory=dict, init=False, repr=False)
+    _combo_ids: dict[tuple[Any, ...], int] = field(default_factory=dict, init=False, repr=False)
+    _prompt_edges: np.ndarray = field(init=False, repr=False)
+    _output_edges: np.ndarray = field(init=False, repr=False)
     overflowed: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -81,6 +91,8 @@ class Segmenter:
             raise ValueError("max_segments must be at least 1")
         self._prompt_labels = band_labels(self.prompt_band_edges)
         self._output_labels = band_labels(self.output_band_edges)
+        self._prompt_edges = np.asarray(self.prompt_band_edges)
+        self._output_edges = np.asarray(self.output_band_edges)
 
     def key_for(
         self,
@@ -111,48 +123,59 @@ class Segmenter:
                 value = values[dim].replace("|", "/").replace("=", ":")
             parts.append(f"{dim}={value}")
         key = "|".join(parts)
-        if key in self._known:
+        if key in self._ids:
             return key
-        if len(self._known) >= self.max_segments:
+        if len(self._ids) - (self._overflow_id is not None) >= self.max_segments:
             self.overflowed += 1
-            return OVERFLOW_KEY
-        self._known.add(key)
+            key = OVERFLOW_KEY
+            if self._overflow_id is not None:
+                return key
+            self._overflow_id = len(self.keys)
+        self._ids[key] = len(self.keys)
+        self.keys.append(key)
         return key
 
-    def ids_for_rows(
-        self, rows: Sequence[Mapping[str, Any]], prompt: np.ndarray, output: np.ndarray
-    ) -> tuple[np.ndarray, list[str]]:
-        """Vectorised ``key_for``: a segment id per row, and the keys those ids index.
+    def ids_for_columns(
+        self, labels: Mapping[str, Sequence[Any]], prompt: np.ndarray, output: np.ndarray
+    ) -> np.ndarray:
+        """Vectorised ``key_for``: the segment id of each row (``keys[id]`` is its key).
 
+        ``labels`` holds one column (a value per row, None when missing) per label dimension.
         Bands come from ``searchsorted``; the label part of each row is a tuple looked up in a
-        cache, so the Python work per row is one tuple and one dict lookup.
+        cache, so the Python work per row is one tuple and one dict lookup. Ids are stable for
+        the segmenter's lifetime, so callers can index tables by them.
         """
-        prompt_band = np.searchsorted(np.asarray(self.prompt_band_edges), prompt, side="right")
-        output_band = np.searchsorted(np.asarray(self.output_band_edges), output, side="right")
+        prompt_band = np.searchsorted(self._prompt_edges, prompt, side="right")
+        output_band = np.searchsorted(self._output_edges, output, side="right")
         label_dims = [d for d in self.dimensions if d not in ("prompt_band", "output_band")]
-        columns = [[row.get(d) for row in rows] for d in label_dims]
-        combos = zip(*columns, prompt_band.tolist(), output_band.tolist(), strict=True)
+        combos = zip(*(labels[d] for d in label_dims), prompt_band.tolist(), output_band.tolist(), strict=True)
         local: dict[tuple[Any, ...], int] = {}
-        ids = np.array([local.setdefault(combo, len(local)) for combo in combos], dtype=np.int64)
-        return ids, [self._key_for_combo(label_dims, combo) for combo in local]  # dicts keep insertion order
+        codes = np.array([local.setdefault(combo, len(local)) for combo in combos], dtype=np.int64)
+        ids = np.array([self._id_for_combo(label_dims, combo) for combo in local], dtype=np.int64)[codes]
+        if self._overflow_id is not None:
+            self.overflowed += int(np.count_nonzero(ids == self._overflow_id))
+        return ids
 
-    def _key_for_combo(self, label_dims: list[str], combo: tuple[Any, ...]) -> str:
-        cached = self._combo_keys.get(combo)
+    def _id_for_combo(self, label_dims: list[str], combo: tuple[Any, ...]) -> int:
+        cached = self._combo_ids.get(combo)
         if cached is not None:
             return cached
         labels = dict(zip(label_dims, combo[:-2], strict=True))
+        overflowed = self.overflowed
         key = self.key_for(
-            model=labels.get("model") or UNSET,
-            route=labels.get("route"),
-            tenant=labels.get("tenant"),
-            instance=labels.get("instance"),
-            engine=labels.get("engine"),
+            model=_clean(labels.get("model")) or UNSET,
+            route=_clean(labels.get("route")),
+            tenant=_clean(labels.get("tenant")),
+            instance=_clean(labels.get("instance")),
+            engine=_clean(labels.get("engine")),
             prompt_tokens=self._band_floor(self.prompt_band_edges, combo[-2]),
             output_tokens=self._band_floor(self.output_band_edges, combo[-1]),
         )
-        if key != OVERFLOW_KEY and len(self._combo_keys) < 4 * self.max_segments:
-            self._combo_keys[combo] = key  # bounded: never more combos than a few per segment
-        return key
+        self.overflowed = overflowed  # counted per row by the caller
+        segment_id = self._ids[key]
+        if key != OVERFLOW_KEY and len(self._combo_ids) < 4 * self.max_segments:
+            self._combo_ids[combo] = segment_id  # bounded: never more combos than a few per segment
+        return segment_id
 
     @staticmethod
     def _band_floor(edges: tuple[int, ...], band: int) -> int:
@@ -161,4 +184,5 @@ class Segmenter:
 
     @property
     def live_segments(self) -> int:
-        return len(self._known)
+        """Distinct segments, the shared overflow one excluded."""
+        return len(self.keys) - (self._overflow_id is not None)

@@ -17,7 +17,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from models.batch import RowBatch, fold_rows
+from models.batch import RowBatch
+from models.open_window import OpenWindow, fold_batch
 from models.segments import Segmenter
 from models.window import WindowStats
 from schemas.request_log import RequestLogRow
@@ -43,8 +44,7 @@ class PartitionWindower:
     window_s: float = 10.0
     allowed_lateness_s: float = 5.0
     evidence_k: int = 5
-    open: dict[tuple[float, str], WindowStats] = field(default_factory=dict)
-    _keys_by_start: dict[float, set[str]] = field(default_factory=dict, repr=False)  # index of ``open``
+    open: dict[float, OpenWindow] = field(default_factory=dict)  # by window start
     max_event_time: float = -math.inf
 
     idle_floor: float = -math.inf  # watermark floor set by processing time while the partition is silent
@@ -69,42 +69,40 @@ class PartitionWindower:
         batch = rows if isinstance(rows, RowBatch) else RowBatch(rows)
         if not len(batch):
             return -math.inf
-        latest_end = -math.inf
-        for window in fold_rows(batch, self.segmenter, self.window_s, self.open, self.evidence_k):
-            self._keys_by_start.setdefault(window.start, set()).add(window.key)
-            if offset is not None:
-                window.note_source(partition, offset)
-            latest_end = max(latest_end, window.end)
+        touched = fold_batch(batch, self.segmenter, self.window_s, self.open, self.evidence_k)
+        if offset is not None:
+            for window in touched:
+                window.note_offset(partition, offset)
         self.max_event_time = max(self.max_event_time, float(batch.column("timestamp").max()))
-        return latest_end
+        return max(window.end for window in touched)
 
     @property
     def oldest_open_start(self) -> float:
         """Start of the oldest window still held here (+inf when none): everything before it was sent."""
-        return min(self._keys_by_start, default=math.inf)
+        return min(self.open, default=math.inf)
 
     def close_due(self) -> list[WindowStats]:
         """Partials whose window ended at or before the watermark, oldest first."""
         watermark = self.watermark
-        starts = sorted(start for start in self._keys_by_start if start + self.window_s <= watermark)
-        return [self._stamp(self.open.pop(slot), watermark) for slot in self._take(starts)]
-
-    def _take(self, starts: list[float]) -> list[tuple[float, str]]:
-        """Slots of the given window starts, in (start, key) order, forgotten by the index."""
-        return [(start, key) for start in starts for key in sorted(self._keys_by_start.pop(start))]
+        return self._close(sorted(start for start in self.open if start + self.window_s <= watermark), watermark)
 
     def flush_all(self) -> list[WindowStats]:
         """Everything still open (end of input, or the partition went idle)."""
-        due = self._take(sorted(self._keys_by_start))
+        starts = sorted(self.open)
         # Flushing declares the partition done with every window it had: its watermark
         # moves to the end of the newest one.
-        done = max((k[0] + self.window_s for k in due), default=self.watermark)
-        return [self._stamp(self.open.pop(k), max(done, self.watermark)) for k in due]
+        done = max((start + self.window_s for start in starts), default=self.watermark)
+        return self._close(starts, max(done, self.watermark))
 
-    @staticmethod
-    def _stamp(stats: WindowStats, watermark: float) -> WindowStats:
-        stats.watermark = watermark
-        return stats
+    def _close(self, starts: list[float], watermark: float) -> list[WindowStats]:
+        """The partials of the given windows, in (start, key) order, stamped with the watermark."""
+        closed = []
+        for start in starts:
+            partials = self.open.pop(start).partials(self.segmenter.keys)
+            for partial in sorted(partials, key=lambda p: p.key):
+                partial.watermark = watermark
+                closed.append(partial)
+        return closed
 
 
 @dataclass

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal, NotRequired, cast
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, field_validator, model_validator, with_config
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from typing_extensions import TypedDict
 
 from schemas.version import SCHEMA_VERSION
@@ -53,7 +53,8 @@ class Engine(StrEnum):
 class RequestLog(BaseModel):
     """One finished request. ``timestamp`` is when it finished, in unix seconds (UTC)."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True, str_strip_whitespace=True)
+    # Strings are kept as sent (no stripping): a request id must match the user's own logs.
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     schema_version: int = SCHEMA_VERSION
     request_id: ShortLabel
@@ -143,15 +144,11 @@ class RequestLog(BaseModel):
         )
 
 
-@with_config(ConfigDict(extra="ignore", str_strip_whitespace=True))
 class RequestLogRow(TypedDict):
-    """The hot path's view of a ``RequestLog``: a plain dict, validated from JSON bytes in Rust.
+    """A ``RequestLog`` as a plain dict (``RequestLog.to_row``): what tests and tools pass around.
 
-    Same fields and bounds as ``RequestLog``, but it accepts only a subset: timestamps as
-    unix-second numbers (no ISO strings), ``finish_reason`` as given (normalised later,
-    per window). The two cross-field rules (cached <= prompt tokens, TTFT <= e2e) are checked
-    vectorised by the decoder. Whatever this refuses is judged again by ``RequestLog``, which
-    has the last word; ``tests/test_schemas.py`` checks that this never accepts more.
+    The worker's hot path validates JSON into ``pipeline.fast_rows.FastRow`` instead, which
+    has the same fields and bounds and reads the same way.
     """
 
     request_id: ShortLabel
@@ -178,9 +175,3 @@ class RequestLogRow(TypedDict):
     prefix_hash: NotRequired[ShortLabel | None]
     content: NotRequired[Text | None]
     reasoning_content: NotRequired[Text | None]
-
-
-#: Validates a whole JSON array of rows from bytes in one call (the batched fast path).
-ROWS = TypeAdapter(list[RequestLogRow])
-#: Validates one row (a parsed dict, or JSON bytes).
-ROW = TypeAdapter(RequestLogRow)

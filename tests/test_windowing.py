@@ -7,7 +7,7 @@ import random
 
 import orjson
 
-from models.batch import aggregate_rows
+from models.open_window import aggregate_rows
 from models.segments import OVERFLOW_KEY, Segmenter
 from models.sketch import LogHistogram
 from models.window import WindowStats
@@ -184,7 +184,9 @@ def test_vectorised_segment_ids_agree_with_key_for() -> None:
 
     rows = [log(i, T0, route=r, prompt_tokens=p) for i, (r, p) in enumerate([("a", 10), ("b", 5000), ("a", 40000)])]
     seg = Segmenter()
-    ids, keys = seg.ids_for_rows(rows, np.array([10, 5000, 40000]), np.array([10, 10, 10]))
+    labels = {"model": [r["model"] for r in rows], "route": [r["route"] for r in rows]}
+    ids = seg.ids_for_columns(labels, np.array([10, 5000, 40000]), np.array([10, 10, 10]))
     expected = [Segmenter().key_for(model="m", route=r["route"], prompt_tokens=r["prompt_tokens"], output_tokens=10)
                 for r in rows]  # fmt: skip
-    assert [keys[i] for i in ids] == expected
+    assert [seg.keys[i] for i in ids] == expected
+    assert ids[0] == seg.ids_for_columns({"model": ["m"], "route": [" a "]}, np.array([1]), np.array([1]))[0]

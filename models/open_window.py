@@ -1,0 +1,229 @@
+"""Stage 1's open windows as numpy tables: a batch is folded in with a few calls, not a loop.
+
+An ``OpenWindow`` holds one window of one input partition: a row per segment seen in it,
+with that segment's counters, TTFT histogram and finish-reason counts as rows of 2-D
+arrays. ``fold_batch`` maps a batch's records to (window, row) and adds them with
+``np.add.at``, so its cost grows with the records, not with the segments they touch: with
+500 records spread over 100 segments per message, a Python loop per (segment, window)
+cost more than parsing the message. Python runs per record only for the few requests that
+make the evidence cut, and per segment only when a window closes (``partials``).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from models.batch import REASONS, RowBatch, normalise_reason
+from models.segments import Segmenter
+from models.sketch import N_BUCKETS, LogHistogram, bucket_indices
+from models.window import WindowStats
+
+#: Columns of ``OpenWindow.sums``; ``WindowStats`` fields of the same name.
+SUMS = (
+    "requests", "prompt_tokens", "completion_tokens", "cached_tokens", "uncached_prompt_tokens",
+    "cache_reported_prompt_tokens", "errors", "e2e_sum", "ttft_sum",
+)  # fmt: skip
+_INTEGER_SUMS = SUMS[:7]
+_ERROR_CODES = np.array([REASONS.index("error"), REASONS.index("abort")])
+_LABEL_DIMENSIONS = ("model", "route", "tenant", "instance", "engine")
+
+
+class OpenWindow:
+    """One window of one partition, a table row per segment seen in it.
+
+    >>> seg = Segmenter()
+    >>> rows = [dict(request_id=str(i), timestamp=1_700_000_001.0 + i, model="m", prompt_tokens=100,
+    ...              completion_tokens=10, e2e_s=1.0, ttft_s=0.1 * (i + 1), finish_reason="stop")
+    ...         for i in range(3)]
+    >>> windows: dict[float, OpenWindow] = {}
+    >>> [w.start for w in fold_batch(RowBatch(rows), seg, 10.0, windows)]  # the windows it touched
+    [1700000000.0]
+    >>> [(p.key, p.requests, p.prompt_tokens, len(p.evidence)) for p in windows[1_700_000_000.0].partials(seg.keys)]
+    [('model=m|route=-|prompt_band=<4k|output_band=<1k', 3, 300, 3)]
+    """
+
+    __slots__ = (
+        "_row_of", "evidence", "evidence_k", "floor", "hist", "length", "offsets", "reasons", "segment_ids",
+        "start", "sums",
+    )  # fmt: skip
+
+    def __init__(self, start: float, length: float, evidence_k: int = 5, capacity: int = 8) -> None:
+        self.start, self.length, self.evidence_k = start, length, evidence_k
+        self._row_of = np.full(0, -1, dtype=np.int32)  # segment id -> row (-1: not in this window)
+        self.segment_ids: list[int] = []  # row -> segment id
+        self.sums = np.zeros((capacity, len(SUMS)), dtype=np.float64)
+        self.hist = np.zeros((capacity, N_BUCKETS), dtype=np.int32)
+        self.reasons = np.zeros((capacity, len(REASONS)), dtype=np.int32)
+        # Per row, the TTFT a request must reach to be considered as evidence (-inf until
+        # ``evidence_k`` are kept): most records are rejected by one vectorised compare.
+        self.floor = np.full(capacity, -math.inf)
+        self.evidence: dict[int, list[tuple[float, str, tuple[Any, ...]]]] = {}  # row -> min-heap
+        self.offsets: dict[int, tuple[int, int]] = {}  # partition -> (first, last) offset folded in
+
+    def __len__(self) -> int:
+        return len(self.segment_ids)
+
+    @property
+    def end(self) -> float:
+        return self.start + self.length
+
+    def rows_for(self, segment_ids: np.ndarray) -> np.ndarray:
+        """The table row of each segment id, adding rows for segments new to this window."""
+        top = int(segment_ids.max()) + 1
+        if top > len(self._row_of):
+            grown = np.full(max(top, 2 * len(self._row_of)), -1, dtype=np.int32)
+            grown[: len(self._row_of)] = self._row_of
+            self._row_of = grown
+        rows = self._row_of[segment_ids]
+        missing = rows < 0
+        if missing.any():
+            new_ids = np.unique(segment_ids[missing])
+            first = len(self.segment_ids)
+            self._row_of[new_ids] = np.arange(first, first + len(new_ids), dtype=np.int32)
+            self.segment_ids.extend(new_ids.tolist())
+            self._grow(len(self.segment_ids))
+            rows = self._row_of[segment_ids]
+        return rows
+
+    def _grow(self, needed: int) -> None:
+        capacity = len(self.floor)
+        if needed <= capacity:
+            return
+        capacity = max(needed, 2 * capacity)
+
+        def grown(table: np.ndarray, fill: float = 0) -> np.ndarray:
+            out = np.full((capacity, *table.shape[1:]), fill, dtype=table.dtype)
+            out[: len(table)] = table
+            return out
+
+        self.sums, self.hist, self.reasons = grown(self.sums), grown(self.hist), grown(self.reasons)
+        self.floor = grown(self.floor, -math.inf)
+
+    def note_offset(self, partition: int, offset: int) -> None:
+        first, last = self.offsets.get(partition, (offset, offset))
+        self.offsets[partition] = (min(first, offset), max(last, offset))
+
+    def offer_evidence(self, row: int, ttft: float, request_id: str, record: tuple[Any, ...]) -> None:
+        """Keep the ``evidence_k`` slowest requests of a row (ties broken by request id)."""
+        heap = self.evidence.setdefault(row, [])
+        item = (ttft, request_id, record)
+        if len(heap) < self.evidence_k:
+            heapq.heappush(heap, item)
+        elif item[:2] > heap[0][:2]:
+            heapq.heapreplace(heap, item)
+        else:
+            return
+        if len(heap) == self.evidence_k:
+            self.floor[row] = heap[0][0]
+
+    def partials(self, keys: Sequence[str]) -> list[WindowStats]:
+        """One ``WindowStats`` per segment of the window (``keys``: the segmenter's, by id)."""
+        sums = self.sums.tolist()
+        sources = [(p, first, last) for p, (first, last) in sorted(self.offsets.items())]
+        out = []
+        for row, segment_id in enumerate(self.segment_ids):
+            stats = WindowStats(key=keys[segment_id], start=self.start, length=self.length, evidence_k=self.evidence_k)
+            values = sums[row]
+            for column, name in enumerate(SUMS):
+                setattr(stats, name, int(values[column]) if name in _INTEGER_SUMS else values[column])
+            stats.ttft = LogHistogram(self.hist[row].copy())
+            stats.finish_reasons = {REASONS[i]: int(self.reasons[row, i]) for i in np.flatnonzero(self.reasons[row])}
+            stats.evidence = self.evidence.get(row, [])
+            stats.sources = list(sources)
+            out.append(stats)
+        return out
+
+
+def fold_batch(
+    batch: RowBatch, segmenter: Segmenter, window_s: float, into: dict[float, OpenWindow], evidence_k: int = 5
+) -> list[OpenWindow]:
+    """Fold a batch into the open windows ``into`` (keyed by start), creating them as needed.
+
+    Returns the windows the batch touched.
+    """
+    n = len(batch)
+    if n == 0:
+        return []
+    prompt, completion = batch.column("prompt_tokens"), batch.column("completion_tokens")
+    cached, ttft = batch.column("cached_tokens"), batch.column("ttft_s")
+    labels = {dim: batch.values(dim) for dim in _LABEL_DIMENSIONS if dim in segmenter.dimensions}
+    segment_ids = segmenter.ids_for_columns(labels, prompt, completion)
+
+    raw_reasons = batch.values("finish_reason")
+    code_of = {raw: REASONS.index(normalise_reason(raw)) for raw in set(raw_reasons)}
+    reason_codes = np.array([code_of[raw] for raw in raw_reasons], dtype=np.intp)
+    # Same rule as RequestLog.is_error: error/abort finish, or a 5xx status.
+    errors = np.isin(reason_codes, _ERROR_CODES) | (batch.column("status_code") >= 500)
+    reported = ~np.isnan(cached)
+    cached_known = np.where(reported, cached, 0.0)
+    has_ttft = ~np.isnan(ttft)
+    values = np.column_stack((
+        np.ones(n), prompt, completion, cached_known, prompt - cached_known, np.where(reported, prompt, 0.0),
+        errors, batch.column("e2e_s"), np.where(has_ttft, ttft, 0.0),
+    ))  # fmt: skip
+    buckets = bucket_indices(ttft)
+
+    window_ids = np.floor(batch.column("timestamp") / window_s).astype(np.int64)
+    low, high = int(window_ids.min()), int(window_ids.max())
+    touched = []
+    for window_id in range(low, high + 1):
+        picked: Any = slice(None) if low == high else np.flatnonzero(window_ids == window_id)
+        if low != high and not len(picked):
+            continue
+        start = float(window_id * window_s)
+        window = into.get(start)
+        if window is None:
+            window = into[start] = OpenWindow(start, window_s, evidence_k)
+        _fold_into(window, batch, picked, segment_ids, values, buckets, reason_codes, ttft, has_ttft)
+        touched.append(window)
+    return touched
+
+
+def _fold_into(
+    window: OpenWindow,
+    batch: RowBatch,
+    picked: Any,
+    segment_ids: np.ndarray,
+    values: np.ndarray,
+    buckets: np.ndarray,
+    reason_codes: np.ndarray,
+    ttft: np.ndarray,
+    has_ttft: np.ndarray,
+) -> None:
+    rows = window.rows_for(segment_ids[picked])
+    np.add.at(window.sums, rows, values[picked])
+    np.add.at(window.reasons, (rows, reason_codes[picked]), 1)
+    timed = has_ttft[picked]
+    np.add.at(window.hist, (rows[timed], buckets[picked][timed]), 1)
+    if window.evidence_k <= 0:
+        return
+    # Evidence: only requests at least as slow as their row's current floor, the slowest
+    # ``evidence_k`` per row of those, reach Python.
+    index = np.arange(len(batch))[picked]
+    times = ttft[picked]
+    candidate = timed & (times >= window.floor[rows])
+    if not candidate.any():
+        return
+    index, rows, times = index[candidate], rows[candidate], times[candidate]
+    order = np.lexsort((-times, rows))
+    ordered_rows = rows[order]
+    rank = np.arange(len(order)) - np.searchsorted(ordered_rows, ordered_rows, side="left")
+    keep = order[rank < window.evidence_k]
+    for i, row, seconds in zip(index[keep].tolist(), rows[keep].tolist(), times[keep].tolist(), strict=True):
+        record = batch.evidence(i)
+        window.offer_evidence(row, seconds, record[0], record)
+
+
+def aggregate_rows(
+    rows: Sequence[Any], segmenter: Segmenter, window_s: float, evidence_k: int = 5
+) -> list[WindowStats]:
+    """Partials of one batch on their own, ordered by (window start, segment key)."""
+    windows: dict[float, OpenWindow] = {}
+    fold_batch(RowBatch(rows), segmenter, window_s, windows, evidence_k)
+    partials = [p for start in sorted(windows) for p in windows[start].partials(segmenter.keys)]
+    return sorted(partials, key=lambda p: (p.start, p.key))
