@@ -26,12 +26,20 @@ FLEET_ROUTES = (
 )
 
 
-def fleet_records(n: int, seed: int = 7) -> list[dict[str, Any]]:
-    """``n`` request logs of a busy fleet (~1,800 requests/s across 12 models), in finish order."""
-    rate = 150.0
-    duration = n / (rate * len(FLEET_MODELS)) + 5
+#: A busy fleet at peak: ~18,000 requests/s (a few hundred GPUs serving chat and agents).
+PEAK_RATE = 18_000.0
+
+
+def fleet_records(n: int, seed: int = 7, rate: float = PEAK_RATE) -> list[dict[str, Any]]:
+    """``n`` request logs of a fleet serving ``rate`` requests/s across 12 models, in finish order.
+
+    The rate sets how many records share a window: per-window work (closing windows,
+    judging segments) is spread over ten times fewer records at 1,800/s than at 18,000/s.
+    """
+    per_model = rate / len(FLEET_MODELS)
+    duration = n / rate + 5
     phases = (Phase("normal", duration),)
-    workload = Workload(phases, models=FLEET_MODELS, routes=FLEET_ROUTES, base_rate=rate, seed=seed)
+    workload = Workload(phases, models=FLEET_MODELS, routes=FLEET_ROUTES, base_rate=per_model, seed=seed)
     out: list[dict[str, Any]] = []
     for record in workload.records():
         out.append(record)

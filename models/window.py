@@ -50,6 +50,19 @@ def _add_range(ranges: list[tuple[int, int, int]], new: tuple[int, int, int]) ->
     return out
 
 
+def _wire_record(record: tuple[Any, ...] | dict[str, Any]) -> list[Any] | dict[str, Any]:
+    return list(record) if isinstance(record, tuple) else record
+
+
+def _record_from_wire(record: Any) -> tuple[Any, ...] | dict[str, Any]:
+    """A list of EVIDENCE_FIELDS values (or an evidence dict, as older workers sent)."""
+    if isinstance(record, dict):
+        return dict(record)
+    if isinstance(record, list) and len(record) == len(EVIDENCE_FIELDS):
+        return tuple(record)
+    raise ValueError(f"bad evidence record: {str(record)[:80]}")
+
+
 @dataclass
 class WindowStats:
     """Sums, counts and a latency histogram of one segment over ``[start, start + length)``."""
@@ -145,8 +158,6 @@ class WindowStats:
     # -- wire format ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (string keys only): what stage 1 sends to stage 2."""
-        from models.batch import evidence_from_row  # batch builds on this module
-
         data: dict[str, Any] = {name: getattr(self, name) for name in _INT_SUMS + _FLOAT_SUMS}
         data.update(
             key=self.key,
@@ -155,7 +166,9 @@ class WindowStats:
             ttft={str(i): c for i, c in self.ttft.to_sparse().items()},
             finish_reasons=self.finish_reasons,
             evidence_k=self.evidence_k,
-            evidence=[[ttft, request_id, evidence_from_row(record)] for ttft, request_id, record in self.evidence],
+            # Evidence travels as the compact tuple's values (EVIDENCE_FIELDS order): building
+            # dicts per partial cost more than the rest of the wire format together.
+            evidence=[[ttft, request_id, _wire_record(record)] for ttft, request_id, record in self.evidence],
             sources=[list(s) for s in self.sources],
             watermark=self.watermark if math.isfinite(self.watermark) else None,
         )
@@ -171,7 +184,7 @@ class WindowStats:
         stats.evidence_k = int(data["evidence_k"])
         stats.ttft = LogHistogram.from_sparse(data["ttft"])
         stats.finish_reasons = {str(k): int(v) for k, v in data["finish_reasons"].items()}
-        stats.evidence = [(float(t), str(rid), dict(rec)) for t, rid, rec in data["evidence"]]
+        stats.evidence = [(float(t), str(rid), _record_from_wire(rec)) for t, rid, rec in data["evidence"]]
         heapq.heapify(stats.evidence)
         stats.sources = [(int(p), int(a), int(b)) for p, a, b in data["sources"]]
         watermark = data.get("watermark")

@@ -12,3 +12,6 @@ LATE_PARTIALS = Counter("servewatch_late_partials", "Partials that arrived after
 WINDOWS = Counter("servewatch_windows", "Segment windows judged.")
 ANOMALY_EVENTS = Counter("servewatch_anomaly_events", "Anomaly events emitted.", ["signal", "status", "severity"])
 LIVE_SEGMENTS = Gauge("servewatch_live_segments", "Segments with a detector on this worker.")
+LAST_MESSAGE = Gauge(
+    "servewatch_last_message_timestamp_seconds", "Unix time the worker last processed a requests message."
+)

@@ -75,6 +75,7 @@ class StageOne:
             self.unacked.setdefault(partition, deque()).append((token, fed_until))
         self.last_seen[partition] = time.monotonic() if now is None else now
         metrics.MESSAGES.inc()
+        metrics.LAST_MESSAGE.set_to_current_time()
         metrics.RECORDS.inc(len(decoded.accepted))
         for letter in decoded.dead_letters:
             metrics.DEAD_LETTERS.labels(letter.reason).inc()
