@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import json
 import subprocess
 import sys
@@ -37,15 +38,20 @@ def rss_kib() -> int:
 
 
 def batches(segments: int, windows: int) -> Iterator[bytes]:
-    """Per window, PER_SEGMENT_PER_WINDOW requests for each segment, in messages of 500."""
+    """Per window, PER_SEGMENT_PER_WINDOW requests for each segment, in messages of 500.
+
+    Built one message at a time: a whole window of rows held at once would be the largest
+    thing in the process and would show up as the worker's memory.
+    """
     for w in range(windows):
-        rows = [
+        rows = (
             {"request_id": f"{w}-{s}-{i}", "timestamp": T0 + w * 10 + i, "model": "m", "route": f"r{s}",
              "prompt_tokens": 800, "completion_tokens": 100, "e2e_s": 1.0, "ttft_s": 0.2 + 0.01 * i,
              "cached_tokens": 400, "finish_reason": "stop"}
             for s in range(segments) for i in range(PER_SEGMENT_PER_WINDOW)
-        ]  # fmt: skip
-        yield from (orjson.dumps(rows[i : i + 500]) for i in range(0, len(rows), 500))  # shipper-sized
+        )  # fmt: skip
+        while message := list(itertools.islice(rows, 500)):  # shipper-sized
+            yield orjson.dumps(message)
 
 
 def child(segments: int, windows: int) -> dict[str, float]:

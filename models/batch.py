@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from models.window import EVIDENCE_FIELDS
-from schemas.request_log import FinishReason, RequestLogRow
+from schemas.request_log import FinishReason
 
 #: Finish reasons in the order of a window's reason counts.
 REASONS = tuple(reason.value for reason in FinishReason)
@@ -35,10 +35,13 @@ class RowBatch:
     plausible sum), built with one C-level pass each.
     """
 
-    __slots__ = ("_by_attribute", "_columns", "rows")
+    __slots__ = ("_by_attribute", "_columns", "positions", "rows")
 
-    def __init__(self, rows: Sequence[Any]) -> None:
+    def __init__(self, rows: Sequence[Any], positions: np.ndarray | None = None) -> None:
         self.rows = rows
+        # Where each row sat in its message (rows the decoder rejected leave gaps): evidence
+        # is kept as (message, position) and read back from there.
+        self.positions = np.arange(len(rows)) if positions is None else positions
         self._columns: dict[str, np.ndarray] = {}
         self._by_attribute = bool(rows) and not isinstance(rows[0], Mapping)
 
@@ -57,11 +60,6 @@ class RowBatch:
             values = self._columns[name] = np.array(self.values(name), dtype=np.float64)
         return values
 
-    def evidence(self, index: int) -> tuple[Any, ...]:
-        """Row ``index`` as a ``compact_evidence`` tuple."""
-        row = self.rows[index]
-        return _EVIDENCE_OF(row) if self._by_attribute else compact_evidence(row)
-
     def inconsistent(self) -> np.ndarray:
         """Rows breaking the cross-field rules of ``RequestLog`` (NaN compares False: missing is fine)."""
         return (self.column("cached_tokens") > self.column("prompt_tokens")) | (
@@ -70,26 +68,17 @@ class RowBatch:
 
     def without(self, drop: np.ndarray) -> RowBatch:
         keep = np.flatnonzero(~drop)
-        kept = RowBatch([self.rows[i] for i in keep.tolist()])
+        kept = RowBatch([self.rows[i] for i in keep.tolist()], self.positions[keep])
         kept._columns = {name: values[keep] for name, values in self._columns.items()}
         return kept
 
 
-_EVIDENCE_OF = attrgetter(*EVIDENCE_FIELDS)
-
-
-def evidence_from_row(row: RequestLogRow | dict[str, Any] | tuple[Any, ...]) -> dict[str, Any]:
+def evidence_from_row(row: Any) -> dict[str, Any]:
     """What a person needs to find the request in their own log store; never prompt or answer text.
 
-    Accepts a row, an evidence dict (idempotent) or a ``compact_evidence`` tuple.
+    Accepts a row (mapping or attributes) or an evidence dict (idempotent).
     """
-    source: Any = dict(zip(EVIDENCE_FIELDS, row, strict=True)) if isinstance(row, tuple) else row
-    record = {name: source[name] for name in EVIDENCE_FIELDS if source.get(name) is not None}
-    record["finish_reason"] = normalise_reason(source["finish_reason"])
+    get = row.get if isinstance(row, Mapping) else lambda name: getattr(row, name, None)
+    record = {name: value for name in EVIDENCE_FIELDS if (value := get(name)) is not None}
+    record["finish_reason"] = normalise_reason(str(get("finish_reason")))
     return record
-
-
-def compact_evidence(row: Mapping[str, Any]) -> tuple[Any, ...]:
-    """The evidence fields' values only: what an open window keeps (a fraction of the row's memory)."""
-    get = row.get
-    return tuple(get(name) for name in EVIDENCE_FIELDS)

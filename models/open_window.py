@@ -3,15 +3,20 @@
 An ``OpenWindow`` holds one window of one input partition: a row per segment seen in it,
 with that segment's counters, TTFT histogram and finish-reason counts as rows of 2-D
 arrays. ``fold_batch`` maps a batch's records to (window, row) and adds them with
-``np.add.at``, so its cost grows with the records, not with the segments they touch: with
+```np.add.at``, so its cost grows with the records, not with the segments they touch: with
 500 records spread over 100 segments per message, a Python loop per (segment, window)
-cost more than parsing the message. Python runs per record only for the few requests that
-make the evidence cut, and per segment only when a window closes (``partials``).
+cost more than parsing the message. Python runs per segment only when a window closes
+(``partials``).
+
+Evidence is kept by reference: the slowest ``evidence_k`` requests of each row as their
+TTFT and where they are (message offset and position in the message), 16 bytes each, in
+two more tables. The records themselves stay in Kafka (or the replayed file) and are read
+back only for a window that fires (``pipeline.evidence``), so a live segment costs no
+request text, however long its answers.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -48,21 +53,23 @@ class OpenWindow:
     """
 
     __slots__ = (
-        "_row_of", "evidence", "evidence_k", "floor", "hist", "length", "offsets", "reasons", "segment_ids",
-        "start", "sums",
+        "_row_of", "evidence_k", "evidence_ttft", "evidence_where", "floor", "hist", "length", "offsets",
+        "partition", "reasons", "segment_ids", "start", "sums",
     )  # fmt: skip
 
-    def __init__(self, start: float, length: float, evidence_k: int = 5, capacity: int = 8) -> None:
-        self.start, self.length, self.evidence_k = start, length, evidence_k
+    def __init__(self, start: float, length: float, evidence_k: int = 5, capacity: int = 8, partition: int = 0) -> None:
+        self.start, self.length, self.evidence_k, self.partition = start, length, evidence_k, partition
         self._row_of = np.full(0, -1, dtype=np.int32)  # segment id -> row (-1: not in this window)
         self.segment_ids: list[int] = []  # row -> segment id
         self.sums = np.zeros((capacity, len(SUMS)), dtype=np.float64)
         self.hist = np.zeros((capacity, N_BUCKETS), dtype=np.int32)
         self.reasons = np.zeros((capacity, len(REASONS)), dtype=np.int32)
-        # Per row, the TTFT a request must reach to be considered as evidence (-inf until
-        # ``evidence_k`` are kept): most records are rejected by one vectorised compare.
+        # Per row, the TTFT a request must beat to become evidence (-inf until ``evidence_k``
+        # are kept): most records are turned away by one vectorised compare.
         self.floor = np.full(capacity, -math.inf)
-        self.evidence: dict[int, list[tuple[float, str, tuple[Any, ...]]]] = {}  # row -> min-heap
+        # Per row, the slowest requests so far, slowest first: TTFT and where (see ``where_of``).
+        self.evidence_ttft = np.full((capacity, evidence_k), -math.inf)
+        self.evidence_where = np.zeros((capacity, evidence_k), dtype=np.int64)
         self.offsets: dict[int, tuple[int, int]] = {}  # partition -> (first, last) offset folded in
 
     def __len__(self) -> int:
@@ -103,23 +110,27 @@ class OpenWindow:
 
         self.sums, self.hist, self.reasons = grown(self.sums), grown(self.hist), grown(self.reasons)
         self.floor = grown(self.floor, -math.inf)
+        self.evidence_ttft, self.evidence_where = grown(self.evidence_ttft, -math.inf), grown(self.evidence_where)
 
     def note_offset(self, partition: int, offset: int) -> None:
         first, last = self.offsets.get(partition, (offset, offset))
         self.offsets[partition] = (min(first, offset), max(last, offset))
 
-    def offer_evidence(self, row: int, ttft: float, request_id: str, record: tuple[Any, ...]) -> None:
-        """Keep the ``evidence_k`` slowest requests of a row (ties broken by request id)."""
-        heap = self.evidence.setdefault(row, [])
-        item = (ttft, request_id, record)
-        if len(heap) < self.evidence_k:
-            heapq.heappush(heap, item)
-        elif item[:2] > heap[0][:2]:
-            heapq.heapreplace(heap, item)
-        else:
-            return
-        if len(heap) == self.evidence_k:
-            self.floor[row] = heap[0][0]
+    def offer_evidence(self, rows: np.ndarray, ranks: np.ndarray, times: np.ndarray, where: np.ndarray) -> None:
+        """Merge candidates into the rows' evidence: at most ``evidence_k`` per row, ranked
+        ``ranks`` (0 = slowest) within their row. Vectorised over rows; on equal TTFT the
+        request kept first stays (so the result does not depend on how batches were cut)."""
+        touched, slot = np.unique(rows, return_inverse=True)
+        k = self.evidence_k
+        new_ttft = np.full((len(touched), k), -math.inf)
+        new_where = np.zeros((len(touched), k), dtype=np.int64)
+        new_ttft[slot, ranks], new_where[slot, ranks] = times, where
+        both_ttft = np.concatenate((self.evidence_ttft[touched], new_ttft), axis=1)
+        both_where = np.concatenate((self.evidence_where[touched], new_where), axis=1)
+        best = np.argsort(-both_ttft, axis=1, kind="stable")[:, :k]
+        self.evidence_ttft[touched] = np.take_along_axis(both_ttft, best, axis=1)
+        self.evidence_where[touched] = np.take_along_axis(both_where, best, axis=1)
+        self.floor[touched] = self.evidence_ttft[touched, k - 1]
 
     def partials(self, keys: Sequence[str]) -> list[WindowStats]:
         """One ``WindowStats`` per segment of the window (``keys``: the segmenter's, by id)."""
@@ -133,18 +144,42 @@ class OpenWindow:
                 setattr(stats, name, int(values[column]) if name in _INTEGER_SUMS else values[column])
             stats.ttft = LogHistogram(self.hist[row].copy())
             stats.finish_reasons = {REASONS[i]: int(self.reasons[row, i]) for i in np.flatnonzero(self.reasons[row])}
-            stats.evidence = self.evidence.get(row, [])
+            stats.evidence = [
+                (seconds, (self.partition, *unpack_where(where)))
+                for seconds, where in zip(
+                    self.evidence_ttft[row].tolist(), self.evidence_where[row].tolist(), strict=True
+                )
+                if seconds > -math.inf
+            ]
             stats.sources = list(sources)
             out.append(stats)
         return out
 
 
-def fold_batch(
-    batch: RowBatch, segmenter: Segmenter, window_s: float, into: dict[float, OpenWindow], evidence_k: int = 5
-) -> list[OpenWindow]:
-    """Fold a batch into the open windows ``into`` (keyed by start), creating them as needed.
+#: Positions within a message get this many bits of a packed evidence location.
+_INDEX_BITS = 20  # a message of up to 1,048,576 records (8 MiB holds far fewer)
 
-    Returns the windows the batch touched.
+
+def where_of(offset: int | np.ndarray, index: int | np.ndarray) -> Any:
+    """Message offset and position in the message, packed into one int64."""
+    return (offset << _INDEX_BITS) | index
+
+
+def unpack_where(where: int) -> tuple[int, int]:
+    return where >> _INDEX_BITS, where & ((1 << _INDEX_BITS) - 1)
+
+
+def fold_batch(
+    batch: RowBatch,
+    segmenter: Segmenter,
+    window_s: float,
+    into: dict[float, OpenWindow],
+    evidence_k: int = 5,
+    partition: int = 0,
+    offset: int = 0,
+) -> list[OpenWindow]:
+    """Fold a batch (the records of message ``offset`` of ``partition``) into the open windows
+    ``into`` (keyed by start), creating them as needed. Returns the windows it touched.
     """
     n = len(batch)
     if n == 0:
@@ -178,8 +213,8 @@ def fold_batch(
         start = float(window_id * window_s)
         window = into.get(start)
         if window is None:
-            window = into[start] = OpenWindow(start, window_s, evidence_k)
-        _fold_into(window, batch, picked, segment_ids, values, buckets, reason_codes, ttft, has_ttft)
+            window = into[start] = OpenWindow(start, window_s, evidence_k, partition=partition)
+        _fold_into(window, batch, picked, segment_ids, values, buckets, reason_codes, ttft, has_ttft, offset)
         touched.append(window)
     return touched
 
@@ -194,6 +229,7 @@ def _fold_into(
     reason_codes: np.ndarray,
     ttft: np.ndarray,
     has_ttft: np.ndarray,
+    offset: int,
 ) -> None:
     rows = window.rows_for(segment_ids[picked])
     np.add.at(window.sums, rows, values[picked])
@@ -202,21 +238,17 @@ def _fold_into(
     np.add.at(window.hist, (rows[timed], buckets[picked][timed]), 1)
     if window.evidence_k <= 0:
         return
-    # Evidence: only requests at least as slow as their row's current floor, the slowest
-    # ``evidence_k`` per row of those, reach Python.
-    index = np.arange(len(batch))[picked]
+    # Evidence: requests slower than their row's floor, at most ``evidence_k`` per row.
     times = ttft[picked]
-    candidate = timed & (times >= window.floor[rows])
+    candidate = timed & (times > window.floor[rows])
     if not candidate.any():
         return
-    index, rows, times = index[candidate], rows[candidate], times[candidate]
-    order = np.lexsort((-times, rows))
+    positions, rows, times = batch.positions[picked][candidate], rows[candidate], times[candidate]
+    order = np.lexsort((-times, rows))  # by row, slowest first
     ordered_rows = rows[order]
-    rank = np.arange(len(order)) - np.searchsorted(ordered_rows, ordered_rows, side="left")
-    keep = order[rank < window.evidence_k]
-    for i, row, seconds in zip(index[keep].tolist(), rows[keep].tolist(), times[keep].tolist(), strict=True):
-        record = batch.evidence(i)
-        window.offer_evidence(row, seconds, record[0], record)
+    ranks = np.arange(len(order)) - np.searchsorted(ordered_rows, ordered_rows, side="left")
+    keep = order[ranks < window.evidence_k]
+    window.offer_evidence(rows[keep], ranks[ranks < window.evidence_k], times[keep], where_of(offset, positions[keep]))
 
 
 def aggregate_rows(
@@ -224,6 +256,6 @@ def aggregate_rows(
 ) -> list[WindowStats]:
     """Partials of one batch on their own, ordered by (window start, segment key)."""
     windows: dict[float, OpenWindow] = {}
-    fold_batch(RowBatch(rows), segmenter, window_s, windows, evidence_k)
+    fold_batch(RowBatch(rows), segmenter, window_s, windows, evidence_k)  # evidence: offset 0, by position
     partials = [p for start in sorted(windows) for p in windows[start].partials(segmenter.keys)]
     return sorted(partials, key=lambda p: (p.start, p.key))

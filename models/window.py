@@ -7,7 +7,6 @@ field adds up under ``merge``, so the order in which partials arrive does not ma
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,17 +49,9 @@ def _add_range(ranges: list[tuple[int, int, int]], new: tuple[int, int, int]) ->
     return out
 
 
-def _wire_record(record: tuple[Any, ...] | dict[str, Any]) -> list[Any] | dict[str, Any]:
-    return list(record) if isinstance(record, tuple) else record
-
-
-def _record_from_wire(record: Any) -> tuple[Any, ...] | dict[str, Any]:
-    """A list of EVIDENCE_FIELDS values (or an evidence dict, as older workers sent)."""
-    if isinstance(record, dict):
-        return dict(record)
-    if isinstance(record, list) and len(record) == len(EVIDENCE_FIELDS):
-        return tuple(record)
-    raise ValueError(f"bad evidence record: {str(record)[:80]}")
+#: Where a request log is: (partition, message offset, position in the message) of the
+#: requests topic, or (0, chunk number, position) of a replayed file.
+Location = tuple[int, int, int]
 
 
 @dataclass
@@ -82,16 +73,16 @@ class WindowStats:
     finish_reasons: dict[str, int] = field(default_factory=dict)
     errors: int = 0
     evidence_k: int = 5
-    # min-heap on (TTFT, request id); the record is an evidence dict or a compact tuple of its values
-    evidence: list[tuple[float, str, Any]] = field(default_factory=list)
+    # The slowest requests by reference, slowest first: (TTFT, where the record is). The
+    # records are read back only when the window fires (``pipeline.evidence``).
+    evidence: list[tuple[float, Location]] = field(default_factory=list)
     sources: list[tuple[int, int, int]] = field(default_factory=list)  # (partition, first, last offset)
     watermark: float = -math.inf  # the sending partition's watermark (transport metadata, not merged)
 
     # -- building (rows are folded in by ``models.batch.aggregate_rows``) -------------
     def trim_evidence(self) -> None:
-        """Keep the ``evidence_k`` slowest as a min-heap (ties broken by request id, for determinism)."""
-        self.evidence = heapq.nlargest(self.evidence_k, self.evidence, key=lambda item: item[:2])
-        heapq.heapify(self.evidence)
+        """Keep the ``evidence_k`` slowest, slowest first (ties: earliest location first)."""
+        self.evidence = sorted(self.evidence, key=lambda item: (-item[0], item[1]))[: self.evidence_k]
 
     def note_source(self, partition: int, offset: int) -> None:
         """Record that messages up to ``offset`` of ``partition`` are folded in (one range per partition)."""
@@ -149,11 +140,11 @@ class WindowStats:
         return figures
 
     def evidence_records(self) -> list[dict[str, Any]]:
-        """Worst requests first, as evidence records (see ``models.batch.evidence_from_row``)."""
-        from models.batch import evidence_from_row  # batch builds on this module
-
-        ranked = sorted(self.evidence, key=lambda item: item[:2], reverse=True)
-        return [evidence_from_row(record) for _, _, record in ranked]
+        """The slowest requests, slowest first, as pointers: their TTFT and ``location``
+        (partition, offset, index). ``pipeline.evidence`` fills in the records themselves."""
+        return [
+            {"ttft_s": ttft, "location": {"partition": p, "offset": o, "index": i}} for ttft, (p, o, i) in self.evidence
+        ]
 
     # -- wire format ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -166,9 +157,7 @@ class WindowStats:
             ttft={str(i): c for i, c in self.ttft.to_sparse().items()},
             finish_reasons=self.finish_reasons,
             evidence_k=self.evidence_k,
-            # Evidence travels as the compact tuple's values (EVIDENCE_FIELDS order): building
-            # dicts per partial cost more than the rest of the wire format together.
-            evidence=[[ttft, request_id, _wire_record(record)] for ttft, request_id, record in self.evidence],
+            evidence=[[ttft, *where] for ttft, where in self.evidence],
             sources=[list(s) for s in self.sources],
             watermark=self.watermark if math.isfinite(self.watermark) else None,
         )
@@ -184,8 +173,7 @@ class WindowStats:
         stats.evidence_k = int(data["evidence_k"])
         stats.ttft = LogHistogram.from_sparse(data["ttft"])
         stats.finish_reasons = {str(k): int(v) for k, v in data["finish_reasons"].items()}
-        stats.evidence = [(float(t), str(rid), _record_from_wire(rec)) for t, rid, rec in data["evidence"]]
-        heapq.heapify(stats.evidence)
+        stats.evidence = [(float(t), (int(p), int(o), int(i))) for t, p, o, i in data["evidence"]]
         stats.sources = [(int(p), int(a), int(b)) for p, a, b in data["sources"]]
         watermark = data.get("watermark")
         stats.watermark = -math.inf if watermark is None else float(watermark)

@@ -69,7 +69,7 @@ class PartitionWindower:
         batch = rows if isinstance(rows, RowBatch) else RowBatch(rows)
         if not len(batch):
             return -math.inf
-        touched = fold_batch(batch, self.segmenter, self.window_s, self.open, self.evidence_k)
+        touched = fold_batch(batch, self.segmenter, self.window_s, self.open, self.evidence_k, partition, offset or 0)
         if offset is not None:
             for window in touched:
                 window.note_offset(partition, offset)

@@ -5,7 +5,7 @@ Agents:
   fold records into per-partition window partials, send closed ones as one bundle per
   partials partition (a segment always goes to the same one), followed by watermarks.
 - ``detect_anomalies`` (partials topic): merge partials per segment window, judge each
-  window once, publish anomaly events.
+  window once, read the evidence of firing events back from the requests topic, publish.
 Timers advance quiet partitions' event time and release windows that waited long enough.
 """
 
@@ -21,6 +21,7 @@ import faust
 
 from models.window import WindowStats
 from pipeline.decode import Source, internal_error
+from pipeline.evidence import KafkaMessageReader, resolve
 from pipeline.settings import Settings
 from pipeline.stages import StageOne, StageTwo
 from pipeline.topics import Topics, declare_topics
@@ -64,7 +65,12 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         for partition, bundle in stage_one.bundles(partials, partials_partitions).items():
             await topics.partials.send(key=None, value=bundle, partition=partition)
 
+    evidence_reader = KafkaMessageReader(
+        settings.bootstrap, topics.requests.get_topic_name(), settings.max_message_bytes
+    )
+
     async def publish(events: list[AnomalyEvent]) -> None:
+        await resolve(events, evidence_reader.read)
         for event in events:
             await topics.anomalies.send(key=event.fingerprint.encode(), value=event.model_dump_json().encode())
             logger.info("anomaly %s %s %s: %s", event.status.value, event.signal.value, event.severity.value,
@@ -124,6 +130,10 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             stage_two.bank.windows_judged, len(stage_two.bank.detectors), len(a.pending), a.late_partials,
             a.duplicate_partials,
         )  # fmt: skip
+
+    @app.on_before_shutdown.connect
+    async def stop_evidence_reader(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        await evidence_reader.stop()
 
     @app.on_partitions_revoked.connect
     async def hand_over_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:

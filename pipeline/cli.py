@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import contextlib
 import gc
-import itertools
 import logging
 import sys
 import time
@@ -102,17 +101,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 REPLAY_CHUNK_LINES = 1000
 
 
-def _chunks(path: str, lines_per_chunk: int = REPLAY_CHUNK_LINES) -> Iterator[bytes]:
-    """NDJSON chunks of a JSONL file (blank lines kept, so positions map back to line numbers)."""
-    stream = sys.stdin.buffer if path == "-" else open(path, "rb")  # noqa: SIM115 - closed below
-    try:
-        while chunk := list(itertools.islice(stream, lines_per_chunk)):
-            yield b"".join(chunk)
-    finally:
-        if stream is not sys.stdin.buffer:
-            stream.close()
-
-
 def _where(letter: DeadLetter) -> str:
     """'line N' of the replayed file, from the chunk number and the position in the chunk."""
     if letter.source_offset is None:
@@ -123,9 +111,10 @@ def _where(letter: DeadLetter) -> str:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from pipeline.replay import Replay, ReplayStats
+    from pipeline.replay import JsonlChunks, Replay, ReplayStats
 
-    replay = Replay(_settings(args))
+    chunks = JsonlChunks(args.requests, REPLAY_CHUNK_LINES)
+    replay = Replay(_settings(args), reread=chunks.reread if chunks.rereadable else None)
     started = time.monotonic()
 
     def progress(stats: ReplayStats) -> None:
@@ -135,7 +124,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     out = sys.stdout.buffer if args.out == "-" else open(args.out, "wb")  # noqa: SIM115 - closed below
     try:
-        for event in replay.run(_chunks(args.requests), progress):
+        for event in replay.run(chunks, progress):
             out.write(event.model_dump_json().encode() + b"\n")
     finally:
         if out is not sys.stdout.buffer:

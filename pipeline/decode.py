@@ -42,12 +42,19 @@ class Source:
 @dataclass
 class Decoded:
     accepted: list[FastRow] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)  # of each accepted row in the message
     dead_letters: list[DeadLetter] = field(default_factory=list)
     batch: RowBatch | None = None  # the fast path's rows with their columns, when it applied
 
     def rows(self) -> RowBatch:
         """The accepted rows as a ``RowBatch`` (columns already extracted on the fast path)."""
-        return self.batch if self.batch is not None else RowBatch(self.accepted)
+        if self.batch is not None:
+            return self.batch
+        return RowBatch(self.accepted, np.array(self.positions, dtype=np.int64))
+
+    def accept(self, row: FastRow, position: int | None) -> None:
+        self.accepted.append(row)
+        self.positions.append(position or 0)
 
     @property
     def records(self) -> list[dict[str, Any]]:
@@ -104,12 +111,12 @@ def _validate(item: Any, raw: bytes | None, source: Source, index: int | None, o
         try:
             row = msgspec.convert(item, FastRow)
             if not _inconsistent(row):
-                out.accepted.append(row)
+                out.accept(row, index)
                 return
         except msgspec.ValidationError:
             pass
         try:  # the authoritative model: accepts what the fast one may not (ISO timestamps...)
-            out.accepted.append(FastRow(**RequestLog.model_validate(item).to_row()))
+            out.accept(FastRow(**RequestLog.model_validate(item).to_row()), index)
             return
         except ValidationError as exc:
             reason, error = "validation", _describe(exc)
@@ -128,7 +135,15 @@ def _fast(raw: bytes, lines: bool, source: Source, out: Decoded) -> bool:
         for index in np.flatnonzero(bad).tolist():
             _validate(rows[index].to_row(), None, source, index, out)  # RequestLog words the reason
         batch = batch.without(bad)
+    if out.accepted:  # RequestLog overruled the fast check: one batch in message order
+        out.accepted.extend(batch.rows)
+        out.positions.extend(batch.positions.tolist())
+        order = sorted(range(len(out.positions)), key=out.positions.__getitem__)
+        out.accepted = [out.accepted[i] for i in order]
+        out.positions = [out.positions[i] for i in order]
+        return True
     out.accepted.extend(batch.rows)
+    out.positions.extend(batch.positions.tolist())
     out.batch = batch
     return True
 

@@ -83,6 +83,8 @@ def test_cache_off_incident_reaches_the_anomaly_topic_and_bad_input_the_dead_let
     assert not event.explained_by_load
     assert event.hints[0].code == "prefix_cache_ineffective"
     assert event.evidence and event.evidence[0]["ttft_s"] >= event.observed * 0.5
+    # Windows keep evidence by location; the worker read the records back from the requests topic.
+    assert {"request_id", "model", "location"} <= event.evidence[0].keys() and "unavailable" not in event.evidence[0]
     assert letter.source_topic == topics.REQUESTS and letter.source_offset is not None
     assert "prompt_tokens" in letter.raw
 

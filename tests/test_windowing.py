@@ -78,7 +78,8 @@ def test_partial_merge_equals_single_pass_and_survives_json() -> None:
     assert merged.requests == whole.requests == 40
     assert merged.ttft_count == whole.ttft_count == 40
     assert [merged.ttft_quantile(q) for q in (0.1, 0.5, 0.95)] == [whole.ttft_quantile(q) for q in (0.1, 0.5, 0.95)]
-    assert merged.evidence_records() == whole.evidence_records()
+    # Same slowest requests (each part saw its records at other positions of its own message).
+    assert [r["ttft_s"] for r in merged.evidence_records()] == [r["ttft_s"] for r in whole.evidence_records()]
     assert merged.evidence_records()[0]["ttft_s"] == max(r["ttft_s"] for r in records)
     assert merged.finish_reasons == {"stop": 40} and merged.errors == 0
 
@@ -175,7 +176,8 @@ def test_columnar_aggregation_counts_what_a_record_by_record_reading_would() -> 
     assert first.finish_reasons == {"stop": 1, "length": 1, "abort": 1, "other": 1}
     assert first.errors == 2  # abort, and a 503
     assert (first.cached_tokens, first.cache_reported_prompt_tokens, first.uncached_prompt_tokens) == (60, 100, 340)
-    assert [r["request_id"] for r in first.evidence_records()] == ["r0", "r2"]
+    # Evidence by reference: the slowest two, as positions in the batch (r0 and r2).
+    assert [r["location"]["index"] for r in first.evidence_records()] == [0, 2]
     assert first.ttft_count == 4 and first.e2e_sum == 4.0
 
 

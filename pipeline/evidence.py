@@ -1,0 +1,125 @@
+"""Reading evidence back: the request logs a firing event points at, from where they are.
+
+Windows keep their slowest requests by location only (``models.open_window``): a live
+segment then costs a few bytes of evidence, not a few kilobytes of request fields. When an
+event fires, its evidence pointers (``{"ttft_s", "location"}``) are filled in here with the
+records' evidence fields, read back from the requests topic (``KafkaMessageReader``) or,
+in a replay, from the replayed file. A record that can no longer be read (retention ran
+out, the embedded broker was restarted) stays a pointer with ``"unavailable": true``: the
+event still says where to look.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from models.batch import evidence_from_row
+from pipeline.decode import Source, decode_message
+from schemas.anomaly import AnomalyEvent
+
+logger = logging.getLogger(__name__)
+
+MessageKey = tuple[int, int]  # (partition, offset)
+
+
+def wanted(events: Iterable[AnomalyEvent]) -> set[MessageKey]:
+    """The messages holding the requests these events point at."""
+    return {
+        (record["location"]["partition"], record["location"]["offset"])
+        for event in events
+        for record in event.evidence
+        if "location" in record and "request_id" not in record
+    }
+
+
+def fill(events: Iterable[AnomalyEvent], messages: Mapping[MessageKey, bytes | None]) -> None:
+    """Replace each event's evidence pointers by the records they point at (in place)."""
+    rows_of: dict[MessageKey, dict[int, Any]] = {}
+    for event in events:
+        filled = []
+        for record in event.evidence:
+            location = record.get("location")
+            if location is None or "request_id" in record:
+                filled.append(record)
+                continue
+            key = (location["partition"], location["offset"])
+            if key not in rows_of:
+                rows_of[key] = _rows_by_position(messages.get(key), key)
+            row = rows_of[key].get(location["index"])
+            if row is None:
+                filled.append({**record, "unavailable": True})
+            else:
+                filled.append({**evidence_from_row(row), "location": location})
+        event.evidence = filled
+
+
+def _rows_by_position(raw: bytes | None, key: MessageKey) -> dict[int, Any]:
+    if raw is None:
+        return {}
+    decoded = decode_message(raw, Source(partition=key[0], offset=key[1]), max_bytes=len(raw) + 1)
+    batch = decoded.rows()
+    return dict(zip(batch.positions.tolist(), batch.rows, strict=True))
+
+
+async def resolve(
+    events: list[AnomalyEvent], read: Callable[[set[MessageKey]], Awaitable[dict[MessageKey, bytes]]]
+) -> None:
+    """Fill in the evidence of ``events`` with messages from ``read`` (never raises)."""
+    keys = wanted(events)
+    if not keys:
+        return
+    try:
+        messages = await read(keys)
+    except Exception:  # evidence is worth a retry, never an event
+        logger.exception("could not read evidence back from %d messages", len(keys))
+        messages = {}
+    fill(events, messages)
+
+
+class KafkaMessageReader:
+    """Reads single messages of a topic by (partition, offset), with its own group-less consumer.
+
+    Started on first use and kept: an incident fires a handful of events, each pointing at
+    up to ``evidence_k`` messages.
+    """
+
+    def __init__(self, bootstrap: str, topic: str, max_message_bytes: int, timeout_s: float = 5.0) -> None:
+        self.bootstrap, self.topic, self.timeout_s = bootstrap, topic, timeout_s
+        self.max_fetch = max_message_bytes + 65_536
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def _started(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap,
+                group_id=None,
+                enable_auto_commit=False,
+                fetch_max_bytes=self.max_fetch,
+                max_partition_fetch_bytes=self.max_fetch,
+            )
+            await consumer.start()
+            self._consumer = consumer
+        return self._consumer
+
+    async def read(self, keys: set[MessageKey]) -> dict[MessageKey, bytes]:
+        consumer = await self._started()
+        partitions = {TopicPartition(self.topic, p) for p, _ in keys}
+        consumer.assign(list(partitions))
+        found: dict[MessageKey, bytes] = {}
+        for partition, offset in sorted(keys):
+            tp = TopicPartition(self.topic, partition)
+            consumer.seek(tp, offset)
+            batches = await consumer.getmany(tp, timeout_ms=int(self.timeout_s * 1000), max_records=1)
+            for message in batches.get(tp, []):
+                if message.offset == offset and message.value is not None:
+                    found[(partition, offset)] = message.value
+        return found
+
+    async def stop(self) -> None:
+        if self._consumer is not None:
+            await self._consumer.stop()
+            self._consumer = None

@@ -1,0 +1,93 @@
+"""Evidence by reference: windows keep where their slowest requests are; firing events get the records."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from pipeline.decode import decode_message
+from pipeline.evidence import fill, wanted
+from pipeline.replay import JsonlChunks, Replay
+from pipeline.workload import Workload, demo_phases
+from schemas.anomaly import AnomalyEvent, Severity, Signal, Status
+
+T0 = 1_767_225_600.0
+
+
+def rec(i: int, **changes: Any) -> dict[str, Any]:
+    base = {"request_id": f"r{i}", "timestamp": T0 + i, "model": "m", "prompt_tokens": 100,
+            "completion_tokens": 10, "e2e_s": 2.0, "ttft_s": 0.1 * i, "finish_reason": "stop",
+            "content": "the answer text never travels as evidence"}  # fmt: skip
+    return {**base, **changes}
+
+
+def pointing_at(*locations: tuple[int, int, int]) -> AnomalyEvent:
+    return AnomalyEvent(
+        id="e", fingerprint="f", status=Status.FIRING, signal=Signal.TTFT, segment={"model": "m"},
+        window_start=T0, window_end=T0 + 10, observed=1.0, expected=0.5, score=5.0, severity=Severity.WARNING,
+        load={}, explained_by_load=False, summary="s",
+        evidence=[{"ttft_s": 1.0, "location": {"partition": p, "offset": o, "index": i}} for p, o, i in locations],
+    )  # fmt: skip
+
+
+def test_pointers_are_filled_with_the_records_fields_and_keep_their_location() -> None:
+    message = orjson.dumps([rec(0), rec(1), rec(2)])
+    event = pointing_at((3, 41, 2), (3, 41, 0))
+    assert wanted([event]) == {(3, 41)}
+    fill([event], {(3, 41): message})
+    assert [r["request_id"] for r in event.evidence] == ["r2", "r0"]
+    assert event.evidence[0]["location"] == {"partition": 3, "offset": 41, "index": 2}
+    assert all("content" not in r for r in event.evidence)
+    assert wanted([event]) == set()  # filled: nothing more to read
+
+
+def test_positions_count_rejected_records_too() -> None:
+    """A bad record in the middle does not shift where the ones after it are."""
+    message = orjson.dumps([rec(0), {**rec(1), "prompt_tokens": -1}, rec(2)])
+    batch = decode_message(message).rows()
+    assert batch.positions.tolist() == [0, 2]
+    event = pointing_at((0, 0, 2))
+    fill([event], {(0, 0): message})
+    assert event.evidence[0]["request_id"] == "r2"
+
+
+def test_a_message_that_cannot_be_read_leaves_a_pointer_marked_unavailable() -> None:
+    event = pointing_at((0, 7, 1))
+    fill([event], {})
+    assert event.evidence == [
+        {"ttft_s": 1.0, "location": {"partition": 0, "offset": 7, "index": 1}, "unavailable": True}
+    ]
+
+
+def test_jsonl_chunks_reread_what_they_yielded(tmp_path: Path) -> None:
+    path = tmp_path / "logs.jsonl"
+    path.write_bytes(b"".join(orjson.dumps(rec(i)) + b"\n" for i in range(25)))
+    chunks = JsonlChunks(str(path), lines=10)
+    yielded = list(chunks)
+    assert len(yielded) == 3
+    assert [chunks.reread(n) for n in range(3)] == yielded
+    assert chunks.reread(3) is None
+
+
+def test_replay_from_a_file_and_from_memory_give_the_same_events(tmp_path: Path) -> None:
+    workload = Workload(demo_phases())
+    lines = [orjson.dumps(r) + b"\n" for r in workload.records()]
+    path = tmp_path / "logs.jsonl"
+    path.write_bytes(b"".join(lines))
+    chunks = JsonlChunks(str(path), lines=1000)
+    from_file = [e.model_dump() for e in Replay(reread=chunks.reread).run(chunks)]
+    in_memory = Replay()
+    messages = [b"".join(lines[i : i + 1000]) for i in range(0, len(lines), 1000)]
+    kept_at_most = 0
+    events = []
+    for offset, raw in enumerate(messages):
+        events.extend(in_memory.feed(raw, offset))
+        kept_at_most = max(kept_at_most, len(in_memory._kept))
+    events.extend(in_memory.finish())
+    assert from_file == [e.model_dump() for e in events]
+    firing = [e for e in events if e.status is Status.FIRING]
+    assert firing and all(r.get("request_id") and "unavailable" not in r for e in firing for r in e.evidence)
+    # Without a file to re-read, only the messages open windows may point at are kept.
+    assert kept_at_most < len(messages) / 4
