@@ -48,7 +48,7 @@ def event_id(fp: str, status: str, window_start: float) -> str:
     return hashlib.blake2b(f"{fp}|{status}|{window_start:.3f}".encode(), digest_size=12).hexdigest()
 
 
-@dataclass
+@dataclass(slots=True)
 class TTFTDetector:
     """TTFT tail of one segment, judged against demand."""
 

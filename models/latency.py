@@ -151,6 +151,13 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
     True
     """
 
+    # Thousands of segments each hold one: slots keep an instance to its fields.
+    __slots__ = (
+        "_cov", "_level_mean", "_level_var", "_noise_var", "_noise_weight", "_reference", "_weights", "elasticity",
+        "elasticity_sd", "grace_windows", "level_drift_sd", "min_noise_sd", "n_learned", "noise_halflife", "noise_sd",
+        "surge_elasticity", "surge_ratio",
+    )  # fmt: skip
+
     def __init__(
         self,
         elasticity: float = 0.3,

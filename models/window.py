@@ -54,7 +54,7 @@ def _add_range(ranges: list[tuple[int, int, int]], new: tuple[int, int, int]) ->
 Location = tuple[int, int, int]
 
 
-@dataclass
+@dataclass(slots=True)
 class WindowStats:
     """Sums, counts and a latency histogram of one segment over ``[start, start + length)``."""
 

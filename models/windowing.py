@@ -105,7 +105,7 @@ class PartitionWindower:
         return closed
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     stats: WindowStats
     first_seen: float
