@@ -35,6 +35,7 @@ from pipeline.workload import Phase, Workload
 from schemas.anomaly import AnomalyEvent
 
 PARTITIONS = 4
+FLUSH_S = 0.25  # how often the simulated shippers send what finished
 
 
 def shifted(records: list[dict[str, Any]], offset: float) -> list[dict[str, Any]]:
@@ -68,20 +69,24 @@ async def run(bootstrap: str, history_s: float, incident_s: float, rate: float) 
             await prod.send(topics.REQUESTS, orjson.dumps(shifted(batch, offset)))
         await prod.flush()
         print(f"history sent ({history_s:.0f}s); now producing in real time with prefix caching off", flush=True)
-        # Real time: each second's finished requests, stamped with the wall clock.
+        # Real time: finished requests stamped with the wall clock, shipped every FLUSH_S
+        # (a shipper's flush interval) to every partition, as a fleet of shippers would.
         live_start = time.time()
+        shift = live_start - broken.start
         for sim_now, batch in broken.seconds():
-            due = live_start + (sim_now - broken.start)
-            await asyncio.sleep(max(0.0, due - time.time()))
-            # As a fleet of shippers would: every partition hears from someone every second.
-            for partition in range(PARTITIONS):
-                part = batch[partition::PARTITIONS]
-                if part:
-                    rows = shifted(part, live_start - broken.start)
-                    await prod.send(topics.REQUESTS, orjson.dumps(rows), partition=partition)
-                    sent_at = time.time()
-                    for row in rows:
-                        last_sent[row["timestamp"] // 10 * 10] = sent_at
+            rows = sorted(shifted(batch, shift), key=lambda r: r["timestamp"])
+            second = sim_now - 1 + shift  # the records finished during [second, second + 1)
+            for tick in range(int(1 / FLUSH_S)):
+                until = second + (tick + 1) * FLUSH_S
+                await asyncio.sleep(max(0.0, until - time.time()))
+                due = [r for r in rows if second + tick * FLUSH_S <= r["timestamp"] < until]
+                for partition in range(PARTITIONS):
+                    part = due[partition::PARTITIONS]
+                    if part:
+                        await prod.send(topics.REQUESTS, orjson.dumps(part), partition=partition)
+                        sent_at = time.time()
+                        for row in part:
+                            last_sent[row["timestamp"] // 10 * 10] = sent_at
             if sim_now - broken.start > incident_s:
                 break
         await asyncio.sleep(3)

@@ -20,6 +20,7 @@ from typing import Any, cast
 import faust
 
 from models.window import WindowStats
+from pipeline import tansu_transport
 from pipeline.decode import Source, internal_error
 from pipeline.evidence import KafkaMessageReader, resolve
 from pipeline.settings import Settings
@@ -37,12 +38,17 @@ _PROFILES: dict[str, dict[str, Any]] = {
 }
 
 
+def _scheme(profile: str) -> str:
+    """Faust transport per broker kind: Tansu needs shorter fetch long-polls (see tansu_transport)."""
+    return tansu_transport.register() if profile == "tansu" else "kafka"
+
+
 def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     if settings.bootstrap is None:
         raise ValueError("create_app needs a broker address; the CLI starts the embedded one when none is set")
     app = faust.App(
         settings.app_id,
-        broker=f"kafka://{settings.bootstrap}",
+        broker=f"{_scheme(settings.broker_profile)}://{settings.bootstrap}",
         store="memory://",
         datadir=settings.data_dir or tempfile.mkdtemp(prefix="servewatch-faust-"),
         topic_partitions=settings.topic_partitions,

@@ -87,7 +87,7 @@ class KafkaMessageReader:
     up to ``evidence_k`` messages.
     """
 
-    def __init__(self, bootstrap: str, topic: str, max_message_bytes: int, timeout_s: float = 5.0) -> None:
+    def __init__(self, bootstrap: str, topic: str, max_message_bytes: int, timeout_s: float = 1.0) -> None:
         self.bootstrap, self.topic, self.timeout_s = bootstrap, topic, timeout_s
         self.max_fetch = max_message_bytes + 65_536
         self._consumer: AIOKafkaConsumer | None = None
@@ -100,6 +100,7 @@ class KafkaMessageReader:
                 enable_auto_commit=False,
                 fetch_max_bytes=self.max_fetch,
                 max_partition_fetch_bytes=self.max_fetch,
+                fetch_max_wait_ms=10,
             )
             await consumer.start()
             self._consumer = consumer
@@ -107,11 +108,13 @@ class KafkaMessageReader:
 
     async def read(self, keys: set[MessageKey]) -> dict[MessageKey, bytes]:
         consumer = await self._started()
-        partitions = {TopicPartition(self.topic, p) for p, _ in keys}
-        consumer.assign(list(partitions))
         found: dict[MessageKey, bytes] = {}
         for partition, offset in sorted(keys):
+            # One partition at a time: records prefetched for another assigned partition
+            # would hold the fetcher back (aiokafka's prefetch backoff).
             tp = TopicPartition(self.topic, partition)
+            if consumer.assignment() != {tp}:
+                consumer.assign([tp])
             consumer.seek(tp, offset)
             batches = await consumer.getmany(tp, timeout_ms=int(self.timeout_s * 1000), max_records=1)
             for message in batches.get(tp, []):
