@@ -13,11 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from models.window import EVIDENCE_FIELDS
+from models.window import EVIDENCE_FIELDS, REASONS
 from schemas.request_log import FinishReason
 
-#: Finish reasons in the order of a window's reason counts.
-REASONS = tuple(reason.value for reason in FinishReason)
+__all__ = ["REASONS", "RowBatch", "evidence_from_row", "normalise_reason"]
 
 
 def normalise_reason(raw: str) -> str:

@@ -9,8 +9,8 @@ cost more than parsing the message. Python runs per segment only when a window c
 (``partials``).
 
 Evidence is kept by reference: the slowest ``evidence_k`` requests of each row as their
-TTFT and where they are (message offset and position in the message), 16 bytes each, in
-two more tables. The records themselves stay in Kafka (or the replayed file) and are read
+TTFT and where they are (partition, message offset, position in the message), 32 bytes
+each, in two more tables. The records themselves stay in Kafka (or the replayed file) and are read
 back only for a window that fires (``pipeline.evidence``), so a live segment costs no
 request text, however long its answers.
 """
@@ -53,7 +53,7 @@ class OpenWindow:
     """
 
     __slots__ = (
-        "_row_of", "evidence_k", "evidence_ttft", "evidence_where", "floor", "hist", "length", "offsets",
+        "_row_of", "evidence_at", "evidence_k", "evidence_ttft", "floor", "hist", "length", "offsets",
         "partition", "reasons", "segment_ids", "start", "sums",
     )  # fmt: skip
 
@@ -67,9 +67,9 @@ class OpenWindow:
         # Per row, the TTFT a request must beat to become evidence (-inf until ``evidence_k``
         # are kept): most records are turned away by one vectorised compare.
         self.floor = np.full(capacity, -math.inf)
-        # Per row, the slowest requests so far, slowest first: TTFT and where (see ``where_of``).
+        # Per row, the slowest requests so far, slowest first: TTFT and (partition, offset, index).
         self.evidence_ttft = np.full((capacity, evidence_k), -math.inf)
-        self.evidence_where = np.zeros((capacity, evidence_k), dtype=np.int64)
+        self.evidence_at = np.zeros((capacity, evidence_k, 3), dtype=np.int64)
         self.offsets: dict[int, tuple[int, int]] = {}  # partition -> (first, last) offset folded in
 
     def __len__(self) -> int:
@@ -110,30 +110,34 @@ class OpenWindow:
 
         self.sums, self.hist, self.reasons = grown(self.sums), grown(self.hist), grown(self.reasons)
         self.floor = grown(self.floor, -math.inf)
-        self.evidence_ttft, self.evidence_where = grown(self.evidence_ttft, -math.inf), grown(self.evidence_where)
+        self.evidence_ttft, self.evidence_at = grown(self.evidence_ttft, -math.inf), grown(self.evidence_at)
 
     def note_offset(self, partition: int, offset: int) -> None:
         first, last = self.offsets.get(partition, (offset, offset))
         self.offsets[partition] = (min(first, offset), max(last, offset))
 
-    def offer_evidence(self, rows: np.ndarray, ranks: np.ndarray, times: np.ndarray, where: np.ndarray) -> None:
+    def offer_evidence(self, rows: np.ndarray, ranks: np.ndarray, times: np.ndarray, at: np.ndarray) -> None:
         """Merge candidates into the rows' evidence: at most ``evidence_k`` per row, ranked
         ``ranks`` (0 = slowest) within their row. Vectorised over rows; on equal TTFT the
         request kept first stays (so the result does not depend on how batches were cut)."""
         touched, slot = np.unique(rows, return_inverse=True)
         k = self.evidence_k
         new_ttft = np.full((len(touched), k), -math.inf)
-        new_where = np.zeros((len(touched), k), dtype=np.int64)
-        new_ttft[slot, ranks], new_where[slot, ranks] = times, where
+        new_at = np.zeros((len(touched), k, 3), dtype=np.int64)
+        new_ttft[slot, ranks], new_at[slot, ranks] = times, at
         both_ttft = np.concatenate((self.evidence_ttft[touched], new_ttft), axis=1)
-        both_where = np.concatenate((self.evidence_where[touched], new_where), axis=1)
+        both_at = np.concatenate((self.evidence_at[touched], new_at), axis=1)
         best = np.argsort(-both_ttft, axis=1, kind="stable")[:, :k]
         self.evidence_ttft[touched] = np.take_along_axis(both_ttft, best, axis=1)
-        self.evidence_where[touched] = np.take_along_axis(both_where, best, axis=1)
+        self.evidence_at[touched] = np.take_along_axis(both_at, best[:, :, None], axis=1)
         self.floor[touched] = self.evidence_ttft[touched, k - 1]
 
     def partials(self, keys: Sequence[str]) -> list[WindowStats]:
-        """One ``WindowStats`` per segment of the window (``keys``: the segmenter's, by id)."""
+        """One ``WindowStats`` per segment of the window (``keys``: the segmenter's, by id).
+
+        Their histogram, reason counts and evidence are views of this window's tables (the
+        tables live on until the last partial is judged; no per-segment copies at close).
+        """
         sums = self.sums.tolist()
         sources = [(p, first, last) for p, (first, last) in sorted(self.offsets.items())]
         out = []
@@ -142,31 +146,12 @@ class OpenWindow:
             values = sums[row]
             for column, name in enumerate(SUMS):
                 setattr(stats, name, int(values[column]) if name in _INTEGER_SUMS else values[column])
-            stats.ttft = LogHistogram(self.hist[row].copy())
-            stats.finish_reasons = {REASONS[i]: int(self.reasons[row, i]) for i in np.flatnonzero(self.reasons[row])}
-            stats.evidence = [
-                (seconds, (self.partition, *unpack_where(where)))
-                for seconds, where in zip(
-                    self.evidence_ttft[row].tolist(), self.evidence_where[row].tolist(), strict=True
-                )
-                if seconds > -math.inf
-            ]
-            stats.sources = list(sources)
+            stats.ttft = LogHistogram(self.hist[row])
+            stats.reason_counts = self.reasons[row]
+            stats.evidence_ttft, stats.evidence_at = self.evidence_ttft[row], self.evidence_at[row]
+            stats.sources = sources  # shared: WindowStats replaces, never mutates, its sources
             out.append(stats)
         return out
-
-
-#: Positions within a message get this many bits of a packed evidence location.
-_INDEX_BITS = 20  # a message of up to 1,048,576 records (8 MiB holds far fewer)
-
-
-def where_of(offset: int | np.ndarray, index: int | np.ndarray) -> Any:
-    """Message offset and position in the message, packed into one int64."""
-    return (offset << _INDEX_BITS) | index
-
-
-def unpack_where(where: int) -> tuple[int, int]:
-    return where >> _INDEX_BITS, where & ((1 << _INDEX_BITS) - 1)
 
 
 def fold_batch(
@@ -248,7 +233,8 @@ def _fold_into(
     ordered_rows = rows[order]
     ranks = np.arange(len(order)) - np.searchsorted(ordered_rows, ordered_rows, side="left")
     keep = order[ranks < window.evidence_k]
-    window.offer_evidence(rows[keep], ranks[ranks < window.evidence_k], times[keep], where_of(offset, positions[keep]))
+    at = np.column_stack((np.full(len(keep), window.partition), np.full(len(keep), offset), positions[keep]))
+    window.offer_evidence(rows[keep], ranks[ranks < window.evidence_k], times[keep], at)
 
 
 def aggregate_rows(

@@ -3,6 +3,11 @@
 Built per input partition from batches of request logs (stage 1), shipped as a compact
 partial, merged per segment (stage 2), then read by the models once per window. Every
 field adds up under ``merge``, so the order in which partials arrive does not matter.
+
+When a window closes, every segment's partial exists at once, so a partial is kept small:
+its histogram, finish-reason counts and evidence are numpy rows, usually views into the
+table they were built in (``models.open_window``) or decoded into (``from_dicts``), not
+copies; scalars are slots.
 """
 
 from __future__ import annotations
@@ -11,8 +16,14 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from models.segments import parse_key
-from models.sketch import LogHistogram
+from models.sketch import N_BUCKETS, LogHistogram
+from schemas.request_log import FinishReason
+
+#: Finish reasons in the order of a window's reason counts.
+REASONS = tuple(reason.value for reason in FinishReason)
 
 #: Fields of a request log kept as evidence: enough to find it in the user's log store,
 #: never the prompt, never the answer text (excerpts are a separate, scrubbed feature).
@@ -70,20 +81,18 @@ class WindowStats:
     e2e_sum: float = 0.0
     ttft: LogHistogram = field(default_factory=LogHistogram)
     ttft_sum: float = 0.0
-    finish_reasons: dict[str, int] = field(default_factory=dict)
+    reason_counts: np.ndarray = field(default_factory=lambda: np.zeros(len(REASONS), dtype=np.int32))
     errors: int = 0
     evidence_k: int = 5
-    # The slowest requests by reference, slowest first: (TTFT, where the record is). The
-    # records are read back only when the window fires (``pipeline.evidence``).
-    evidence: list[tuple[float, Location]] = field(default_factory=list)
+    # The slowest requests by reference, slowest first: their TTFT (-inf pads an empty slot)
+    # and where each record is, (partition, offset, index). The records are read back only
+    # when the window fires (``pipeline.evidence``).
+    evidence_ttft: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    evidence_at: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), dtype=np.int64))
     sources: list[tuple[int, int, int]] = field(default_factory=list)  # (partition, first, last offset)
     watermark: float = -math.inf  # the sending partition's watermark (transport metadata, not merged)
 
-    # -- building (rows are folded in by ``models.batch.aggregate_rows``) -------------
-    def trim_evidence(self) -> None:
-        """Keep the ``evidence_k`` slowest, slowest first (ties: earliest location first)."""
-        self.evidence = sorted(self.evidence, key=lambda item: (-item[0], item[1]))[: self.evidence_k]
-
+    # -- building (rows are folded in by ``models.open_window``) ----------------------
     def note_source(self, partition: int, offset: int) -> None:
         """Record that messages up to ``offset`` of ``partition`` are folded in (one range per partition)."""
         self.sources = _add_range(self.sources, (partition, offset, offset))
@@ -94,17 +103,28 @@ class WindowStats:
         for name in _INT_SUMS + _FLOAT_SUMS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.ttft.merge(other.ttft)
-        for reason, count in other.finish_reasons.items():
-            self.finish_reasons[reason] = self.finish_reasons.get(reason, 0) + count
-        self.evidence = self.evidence + other.evidence
-        self.trim_evidence()
+        self.reason_counts = self.reason_counts + other.reason_counts
+        self._merge_evidence(other)
         for source in other.sources:
             self.sources = _add_range(self.sources, source)
+
+    def _merge_evidence(self, other: WindowStats) -> None:
+        """Keep the ``evidence_k`` slowest, slowest first (ties: the one merged in first)."""
+        times = np.concatenate((self.evidence_ttft, other.evidence_ttft))
+        at = np.concatenate((self.evidence_at, other.evidence_at))
+        best = np.argsort(-times, kind="stable")[: self.evidence_k]
+        best = best[times[best] > -math.inf]
+        self.evidence_ttft, self.evidence_at = times[best], at[best]
 
     # -- reading --------------------------------------------------------------------
     @property
     def end(self) -> float:
         return self.start + self.length
+
+    @property
+    def finish_reasons(self) -> dict[str, int]:
+        """Requests per finish reason (only the reasons seen)."""
+        return {REASONS[i]: count for i, count in enumerate(self.reason_counts.tolist()) if count}
 
     @property
     def labels(self) -> dict[str, str]:
@@ -139,6 +159,12 @@ class WindowStats:
             figures["cache_hit_rate"] = hit
         return figures
 
+    @property
+    def evidence(self) -> list[tuple[float, Location]]:
+        """The kept requests, slowest first, as (TTFT, location)."""
+        kept = zip(self.evidence_ttft.tolist(), self.evidence_at.tolist(), strict=True)
+        return [(ttft, (p, o, i)) for ttft, (p, o, i) in kept if ttft > -math.inf]
+
     def evidence_records(self) -> list[dict[str, Any]]:
         """The slowest requests, slowest first, as pointers: their TTFT and ``location``
         (partition, offset, index). ``pipeline.evidence`` fills in the records themselves."""
@@ -165,16 +191,37 @@ class WindowStats:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> WindowStats:
-        stats = cls(key=str(data["key"]), start=float(data["start"]), length=float(data["length"]))
-        for name in _INT_SUMS:
-            setattr(stats, name, int(data[name]))
-        for name in _FLOAT_SUMS:
-            setattr(stats, name, float(data[name]))
-        stats.evidence_k = int(data["evidence_k"])
-        stats.ttft = LogHistogram.from_sparse(data["ttft"])
-        stats.finish_reasons = {str(k): int(v) for k, v in data["finish_reasons"].items()}
-        stats.evidence = [(float(t), (int(p), int(o), int(i))) for t, p, o, i in data["evidence"]]
-        stats.sources = [(int(p), int(a), int(b)) for p, a, b in data["sources"]]
-        watermark = data.get("watermark")
-        stats.watermark = -math.inf if watermark is None else float(watermark)
-        return stats
+        return cls.from_dicts([data])[0]
+
+    @classmethod
+    def from_dicts(cls, items: list[dict[str, Any]]) -> list[WindowStats]:
+        """Many partials at once, their histograms and counts rows of shared tables."""
+        hist = np.zeros((len(items), N_BUCKETS), dtype=np.int32)
+        reasons = np.zeros((len(items), len(REASONS)), dtype=np.int32)
+        out = []
+        for row, data in enumerate(items):
+            stats = cls(key=str(data["key"]), start=float(data["start"]), length=float(data["length"]))
+            for name in _INT_SUMS:
+                setattr(stats, name, int(data[name]))
+            for name in _FLOAT_SUMS:
+                setattr(stats, name, float(data[name]))
+            stats.evidence_k = int(data["evidence_k"])
+            for index, count in data["ttft"].items():
+                i = int(index)
+                if not 0 <= i < N_BUCKETS or int(count) < 0:
+                    raise ValueError(f"bad histogram bucket {index}: {count}")
+                hist[row, i] += int(count)
+            stats.ttft = LogHistogram(hist[row])
+            for reason, count in data["finish_reasons"].items():
+                reasons[row, REASONS.index(str(reason))] += int(count)
+            stats.reason_counts = reasons[row]
+            evidence = data["evidence"]
+            stats.evidence_ttft = np.array([float(item[0]) for item in evidence])
+            stats.evidence_at = np.array([[int(v) for v in item[1:4]] for item in evidence], dtype=np.int64).reshape(
+                -1, 3
+            )
+            stats.sources = [(int(p), int(a), int(b)) for p, a, b in data["sources"]]
+            watermark = data.get("watermark")
+            stats.watermark = -math.inf if watermark is None else float(watermark)
+            out.append(stats)
+        return out

@@ -179,7 +179,7 @@ class StageTwo:
         now = time.monotonic() if now is None else now
         try:
             bundle = orjson.loads(raw)
-            partials = [WindowStats.from_dict(item) for item in bundle["partials"]]
+            partials = WindowStats.from_dicts(bundle["partials"])
             marks = [(int(source), float(mark)) for source, mark in bundle["watermarks"].items()]
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             logger.error("unreadable partials bundle dropped: %s", exc)
