@@ -25,15 +25,9 @@ import numpy as np
 
 from models.batch import REASONS, RowBatch, normalise_reason
 from models.segments import Segmenter
-from models.sketch import N_BUCKETS, LogHistogram, bucket_indices
-from models.window import WindowStats
+from models.sketch import bucket_indices
+from models.window import WindowBlock, WindowStats
 
-#: Columns of ``OpenWindow.sums``; ``WindowStats`` fields of the same name.
-SUMS = (
-    "requests", "prompt_tokens", "completion_tokens", "cached_tokens", "uncached_prompt_tokens",
-    "cache_reported_prompt_tokens", "errors", "e2e_sum", "ttft_sum",
-)  # fmt: skip
-_INTEGER_SUMS = SUMS[:7]
 _ERROR_CODES = np.array([REASONS.index("error"), REASONS.index("abort")])
 _LABEL_DIMENSIONS = ("model", "route", "tenant", "instance", "engine")
 
@@ -52,24 +46,16 @@ class OpenWindow:
     [('model=m|route=-|prompt_band=<4k|output_band=<1k', 3, 300, 3)]
     """
 
-    __slots__ = (
-        "_row_of", "evidence_at", "evidence_k", "evidence_ttft", "floor", "hist", "length", "offsets",
-        "partition", "reasons", "segment_ids", "start", "sums",
-    )  # fmt: skip
+    __slots__ = ("_row_of", "block", "floor", "length", "offsets", "partition", "segment_ids", "start")
 
     def __init__(self, start: float, length: float, evidence_k: int = 5, capacity: int = 8, partition: int = 0) -> None:
-        self.start, self.length, self.evidence_k, self.partition = start, length, evidence_k, partition
+        self.start, self.length, self.partition = start, length, partition
         self._row_of = np.full(0, -1, dtype=np.int32)  # segment id -> row (-1: not in this window)
         self.segment_ids: list[int] = []  # row -> segment id
-        self.sums = np.zeros((capacity, len(SUMS)), dtype=np.float64)
-        self.hist = np.zeros((capacity, N_BUCKETS), dtype=np.int32)
-        self.reasons = np.zeros((capacity, len(REASONS)), dtype=np.int32)
+        self.block = WindowBlock(capacity, evidence_k)
         # Per row, the TTFT a request must beat to become evidence (-inf until ``evidence_k``
         # are kept): most records are turned away by one vectorised compare.
         self.floor = np.full(capacity, -math.inf)
-        # Per row, the slowest requests so far, slowest first: TTFT and (partition, offset, index).
-        self.evidence_ttft = np.full((capacity, evidence_k), -math.inf)
-        self.evidence_at = np.zeros((capacity, evidence_k, 3), dtype=np.int64)
         self.offsets: dict[int, tuple[int, int]] = {}  # partition -> (first, last) offset folded in
 
     def __len__(self) -> int:
@@ -78,6 +64,10 @@ class OpenWindow:
     @property
     def end(self) -> float:
         return self.start + self.length
+
+    @property
+    def evidence_k(self) -> int:
+        return self.block.evidence_k
 
     def rows_for(self, segment_ids: np.ndarray) -> np.ndarray:
         """The table row of each segment id, adding rows for segments new to this window."""
@@ -93,24 +83,12 @@ class OpenWindow:
             first = len(self.segment_ids)
             self._row_of[new_ids] = np.arange(first, first + len(new_ids), dtype=np.int32)
             self.segment_ids.extend(new_ids.tolist())
-            self._grow(len(self.segment_ids))
+            if len(self.segment_ids) > len(self.floor):
+                capacity = max(len(self.segment_ids), 2 * len(self.floor))
+                self.block.grow(capacity)
+                self.floor = np.concatenate((self.floor, np.full(capacity - len(self.floor), -math.inf)))
             rows = self._row_of[segment_ids]
         return rows
-
-    def _grow(self, needed: int) -> None:
-        capacity = len(self.floor)
-        if needed <= capacity:
-            return
-        capacity = max(needed, 2 * capacity)
-
-        def grown(table: np.ndarray, fill: float = 0) -> np.ndarray:
-            out = np.full((capacity, *table.shape[1:]), fill, dtype=table.dtype)
-            out[: len(table)] = table
-            return out
-
-        self.sums, self.hist, self.reasons = grown(self.sums), grown(self.hist), grown(self.reasons)
-        self.floor = grown(self.floor, -math.inf)
-        self.evidence_ttft, self.evidence_at = grown(self.evidence_ttft, -math.inf), grown(self.evidence_at)
 
     def note_offset(self, partition: int, offset: int) -> None:
         first, last = self.offsets.get(partition, (offset, offset))
@@ -121,37 +99,26 @@ class OpenWindow:
         ``ranks`` (0 = slowest) within their row. Vectorised over rows; on equal TTFT the
         request kept first stays (so the result does not depend on how batches were cut)."""
         touched, slot = np.unique(rows, return_inverse=True)
-        k = self.evidence_k
+        block, k = self.block, self.block.evidence_k
         new_ttft = np.full((len(touched), k), -math.inf)
         new_at = np.zeros((len(touched), k, 3), dtype=np.int64)
         new_ttft[slot, ranks], new_at[slot, ranks] = times, at
-        both_ttft = np.concatenate((self.evidence_ttft[touched], new_ttft), axis=1)
-        both_at = np.concatenate((self.evidence_at[touched], new_at), axis=1)
+        both_ttft = np.concatenate((block.evidence_ttft[touched], new_ttft), axis=1)
+        both_at = np.concatenate((block.evidence_at[touched], new_at), axis=1)
         best = np.argsort(-both_ttft, axis=1, kind="stable")[:, :k]
-        self.evidence_ttft[touched] = np.take_along_axis(both_ttft, best, axis=1)
-        self.evidence_at[touched] = np.take_along_axis(both_at, best[:, :, None], axis=1)
-        self.floor[touched] = self.evidence_ttft[touched, k - 1]
+        block.evidence_ttft[touched] = np.take_along_axis(both_ttft, best, axis=1)
+        block.evidence_at[touched] = np.take_along_axis(both_at, best[:, :, None], axis=1)
+        self.floor[touched] = block.evidence_ttft[touched, k - 1]
 
     def partials(self, keys: Sequence[str]) -> list[WindowStats]:
-        """One ``WindowStats`` per segment of the window (``keys``: the segmenter's, by id).
-
-        Their histogram, reason counts and evidence are views of this window's tables (the
-        tables live on until the last partial is judged; no per-segment copies at close).
-        """
-        sums = self.sums.tolist()
+        """One ``WindowStats`` per segment of the window (``keys``: the segmenter's, by id):
+        handles on this window's rows, no copies (the tables live until the last is judged)."""
         sources = [(p, first, last) for p, (first, last) in sorted(self.offsets.items())]
-        out = []
-        for row, segment_id in enumerate(self.segment_ids):
-            stats = WindowStats(key=keys[segment_id], start=self.start, length=self.length, evidence_k=self.evidence_k)
-            values = sums[row]
-            for column, name in enumerate(SUMS):
-                setattr(stats, name, int(values[column]) if name in _INTEGER_SUMS else values[column])
-            stats.ttft = LogHistogram(self.hist[row])
-            stats.reason_counts = self.reasons[row]
-            stats.evidence_ttft, stats.evidence_at = self.evidence_ttft[row], self.evidence_at[row]
-            stats.sources = sources  # shared: WindowStats replaces, never mutates, its sources
-            out.append(stats)
-        return out
+        # ``sources`` is shared: a WindowStats replaces its sources, never mutates them.
+        return [
+            WindowStats(keys[segment_id], self.start, self.length, block=self.block, row=row, sources=sources)
+            for row, segment_id in enumerate(self.segment_ids)
+        ]
 
 
 def fold_batch(
@@ -182,7 +149,7 @@ def fold_batch(
     reported = ~np.isnan(cached)
     cached_known = np.where(reported, cached, 0.0)
     has_ttft = ~np.isnan(ttft)
-    values = np.column_stack((
+    values = np.column_stack((  # the columns of SUMS, in order
         np.ones(n), prompt, completion, cached_known, prompt - cached_known, np.where(reported, prompt, 0.0),
         errors, batch.column("e2e_s"), np.where(has_ttft, ttft, 0.0),
     ))  # fmt: skip
@@ -217,10 +184,11 @@ def _fold_into(
     offset: int,
 ) -> None:
     rows = window.rows_for(segment_ids[picked])
-    np.add.at(window.sums, rows, values[picked])
-    np.add.at(window.reasons, (rows, reason_codes[picked]), 1)
+    block = window.block
+    np.add.at(block.sums, rows, values[picked])
+    np.add.at(block.reasons, (rows, reason_codes[picked]), 1)
     timed = has_ttft[picked]
-    np.add.at(window.hist, (rows[timed], buckets[picked][timed]), 1)
+    np.add.at(block.hist, (rows[timed], buckets[picked][timed]), 1)
     if window.evidence_k <= 0:
         return
     # Evidence: requests slower than their row's floor, at most ``evidence_k`` per row.

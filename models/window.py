@@ -13,7 +13,6 @@ copies; scalars are slots.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -33,12 +32,13 @@ EVIDENCE_FIELDS = (
     "finish_reason", "status_code", "engine", "engine_version",
 )  # fmt: skip
 
-#: Counters that simply add up under ``merge`` (ints, then floats).
-_INT_SUMS = (
-    "requests", "prompt_tokens", "uncached_prompt_tokens", "cached_tokens", "cache_reported_prompt_tokens",
-    "completion_tokens", "errors",
+#: Figures that simply add up under ``merge``: the columns of ``WindowBlock.sums``. The
+#: first seven are counts (read back as ints), the last two sums of seconds.
+SUMS = (
+    "requests", "prompt_tokens", "completion_tokens", "cached_tokens", "uncached_prompt_tokens",
+    "cache_reported_prompt_tokens", "errors", "e2e_sum", "ttft_sum",
 )  # fmt: skip
-_FLOAT_SUMS = ("e2e_sum", "ttft_sum")
+INTEGER_SUMS = frozenset(SUMS[:7])
 
 
 def _add_range(ranges: list[tuple[int, int, int]], new: tuple[int, int, int]) -> list[tuple[int, int, int]]:
@@ -65,32 +65,85 @@ def _add_range(ranges: list[tuple[int, int, int]], new: tuple[int, int, int]) ->
 Location = tuple[int, int, int]
 
 
-@dataclass(slots=True)
-class WindowStats:
-    """Sums, counts and a latency histogram of one segment over ``[start, start + length)``."""
+class WindowBlock:
+    """Window figures of many segments as columns: a row per segment.
 
-    key: str
-    start: float
-    length: float
-    requests: int = 0
-    prompt_tokens: int = 0
-    uncached_prompt_tokens: int = 0
-    cached_tokens: int = 0
-    cache_reported_prompt_tokens: int = 0  # prompt tokens of requests that reported cached_tokens
-    completion_tokens: int = 0
-    e2e_sum: float = 0.0
-    ttft: LogHistogram = field(default_factory=LogHistogram)
-    ttft_sum: float = 0.0
-    reason_counts: np.ndarray = field(default_factory=lambda: np.zeros(len(REASONS), dtype=np.int32))
-    errors: int = 0
-    evidence_k: int = 5
-    # The slowest requests by reference, slowest first: their TTFT (-inf pads an empty slot)
-    # and where each record is, (partition, offset, index). The records are read back only
-    # when the window fires (``pipeline.evidence``).
-    evidence_ttft: np.ndarray = field(default_factory=lambda: np.zeros(0))
-    evidence_at: np.ndarray = field(default_factory=lambda: np.zeros((0, 3), dtype=np.int64))
-    sources: list[tuple[int, int, int]] = field(default_factory=list)  # (partition, first, last offset)
-    watermark: float = -math.inf  # the sending partition's watermark (transport metadata, not merged)
+    Stage 1 folds records into a block's rows (``models.open_window``); a decoded bundle of
+    partials is one block (``WindowStats.from_dicts``). A ``WindowStats`` is a handle on one
+    row, so the thousands of partials that exist when a window closes cost a small object
+    each, not a histogram and a dict each.
+    """
+
+    __slots__ = ("evidence_at", "evidence_k", "evidence_ttft", "hist", "reasons", "sums")
+
+    def __init__(self, rows: int, evidence_k: int = 5) -> None:
+        self.evidence_k = evidence_k
+        self.sums = np.zeros((rows, len(SUMS)))
+        self.hist = np.zeros((rows, N_BUCKETS), dtype=np.int32)
+        self.reasons = np.zeros((rows, len(REASONS)), dtype=np.int32)
+        # Per row, the slowest requests, slowest first: TTFT (-inf: empty slot) and
+        # (partition, message offset, position in the message).
+        self.evidence_ttft = np.full((rows, evidence_k), -math.inf)
+        self.evidence_at = np.zeros((rows, evidence_k, 3), dtype=np.int64)
+
+    def __len__(self) -> int:
+        return len(self.sums)
+
+    def grow(self, rows: int) -> None:
+        """Make room for ``rows`` rows (new rows empty)."""
+        if rows <= len(self):
+            return
+
+        def grown(table: np.ndarray, fill: float = 0) -> np.ndarray:
+            out = np.full((rows, *table.shape[1:]), fill, dtype=table.dtype)
+            out[: len(table)] = table
+            return out
+
+        self.sums, self.hist, self.reasons = grown(self.sums), grown(self.hist), grown(self.reasons)
+        self.evidence_ttft, self.evidence_at = grown(self.evidence_ttft, -math.inf), grown(self.evidence_at)
+
+
+class WindowStats:
+    """Sums, counts and a latency histogram of one segment over ``[start, start + length)``.
+
+    A handle on row ``row`` of a ``WindowBlock`` (its own one-row block when built alone):
+    the figures are read from there, and ``merge`` adds into it.
+
+    >>> a = WindowStats("model=m", 0.0, 10.0, requests=3, prompt_tokens=300)
+    >>> a.merge(WindowStats("model=m", 0.0, 10.0, requests=1, prompt_tokens=50))
+    >>> a.requests, a.prompt_tokens, a.load()["requests_per_s"]
+    (4, 350, 0.4)
+    """
+
+    __slots__ = ("block", "key", "length", "row", "sources", "start", "watermark")
+
+    def __init__(
+        self,
+        key: str,
+        start: float,
+        length: float,
+        *,
+        block: WindowBlock | None = None,
+        row: int = 0,
+        evidence_k: int = 5,
+        sources: list[tuple[int, int, int]] | None = None,
+        watermark: float = -math.inf,
+        **figures: float,
+    ) -> None:
+        self.key, self.start, self.length = key, start, length
+        self.block = block if block is not None else WindowBlock(1, evidence_k)
+        self.row = row
+        self.sources = sources if sources is not None else []  # (partition, first, last offset)
+        self.watermark = watermark  # the sending partition's watermark (transport metadata, not merged)
+        for name, value in figures.items():
+            self.block.sums[row, SUMS.index(name)] = value
+
+    def __getattr__(self, name: str) -> Any:
+        # The summed figures (requests, prompt_tokens, ..., e2e_sum, ttft_sum), from the block.
+        if name in SUMS:
+            value = float(self.block.sums[self.row, SUMS.index(name)])
+            return int(value) if name in INTEGER_SUMS else value
+        raise AttributeError(name)
 
     # -- building (rows are folded in by ``models.open_window``) ----------------------
     def note_source(self, partition: int, offset: int) -> None:
@@ -100,21 +153,17 @@ class WindowStats:
     def merge(self, other: WindowStats) -> None:
         if (other.key, other.start) != (self.key, self.start):
             raise ValueError("can only merge partials of the same segment and window")
-        for name in _INT_SUMS + _FLOAT_SUMS:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.ttft.merge(other.ttft)
-        self.reason_counts = self.reason_counts + other.reason_counts
-        self._merge_evidence(other)
+        mine, theirs = self.block, other.block
+        mine.sums[self.row] += theirs.sums[other.row]
+        mine.hist[self.row] += theirs.hist[other.row]
+        mine.reasons[self.row] += theirs.reasons[other.row]
+        # Evidence: the slowest of both, slowest first (ties: the one merged in first).
+        times = np.concatenate((mine.evidence_ttft[self.row], theirs.evidence_ttft[other.row]))
+        at = np.concatenate((mine.evidence_at[self.row], theirs.evidence_at[other.row]))
+        best = np.argsort(-times, kind="stable")[: mine.evidence_k]
+        mine.evidence_ttft[self.row], mine.evidence_at[self.row] = times[best], at[best]
         for source in other.sources:
             self.sources = _add_range(self.sources, source)
-
-    def _merge_evidence(self, other: WindowStats) -> None:
-        """Keep the ``evidence_k`` slowest, slowest first (ties: the one merged in first)."""
-        times = np.concatenate((self.evidence_ttft, other.evidence_ttft))
-        at = np.concatenate((self.evidence_at, other.evidence_at))
-        best = np.argsort(-times, kind="stable")[: self.evidence_k]
-        best = best[times[best] > -math.inf]
-        self.evidence_ttft, self.evidence_at = times[best], at[best]
 
     # -- reading --------------------------------------------------------------------
     @property
@@ -122,9 +171,17 @@ class WindowStats:
         return self.start + self.length
 
     @property
+    def evidence_k(self) -> int:
+        return self.block.evidence_k
+
+    @property
+    def ttft(self) -> LogHistogram:
+        return LogHistogram(self.block.hist[self.row])
+
+    @property
     def finish_reasons(self) -> dict[str, int]:
         """Requests per finish reason (only the reasons seen)."""
-        return {REASONS[i]: count for i, count in enumerate(self.reason_counts.tolist()) if count}
+        return {REASONS[i]: count for i, count in enumerate(self.block.reasons[self.row].tolist()) if count}
 
     @property
     def labels(self) -> dict[str, str]:
@@ -140,20 +197,20 @@ class WindowStats:
     @property
     def cache_hit_rate(self) -> float:
         """Share of prompt tokens served from the prefix cache (NaN when nobody reported it)."""
-        if self.cache_reported_prompt_tokens == 0:
-            return math.nan
-        return self.cached_tokens / self.cache_reported_prompt_tokens
+        reported = self.cache_reported_prompt_tokens
+        return math.nan if reported == 0 else self.cached_tokens / reported
 
     def load(self) -> dict[str, float]:
         """Load in requests and tokens per second; concurrency by Little's law."""
         per_s = 1.0 / self.length
+        requests, prompt, completion, _, uncached, _, _, e2e, _ = self.block.sums[self.row].tolist()
         figures = {
-            "requests": float(self.requests),
-            "requests_per_s": self.requests * per_s,
-            "prompt_tokens_per_s": self.prompt_tokens * per_s,
-            "uncached_prompt_tokens_per_s": self.uncached_prompt_tokens * per_s,
-            "output_tokens_per_s": self.completion_tokens * per_s,
-            "concurrency": self.e2e_sum * per_s,
+            "requests": requests,
+            "requests_per_s": requests * per_s,
+            "prompt_tokens_per_s": prompt * per_s,
+            "uncached_prompt_tokens_per_s": uncached * per_s,
+            "output_tokens_per_s": completion * per_s,
+            "concurrency": e2e * per_s,
         }
         if not math.isnan(hit := self.cache_hit_rate):
             figures["cache_hit_rate"] = hit
@@ -162,7 +219,7 @@ class WindowStats:
     @property
     def evidence(self) -> list[tuple[float, Location]]:
         """The kept requests, slowest first, as (TTFT, location)."""
-        kept = zip(self.evidence_ttft.tolist(), self.evidence_at.tolist(), strict=True)
+        kept = zip(self.block.evidence_ttft[self.row].tolist(), self.block.evidence_at[self.row].tolist(), strict=True)
         return [(ttft, (p, o, i)) for ttft, (p, o, i) in kept if ttft > -math.inf]
 
     def evidence_records(self) -> list[dict[str, Any]]:
@@ -175,7 +232,10 @@ class WindowStats:
     # -- wire format ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready (string keys only): what stage 1 sends to stage 2."""
-        data: dict[str, Any] = {name: getattr(self, name) for name in _INT_SUMS + _FLOAT_SUMS}
+        sums = self.block.sums[self.row].tolist()
+        data: dict[str, Any] = {
+            name: int(value) if name in INTEGER_SUMS else value for name, value in zip(SUMS, sums, strict=True)
+        }
         data.update(
             key=self.key,
             start=self.start,
@@ -195,33 +255,26 @@ class WindowStats:
 
     @classmethod
     def from_dicts(cls, items: list[dict[str, Any]]) -> list[WindowStats]:
-        """Many partials at once, their histograms and counts rows of shared tables."""
-        hist = np.zeros((len(items), N_BUCKETS), dtype=np.int32)
-        reasons = np.zeros((len(items), len(REASONS)), dtype=np.int32)
+        """A bundle of partials, decoded into one block (a row each)."""
+        block = WindowBlock(len(items), max((int(d["evidence_k"]) for d in items), default=5))
         out = []
         for row, data in enumerate(items):
-            stats = cls(key=str(data["key"]), start=float(data["start"]), length=float(data["length"]))
-            for name in _INT_SUMS:
-                setattr(stats, name, int(data[name]))
-            for name in _FLOAT_SUMS:
-                setattr(stats, name, float(data[name]))
-            stats.evidence_k = int(data["evidence_k"])
+            watermark = data.get("watermark")
+            stats = cls(
+                str(data["key"]), float(data["start"]), float(data["length"]), block=block, row=row,
+                sources=[(int(p), int(a), int(b)) for p, a, b in data["sources"]],
+                watermark=-math.inf if watermark is None else float(watermark),
+            )  # fmt: skip
+            block.sums[row] = [float(data[name]) for name in SUMS]
             for index, count in data["ttft"].items():
                 i = int(index)
                 if not 0 <= i < N_BUCKETS or int(count) < 0:
                     raise ValueError(f"bad histogram bucket {index}: {count}")
-                hist[row, i] += int(count)
-            stats.ttft = LogHistogram(hist[row])
+                block.hist[row, i] += int(count)
             for reason, count in data["finish_reasons"].items():
-                reasons[row, REASONS.index(str(reason))] += int(count)
-            stats.reason_counts = reasons[row]
-            evidence = data["evidence"]
-            stats.evidence_ttft = np.array([float(item[0]) for item in evidence])
-            stats.evidence_at = np.array([[int(v) for v in item[1:4]] for item in evidence], dtype=np.int64).reshape(
-                -1, 3
-            )
-            stats.sources = [(int(p), int(a), int(b)) for p, a, b in data["sources"]]
-            watermark = data.get("watermark")
-            stats.watermark = -math.inf if watermark is None else float(watermark)
+                block.reasons[row, REASONS.index(str(reason))] += int(count)
+            for slot, (ttft, *where) in enumerate(data["evidence"][: block.evidence_k]):
+                block.evidence_ttft[row, slot] = float(ttft)
+                block.evidence_at[row, slot] = [int(v) for v in where]
             out.append(stats)
         return out
