@@ -67,15 +67,17 @@ class TTFTDetector:
     def observe(self, window: WindowStats) -> AnomalyEvent | None:
         if window.end <= self.last_window_end:
             return None  # already judged: a replayed window changes nothing (idempotent)
-        if window.ttft_count < self.config.min_requests:
+        ttft = window.ttft
+        count = ttft.count
+        if count < self.config.min_requests:
             return None
         self.last_window_end = window.end
         c = self.config
         load = window.load()
-        observed = window.ttft_quantile(c.ttft_quantile)
-        spread = math.log(window.ttft_quantile(0.9) / window.ttft_quantile(0.1)) / 2.563  # log sd within window
+        observed, p90, p10 = ttft.quantiles(c.ttft_quantile, 0.9, 0.1)
+        spread = math.log(p90 / p10) / 2.563  # log sd within window
         x: dict[Hashable, Any] = {name: value for name, value in load.items()}  # river-typed features
-        x["sampling_var"] = quantile_sampling_var(c.ttft_quantile, window.ttft_count, max(spread, 0.1))
+        x["sampling_var"] = quantile_sampling_var(c.ttft_quantile, count, max(spread, 0.1))
         prediction = self.model.predict_one(x)
         conditioned = self.model.score_one(x, observed)
         level = self.model.level_score(x, observed)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,6 +101,39 @@ class Prediction:
         return math.exp(self.mean)
 
 
+def _dot(a: Sequence[float], b: Sequence[float]) -> float:
+    """Dot product of two 3-vectors."""
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+
+
+def _matvec(m: Sequence[float], v: Sequence[float]) -> list[float]:
+    """A 3x3 matrix (row-major, flat) times a 3-vector."""
+    return [
+        m[0] * v[0] + m[1] * v[1] + m[2] * v[2],
+        m[3] * v[0] + m[4] * v[1] + m[5] * v[2],
+        m[6] * v[0] + m[7] * v[1] + m[8] * v[2],
+    ]
+
+
+class _Part:
+    """A named part of ``LoadConditionedLatency._state``: a float, or a view of a slice."""
+
+    def __init__(self, start: int, stop: int | None = None, shape: tuple[int, ...] | None = None) -> None:
+        self.start, self.stop, self.shape = start, stop, shape
+
+    def __get__(self, model: Any, owner: Any = None) -> Any:
+        if self.stop is None:
+            return float(model._state[self.start])
+        part = model._state[self.start : self.stop]
+        return part.reshape(self.shape) if self.shape else part
+
+    def __set__(self, model: Any, value: Any) -> None:
+        if self.stop is None:
+            model._state[self.start] = value
+        else:
+            model._state[self.start : self.stop] = np.ravel(value)
+
+
 class LoadConditionedLatency(base.SupervisedAnomalyDetector):
     """Latency of a window given its demand; ``y`` is a latency in seconds (e.g. TTFT p95).
 
@@ -151,12 +184,19 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
     True
     """
 
-    # Thousands of segments each hold one: slots keep an instance to its fields.
+    # Thousands of segments each hold one: slots, and the whole learned state in one numpy
+    # vector (``_state``) that the names below are views of, not a dozen small objects.
     __slots__ = (
-        "_cov", "_level_mean", "_level_var", "_noise_var", "_noise_weight", "_reference", "_weights", "elasticity",
-        "elasticity_sd", "grace_windows", "level_drift_sd", "min_noise_sd", "n_learned", "noise_halflife", "noise_sd",
-        "surge_elasticity", "surge_ratio",
+        "_state", "elasticity", "elasticity_sd", "grace_windows", "level_drift_sd", "min_noise_sd", "n_learned",
+        "noise_halflife", "noise_sd", "surge_elasticity", "surge_ratio",
     )  # fmt: skip
+    _reference = _Part(0, 2)  # mean log demand over the grace windows
+    _weights = _Part(2, 5)
+    _cov = _Part(5, 14, (3, 3))
+    _noise_var = _Part(14)
+    _noise_weight = _Part(15)  # pseudo-windows behind the noise prior
+    _level_mean = _Part(16)  # load-blind: EW mean/var of log latency
+    _level_var = _Part(17)
 
     def __init__(
         self,
@@ -180,28 +220,30 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
         self.grace_windows = grace_windows
         self.min_noise_sd = min_noise_sd
         self.n_learned = 0
-        self._reference = np.zeros(len(FEATURES))  # mean log demand over the grace windows
+        self._state = np.zeros(18)
         self._weights = np.array([0.0, elasticity, surge_elasticity])
         self._cov = np.diag([100.0, elasticity_sd**2, elasticity_sd**2])
         self._noise_var = noise_sd**2
-        self._noise_weight = 2.0  # pseudo-windows behind the noise prior
-        self._level_mean = 0.0  # load-blind: EW mean/var of log latency
+        self._noise_weight = 2.0
         self._level_var = noise_sd**2
 
     # -- features -----------------------------------------------------------------
+    # Plain floats, not numpy: the vectors have two or three elements, and numpy's cost
+    # per call was most of a window's judging time.
     @staticmethod
-    def _log_demand(x: dict[Hashable, Any]) -> np.ndarray:
-        return np.log(np.maximum([float(x.get(name, 0.0)) for name in FEATURES], 1e-6))
+    def _log_demand(x: dict[Hashable, Any]) -> list[float]:
+        return [math.log(max(float(x.get(name, 0.0)), 1e-6)) for name in FEATURES]
 
     def demand_index(self, x: dict[Hashable, Any]) -> float:
         """Mean log ratio of demand to the reference: 0 is usual, log(3) is three times."""
         if self.n_learned == 0:
             return 0.0
-        return float(np.mean(self._log_demand(x) - self._reference))
+        reference = self._state[0:2].tolist()
+        return sum(now - usual for now, usual in zip(self._log_demand(x), reference, strict=True)) / len(FEATURES)
 
-    def _phi(self, x: dict[Hashable, Any]) -> np.ndarray:
+    def _phi(self, x: dict[Hashable, Any]) -> tuple[float, float, float]:
         d = self.demand_index(x)
-        return np.array([1.0, d, max(0.0, d - math.log(self.surge_ratio))])
+        return (1.0, d, max(0.0, d - math.log(self.surge_ratio)))
 
     @property
     def _decay(self) -> float:
@@ -213,45 +255,53 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
         if not (y > 0 and math.isfinite(y)):
             return
         log_y = math.log(y)
-        if self.n_learned < self.grace_windows:
+        state = self._state.tolist()
+        reference, weights, cov = state[0:2], state[2:5], state[5:14]
+        noise_var, noise_weight, level_mean, level_var = state[14:18]
+        n = self.n_learned
+        if n < self.grace_windows:
             # Reference demand = running mean over the grace windows (the first window is
             # often partial, so it alone would be a poor reference).
-            self._reference += (self._log_demand(x) - self._reference) / (self.n_learned + 1)
-        if self.n_learned == 0:
-            self._weights[0] = self._level_mean = log_y
+            reference = [r + (now - r) / (n + 1) for r, now in zip(reference, self._log_demand(x), strict=True)]
+            self._state[0:2] = reference
+        if n == 0:
+            weights[0] = level_mean = log_y
         phi = self._phi(x)
         sampling_var = float(x.get("sampling_var", 0.0))
         # Predict step: the level may drift a little each window.
-        self._cov[0, 0] += self.level_drift_sd**2
-        residual = log_y - float(phi @ self._weights)
-        param_var = float(phi @ self._cov @ phi)
+        cov[0] += self.level_drift_sd**2
+        residual = log_y - _dot(phi, weights)
+        cov_phi = _matvec(cov, phi)
+        param_var = _dot(phi, cov_phi)
         # Noise between windows: exponentially weighted mean of squared innovations, net of
         # parameter uncertainty and of this window's own sampling noise.
         decay = self._decay
         sample = max(residual * residual - param_var - sampling_var, 0.0)
-        weight = decay * self._noise_weight
-        self._noise_var = (weight * self._noise_var + sample) / (weight + 1.0)
-        self._noise_weight = weight + 1.0
-        noise_var = max(self._noise_var, self.min_noise_sd**2) + sampling_var
+        weight = decay * noise_weight
+        noise_var = (weight * noise_var + sample) / (weight + 1.0)
+        noise_weight = weight + 1.0
+        total_var = max(noise_var, self.min_noise_sd**2) + sampling_var + param_var
         # Update step (Sherman-Morrison form of the Bayesian update).
-        cov_phi = self._cov @ phi
-        gain = cov_phi / (noise_var + param_var)
-        self._weights = self._weights + gain * residual
-        self._cov = self._cov - np.outer(gain, cov_phi)
+        gain = [c / total_var for c in cov_phi]
+        weights = [w + g * residual for w, g in zip(weights, gain, strict=True)]
+        cov = [cov[3 * i + j] - gain[i] * cov_phi[j] for i in range(3) for j in range(3)]
         # Load-blind level, for "is latency above its usual value at all?".
-        alpha = max(1.0 - decay, 1.0 / (self.n_learned + 1))
-        delta = log_y - self._level_mean
-        self._level_mean += alpha * delta
-        self._level_var = (1.0 - alpha) * (self._level_var + alpha * delta * delta)
-        self.n_learned += 1
+        alpha = max(1.0 - decay, 1.0 / (n + 1))
+        delta = log_y - level_mean
+        level_mean += alpha * delta
+        level_var = (1.0 - alpha) * (level_var + alpha * delta * delta)
+        self._state[2:18] = [*weights, *cov, noise_var, noise_weight, level_mean, level_var]
+        self.n_learned = n + 1
 
     def predict_one(self, x: dict[Hashable, Any]) -> Prediction:
         phi = self._phi(x)
+        state = self._state.tolist()
+        noise_var, _, level_mean, level_var = state[14:18]
         sampling_var = float(x.get("sampling_var", 0.0))
-        noise_var = max(self._noise_var, self.min_noise_sd**2) + sampling_var
-        sd = math.sqrt(noise_var + float(phi @ self._cov @ phi))
-        level_sd = math.sqrt(max(self._level_var, self.min_noise_sd**2) + sampling_var)
-        return Prediction(float(phi @ self._weights), sd, self._level_mean, level_sd)
+        floor = self.min_noise_sd**2
+        sd = math.sqrt(max(noise_var, floor) + sampling_var + _dot(phi, _matvec(state[5:14], phi)))
+        level_sd = math.sqrt(max(level_var, floor) + sampling_var)
+        return Prediction(_dot(phi, state[2:5]), sd, level_mean, level_sd)
 
     @property
     def warm(self) -> bool:

@@ -41,7 +41,9 @@ class IncidentTracker:
     fire_within: int = 3
     resolve_after: int = 3
     update_every: int = 6
-    recent: tuple[tuple[bool, float], ...] = ()  # (anomalous, window start) of the last fire_within windows
+    # The last fire_within windows: an anomalous one as its start, a normal one as None
+    # (a normal window's start is never needed; this is kept per segment and signal).
+    recent: tuple[float | None, ...] = ()
     firing: bool = False
     incident_start: float | None = None
     severity: str | None = None
@@ -57,13 +59,13 @@ class IncidentTracker:
 
     def step(self, anomalous: bool, *, window_start: float, severity: str | None = None) -> Transition | None:
         """Feed one window's verdict; return the state change it causes, if any."""
-        self.recent = (*self.recent, (bool(anomalous), window_start))[-self.fire_within :]
+        self.recent = (*self.recent, window_start if anomalous else None)[-self.fire_within :]
         self.windows_since_event += 1
         if not self.firing:
-            if anomalous and sum(bad for bad, _ in self.recent) >= self.fire_after:
+            if anomalous and sum(start is not None for start in self.recent) >= self.fire_after:
                 self.firing, self.normal_streak, self.windows_since_event = True, 0, 0
                 # The incident started at the first anomalous window still in view.
-                self.incident_start = next(start for bad, start in self.recent if bad)
+                self.incident_start = next(start for start in self.recent if start is not None)
                 self.severity = severity
                 return Transition.FIRING
             return None
@@ -84,7 +86,7 @@ class IncidentTracker:
 
     def state(self) -> dict[str, Any]:
         return {
-            "recent": [list(item) for item in self.recent],
+            "recent": list(self.recent),
             "firing": self.firing,
             "incident_start": self.incident_start,
             "severity": self.severity,
@@ -93,7 +95,7 @@ class IncidentTracker:
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.recent = tuple((bool(b), float(s)) for b, s in state["recent"])[-self.fire_within :]
+        self.recent = tuple(None if s is None else float(s) for s in state["recent"])[-self.fire_within :]
         self.firing = bool(state["firing"])
         self.incident_start = state["incident_start"]
         self.severity = state["severity"]

@@ -52,7 +52,7 @@ class OpenWindow:
         self.start, self.length, self.partition = start, length, partition
         self._row_of = np.full(0, -1, dtype=np.int32)  # segment id -> row (-1: not in this window)
         self.segment_ids: list[int] = []  # row -> segment id
-        self.block = WindowBlock(capacity, evidence_k)
+        self.block = WindowBlock(capacity, evidence_k, narrow=True)
         # Per row, the TTFT a request must beat to become evidence (-inf until ``evidence_k``
         # are kept): most records are turned away by one vectorised compare.
         self.floor = np.full(capacity, -math.inf)
@@ -188,6 +188,7 @@ def _fold_into(
     np.add.at(block.sums, rows, values[picked])
     np.add.at(block.reasons, (rows, reason_codes[picked]), 1)
     timed = has_ttft[picked]
+    block.make_room(int(np.count_nonzero(timed)))
     np.add.at(block.hist, (rows[timed], buckets[picked][timed]), 1)
     if window.evidence_k <= 0:
         return

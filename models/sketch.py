@@ -61,12 +61,16 @@ class LogHistogram:
         self.counts += other.counts
 
     def quantile(self, q: float) -> float:
-        total = self.count
+        return self.quantiles(q)[0]
+
+    def quantiles(self, *qs: float) -> list[float]:
+        """Several quantiles from one pass over the buckets."""
+        cumulative = np.cumsum(self.counts)
+        total = int(cumulative[-1])
         if total == 0:
-            return float("nan")
-        rank = q * (total - 1)
-        index = int(np.searchsorted(np.cumsum(self.counts), rank, side="right"))
-        return bucket_value(index)
+            return [float("nan")] * len(qs)
+        ranks = [q * (total - 1) for q in qs]
+        return [bucket_value(int(i)) for i in np.searchsorted(cumulative, ranks, side="right").tolist()]
 
     def to_sparse(self) -> dict[int, int]:
         """Non-zero buckets only: what crosses the wire."""

@@ -74,12 +74,15 @@ class WindowBlock:
     each, not a histogram and a dict each.
     """
 
-    __slots__ = ("evidence_at", "evidence_k", "evidence_ttft", "hist", "reasons", "sums")
+    __slots__ = ("evidence_at", "evidence_k", "evidence_ttft", "hist", "hist_added", "reasons", "sums")
 
-    def __init__(self, rows: int, evidence_k: int = 5) -> None:
+    def __init__(self, rows: int, evidence_k: int = 5, narrow: bool = False) -> None:
         self.evidence_k = evidence_k
         self.sums = np.zeros((rows, len(SUMS)))
-        self.hist = np.zeros((rows, N_BUCKETS), dtype=np.int32)
+        # ``narrow``: 16-bit bucket counts, half the memory of a live segment's histogram,
+        # widened to 32 bits before any count could pass 65,535 (see ``make_room``).
+        self.hist = np.zeros((rows, N_BUCKETS), dtype=np.uint16 if narrow else np.int32)
+        self.hist_added = 0  # counts ever added to ``hist``: a bound on any one bucket
         self.reasons = np.zeros((rows, len(REASONS)), dtype=np.int32)
         # Per row, the slowest requests, slowest first: TTFT (-inf: empty slot) and
         # (partition, message offset, position in the message).
@@ -88,6 +91,12 @@ class WindowBlock:
 
     def __len__(self) -> int:
         return len(self.sums)
+
+    def make_room(self, counts: int) -> None:
+        """Widen 16-bit histogram counts before ``counts`` more could overflow them."""
+        self.hist_added += counts
+        if self.hist.dtype == np.uint16 and self.hist_added > np.iinfo(np.uint16).max:
+            self.hist = self.hist.astype(np.int32)
 
     def grow(self, rows: int) -> None:
         """Make room for ``rows`` rows (new rows empty)."""
@@ -155,6 +164,7 @@ class WindowStats:
             raise ValueError("can only merge partials of the same segment and window")
         mine, theirs = self.block, other.block
         mine.sums[self.row] += theirs.sums[other.row]
+        mine.make_room(int(theirs.hist[other.row].sum()))
         mine.hist[self.row] += theirs.hist[other.row]
         mine.reasons[self.row] += theirs.reasons[other.row]
         # Evidence: the slowest of both, slowest first (ties: the one merged in first).

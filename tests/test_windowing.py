@@ -5,9 +5,11 @@ from __future__ import annotations
 import collections
 import random
 
+import numpy as np
 import orjson
 
-from models.open_window import aggregate_rows
+from models.batch import RowBatch
+from models.open_window import OpenWindow, aggregate_rows, fold_batch
 from models.segments import OVERFLOW_KEY, Segmenter
 from models.sketch import LogHistogram
 from models.window import WindowStats
@@ -192,3 +194,19 @@ def test_vectorised_segment_ids_agree_with_key_for() -> None:
                 for r in rows]  # fmt: skip
     assert [seg.keys[i] for i in ids] == expected
     assert ids[0] == seg.ids_for_columns({"model": ["m"], "route": [" a "]}, np.array([1]), np.array([1]))[0]
+
+
+def test_sixteen_bit_histograms_widen_before_they_overflow() -> None:
+    """Open windows count TTFT buckets in 16 bits (half a live segment's memory) until a
+    count could pass 65,535; then the window's table widens and no count is lost."""
+    rows = [log(i, T0 + 1, ttft=0.25) for i in range(40_000)]
+    seg = Segmenter()
+    windows: dict[float, OpenWindow] = {}
+    fold_batch(RowBatch(rows), seg, 10.0, windows)
+    assert windows[T0].block.hist.dtype == np.uint16
+    fold_batch(RowBatch(rows), seg, 10.0, windows)
+    assert windows[T0].block.hist.dtype == np.int32
+    [partial] = windows[T0].partials(seg.keys)
+    assert partial.ttft_count == 80_000 and partial.requests == 80_000
+    partial.merge(aggregate_rows(rows, seg, 10.0)[0])  # merging widens too
+    assert partial.ttft_count == 120_000
