@@ -107,9 +107,10 @@ class PartitionWindower:
 
 @dataclass(slots=True)
 class _Pending:
-    stats: WindowStats
+    """One window's partials that came through one partials partition, by segment."""
+
     first_seen: float
-    via: int  # the partials partition it came through
+    by_segment: dict[str, WindowStats] = field(default_factory=dict)
 
 
 def _overlaps(ranges: list[tuple[int, int, int]], candidate: tuple[int, int, int]) -> bool:
@@ -131,21 +132,23 @@ class WindowAssembler:
     worker starting on a backlog waits for all of them. Times are wall-clock seconds from
     the caller, so tests and replay drive it with their own clock.
 
-    Pending windows sit in two heaps (by end per partials partition, and by age), so
-    ``due`` costs O(released · log pending), not a scan of everything pending.
+    Bookkeeping is per (partials partition, window), not per segment: all segments of a
+    window that came through one partials partition become due together, so a thousand
+    segments cost a thousand dict entries while they wait, not a thousand heap entries.
+    A partial that arrives after its window was released through its partition is late.
     """
 
     grace_s: float = 0.0
     max_wait_s: float = 10.0
     expected_partitions: int = 0
-    pending: dict[tuple[str, float], _Pending] = field(default_factory=dict)
-    released_until: dict[str, float] = field(default_factory=dict)  # segment -> end of last released window
+    pending: dict[tuple[int, float], _Pending] = field(default_factory=dict)  # (via, start) ->
+    released_until: dict[int, float] = field(default_factory=dict)  # via -> end of newest window released
     # (partials partition, source partition) -> (watermark, wall time heard)
     progress: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
     late_partials: int = 0
     duplicate_partials: int = 0
-    _by_end: dict[int, list[tuple[float, tuple[str, float]]]] = field(default_factory=dict, repr=False)
-    _by_age: list[tuple[float, tuple[str, float]]] = field(default_factory=list, repr=False)
+    _by_end: dict[int, list[tuple[float, float]]] = field(default_factory=dict, repr=False)  # via -> (end, start)
+    _by_age: list[tuple[float, tuple[int, float]]] = field(default_factory=list, repr=False)
 
     def heartbeat(self, source: int, watermark: float, now: float, via: int = 0) -> None:
         self._expect_partitions(via, now)
@@ -164,21 +167,23 @@ class WindowAssembler:
         self._expect_partitions(via, now)
         for source, _, _ in partial.sources:
             self.progress.setdefault((via, source), (-math.inf, now))
-        if partial.start < self.released_until.get(partial.key, -math.inf):
+        if partial.end <= self.released_until.get(via, -math.inf):
             self.late_partials += 1
             return
-        slot = (partial.key, partial.start)
+        slot = (via, partial.start)
         pending = self.pending.get(slot)
         if pending is None:
-            self.pending[slot] = _Pending(partial, now, via)
-            heapq.heappush(self._by_end.setdefault(via, []), (partial.end, slot))
+            pending = self.pending[slot] = _Pending(now)
+            heapq.heappush(self._by_end.setdefault(via, []), (partial.end, partial.start))
             heapq.heappush(self._by_age, (now, slot))
-            return
+        merged = pending.by_segment.get(partial.key)
+        if merged is None:
+            pending.by_segment[partial.key] = partial
         # Offsets already merged for this window: a replay after a crash, drop it.
-        if partial.sources and all(_overlaps(pending.stats.sources, src) for src in partial.sources):
+        elif partial.sources and all(_overlaps(merged.sources, src) for src in partial.sources):
             self.duplicate_partials += 1
-            return
-        pending.stats.merge(partial)
+        else:
+            merged.merge(partial)
 
     def _slowest(self, via: int, now: float) -> float:
         # Sources silent for max_wait_s no longer hold windows back (they went idle).
@@ -186,18 +191,18 @@ class WindowAssembler:
         return min(active, default=math.inf)
 
     def due(self, now: float) -> list[WindowStats]:
-        ready: set[tuple[str, float]] = set()
+        ready: set[tuple[int, float]] = set()
         for via, heap in self._by_end.items():
             slowest = self._slowest(via, now)
-            while heap and (heap[0][1] not in self.pending or heap[0][0] <= slowest):
-                _, slot = heapq.heappop(heap)
-                pending = self.pending.get(slot)
+            while heap and ((via, heap[0][1]) not in self.pending or heap[0][0] <= slowest):
+                end, start = heapq.heappop(heap)
+                pending = self.pending.get((via, start))
                 if pending is None:
                     continue  # already released (lazy deletion)
                 if now - pending.first_seen < self.grace_s:
-                    heapq.heappush(heap, (pending.stats.end, slot))
+                    heapq.heappush(heap, (end, start))
                     break
-                ready.add(slot)
+                ready.add((via, start))
         while self._by_age and now - self._by_age[0][0] >= self.max_wait_s:
             _, slot = heapq.heappop(self._by_age)
             if slot in self.pending:
@@ -207,19 +212,16 @@ class WindowAssembler:
     def flush_all(self) -> list[WindowStats]:
         return self._release(set(self.pending))
 
-    def _release(self, slots: set[tuple[str, float]]) -> list[WindowStats]:
-        # Oldest first across all segments, so models see each segment's windows in order.
+    def _release(self, slots: set[tuple[int, float]]) -> list[WindowStats]:
+        # Oldest first, so models see each segment's windows in order.
         released = []
-        for slot in sorted(slots, key=lambda s: (s[1], s[0])):
-            stats = self.pending.pop(slot).stats
-            self.released_until[stats.key] = max(self.released_until.get(stats.key, -math.inf), stats.end)
-            released.append(stats)
+        for via, start in sorted(slots, key=lambda slot: (slot[1], slot[0])):
+            windows = self.pending.pop((via, start)).by_segment
+            for key in sorted(windows):
+                released.append(windows[key])
+            end = start + windows[key].length
+            self.released_until[via] = max(self.released_until.get(via, -math.inf), end)
         if len(self._by_age) > 4 * len(self.pending) + 64:  # drop stale heap entries now and then
             self._by_age = [item for item in self._by_age if item[1] in self.pending]
             heapq.heapify(self._by_age)
-            self._by_end = {
-                via: [item for item in heap if item[1] in self.pending] for via, heap in self._by_end.items()
-            }
-            for heap in self._by_end.values():
-                heapq.heapify(heap)
         return released
