@@ -10,6 +10,7 @@ Pure logic: no clock but the windows it is given.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from enum import StrEnum
@@ -26,6 +27,11 @@ def fingerprint(segment_key: str, signal: str, incident_start: float) -> str:
     """Stable identity of one incident of one signal in one segment."""
     raw = f"{segment_key}\x1f{signal}\x1f{incident_start:.3f}".encode()
     return hashlib.blake2b(raw, digest_size=8).hexdigest()
+
+
+@functools.cache
+def _all_normal(n: int) -> tuple[None, ...]:
+    return (None,) * n
 
 
 @dataclass(slots=True)
@@ -59,7 +65,9 @@ class IncidentTracker:
 
     def step(self, anomalous: bool, *, window_start: float, severity: str | None = None) -> Transition | None:
         """Feed one window's verdict; return the state change it causes, if any."""
-        self.recent = (*self.recent, window_start if anomalous else None)[-self.fire_within :]
+        recent = (*self.recent, window_start if anomalous else None)[-self.fire_within :]
+        # Mostly all normal: share one tuple of Nones rather than keep a new one per segment.
+        self.recent = _all_normal(len(recent)) if not anomalous and recent.count(None) == len(recent) else recent
         self.windows_since_event += 1
         if not self.firing:
             if anomalous and sum(start is not None for start in self.recent) >= self.fire_after:

@@ -18,6 +18,7 @@ request text, however long its answers.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from typing import Any
 
@@ -51,8 +52,8 @@ class OpenWindow:
     def __init__(self, start: float, length: float, evidence_k: int = 5, capacity: int = 8, partition: int = 0) -> None:
         self.start, self.length, self.partition = start, length, partition
         self._row_of = np.full(0, -1, dtype=np.int32)  # segment id -> row (-1: not in this window)
-        self.segment_ids: list[int] = []  # row -> segment id
-        self.block = WindowBlock(capacity, evidence_k, narrow=True)
+        self.segment_ids = array("l")  # row -> segment id (4-8 bytes each, not a Python int)
+        self.block = WindowBlock(capacity, evidence_k)
         # Per row, the TTFT a request must beat to become evidence (-inf until ``evidence_k``
         # are kept): most records are turned away by one vectorised compare.
         self.floor = np.full(capacity, -math.inf)
@@ -100,8 +101,8 @@ class OpenWindow:
         request kept first stays (so the result does not depend on how batches were cut)."""
         touched, slot = np.unique(rows, return_inverse=True)
         block, k = self.block, self.block.evidence_k
-        new_ttft = np.full((len(touched), k), -math.inf)
-        new_at = np.zeros((len(touched), k, 3), dtype=np.int64)
+        new_ttft = np.full((len(touched), k), -math.inf, dtype=np.float32)
+        new_at = np.zeros((len(touched), k, 2), dtype=np.int64)
         new_ttft[slot, ranks], new_at[slot, ranks] = times, at
         both_ttft = np.concatenate((block.evidence_ttft[touched], new_ttft), axis=1)
         both_at = np.concatenate((block.evidence_at[touched], new_at), axis=1)
@@ -186,9 +187,9 @@ def _fold_into(
     rows = window.rows_for(segment_ids[picked])
     block = window.block
     np.add.at(block.sums, rows, values[picked])
+    block.fit(int(block.sums[rows, 0].max()))
     np.add.at(block.reasons, (rows, reason_codes[picked]), 1)
     timed = has_ttft[picked]
-    block.make_room(int(np.count_nonzero(timed)))
     np.add.at(block.hist, (rows[timed], buckets[picked][timed]), 1)
     if window.evidence_k <= 0:
         return
@@ -202,7 +203,7 @@ def _fold_into(
     ordered_rows = rows[order]
     ranks = np.arange(len(order)) - np.searchsorted(ordered_rows, ordered_rows, side="left")
     keep = order[ranks < window.evidence_k]
-    at = np.column_stack((np.full(len(keep), window.partition), np.full(len(keep), offset), positions[keep]))
+    at = np.column_stack((np.full(len(keep), offset), (window.partition << 32) | positions[keep]))  # pack_location
     window.offer_evidence(rows[keep], ranks[ranks < window.evidence_k], times[keep], at)
 
 

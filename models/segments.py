@@ -10,6 +10,7 @@ label cardinality (a tenant id sneaking into ``route`` must not take the worker 
 from __future__ import annotations
 
 import itertools
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,7 +123,8 @@ class Segmenter:
                 # '|' and '=' separate labels in the key; keep them out of values.
                 value = values[dim].replace("|", "/").replace("=", ":")
             parts.append(f"{dim}={value}")
-        key = "|".join(parts)
+        # Interned: stage 2 and the detectors hold the same key (even when it came over the wire).
+        key = sys.intern("|".join(parts))
         if key in self._ids:
             return key
         if len(self._ids) - (self._overflow_id is not None) >= self.max_segments:
@@ -174,7 +176,10 @@ class Segmenter:
         self.overflowed = overflowed  # counted per row by the caller
         segment_id = self._ids[key]
         if key != OVERFLOW_KEY and len(self._combo_ids) < 4 * self.max_segments:
-            self._combo_ids[combo] = segment_id  # bounded: never more combos than a few per segment
+            # Bounded: never more combos than a few per segment. Interned, so the model
+            # name a thousand segments share is one string, not a copy per segment.
+            combo = tuple(sys.intern(v) if isinstance(v, str) else v for v in combo)
+            self._combo_ids[combo] = segment_id
         return segment_id
 
     @staticmethod

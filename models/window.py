@@ -13,6 +13,7 @@ copies; scalars are slots.
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -65,6 +66,15 @@ def _add_range(ranges: list[tuple[int, int, int]], new: tuple[int, int, int]) ->
 Location = tuple[int, int, int]
 
 
+def pack_location(partition: int, offset: int, index: int) -> tuple[int, int]:
+    """A ``Location`` in two int64s: (offset, partition and index in one)."""
+    return offset, (partition << 32) | index
+
+
+def unpack_location(offset: int, partition_index: int) -> Location:
+    return partition_index >> 32, offset, partition_index & 0xFFFFFFFF
+
+
 class WindowBlock:
     """Window figures of many segments as columns: a row per segment.
 
@@ -74,29 +84,31 @@ class WindowBlock:
     each, not a histogram and a dict each.
     """
 
-    __slots__ = ("evidence_at", "evidence_k", "evidence_ttft", "hist", "hist_added", "reasons", "sums")
+    __slots__ = ("evidence_at", "evidence_k", "evidence_ttft", "hist", "reasons", "sums")
 
-    def __init__(self, rows: int, evidence_k: int = 5, narrow: bool = False) -> None:
+    def __init__(self, rows: int, evidence_k: int = 5) -> None:
         self.evidence_k = evidence_k
         self.sums = np.zeros((rows, len(SUMS)))
-        # ``narrow``: 16-bit bucket counts, half the memory of a live segment's histogram,
-        # widened to 32 bits before any count could pass 65,535 (see ``make_room``).
-        self.hist = np.zeros((rows, N_BUCKETS), dtype=np.uint16 if narrow else np.int32)
-        self.hist_added = 0  # counts ever added to ``hist``: a bound on any one bucket
-        self.reasons = np.zeros((rows, len(REASONS)), dtype=np.int32)
-        # Per row, the slowest requests, slowest first: TTFT (-inf: empty slot) and
-        # (partition, message offset, position in the message).
-        self.evidence_ttft = np.full((rows, evidence_k), -math.inf)
-        self.evidence_at = np.zeros((rows, evidence_k, 3), dtype=np.int64)
+        # Bucket and reason counts start at 8 bits and widen (``fit``) as a segment's
+        # requests in the window grow: many segments means few requests each, and then a
+        # live segment's histogram costs 130 bytes, not 520.
+        self.hist = np.zeros((rows, N_BUCKETS), dtype=np.uint8)
+        self.reasons = np.zeros((rows, len(REASONS)), dtype=np.uint8)
+        # Per row, the slowest requests, slowest first: TTFT (-inf: empty slot; float32 is
+        # plenty for seconds) and where each is, packed by ``pack_location``.
+        self.evidence_ttft = np.full((rows, evidence_k), -math.inf, dtype=np.float32)
+        self.evidence_at = np.zeros((rows, evidence_k, 2), dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.sums)
 
-    def make_room(self, counts: int) -> None:
-        """Widen 16-bit histogram counts before ``counts`` more could overflow them."""
-        self.hist_added += counts
-        if self.hist.dtype == np.uint16 and self.hist_added > np.iinfo(np.uint16).max:
-            self.hist = self.hist.astype(np.int32)
+    def fit(self, requests: int) -> None:
+        """Widen the counts, if needed, so a row of ``requests`` requests cannot overflow them
+        (no count in a row exceeds its requests). Call before adding those counts."""
+        dtype = self.hist.dtype
+        if requests > np.iinfo(dtype).max:
+            wider = next(t for t in (np.uint16, np.int32, np.int64) if requests <= np.iinfo(t).max)
+            self.hist, self.reasons = self.hist.astype(wider), self.reasons.astype(wider)
 
     def grow(self, rows: int) -> None:
         """Make room for ``rows`` rows (new rows empty)."""
@@ -164,9 +176,10 @@ class WindowStats:
             raise ValueError("can only merge partials of the same segment and window")
         mine, theirs = self.block, other.block
         mine.sums[self.row] += theirs.sums[other.row]
-        mine.make_room(int(theirs.hist[other.row].sum()))
-        mine.hist[self.row] += theirs.hist[other.row]
-        mine.reasons[self.row] += theirs.reasons[other.row]
+        mine.fit(int(mine.sums[self.row, 0]))
+        # ``fit`` made room, so adding counts of a wider type cannot overflow: cast freely.
+        np.add(mine.hist[self.row], theirs.hist[other.row], out=mine.hist[self.row], casting="unsafe")
+        np.add(mine.reasons[self.row], theirs.reasons[other.row], out=mine.reasons[self.row], casting="unsafe")
         # Evidence: the slowest of both, slowest first (ties: the one merged in first).
         times = np.concatenate((mine.evidence_ttft[self.row], theirs.evidence_ttft[other.row]))
         at = np.concatenate((mine.evidence_at[self.row], theirs.evidence_at[other.row]))
@@ -230,7 +243,7 @@ class WindowStats:
     def evidence(self) -> list[tuple[float, Location]]:
         """The kept requests, slowest first, as (TTFT, location)."""
         kept = zip(self.block.evidence_ttft[self.row].tolist(), self.block.evidence_at[self.row].tolist(), strict=True)
-        return [(ttft, (p, o, i)) for ttft, (p, o, i) in kept if ttft > -math.inf]
+        return [(round(ttft, 6), unpack_location(*at)) for ttft, at in kept if ttft > -math.inf]
 
     def evidence_records(self) -> list[dict[str, Any]]:
         """The slowest requests, slowest first, as pointers: their TTFT and ``location``
@@ -267,11 +280,12 @@ class WindowStats:
     def from_dicts(cls, items: list[dict[str, Any]]) -> list[WindowStats]:
         """A bundle of partials, decoded into one block (a row each)."""
         block = WindowBlock(len(items), max((int(d["evidence_k"]) for d in items), default=5))
+        block.fit(max((int(d["requests"]) for d in items), default=0))
         out = []
         for row, data in enumerate(items):
             watermark = data.get("watermark")
             stats = cls(
-                str(data["key"]), float(data["start"]), float(data["length"]), block=block, row=row,
+                sys.intern(str(data["key"])), float(data["start"]), float(data["length"]), block=block, row=row,
                 sources=[(int(p), int(a), int(b)) for p, a, b in data["sources"]],
                 watermark=-math.inf if watermark is None else float(watermark),
             )  # fmt: skip
@@ -285,6 +299,6 @@ class WindowStats:
                 block.reasons[row, REASONS.index(str(reason))] += int(count)
             for slot, (ttft, *where) in enumerate(data["evidence"][: block.evidence_k]):
                 block.evidence_ttft[row, slot] = float(ttft)
-                block.evidence_at[row, slot] = [int(v) for v in where]
+                block.evidence_at[row, slot] = pack_location(*(int(v) for v in where))
             out.append(stats)
         return out

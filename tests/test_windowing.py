@@ -196,17 +196,24 @@ def test_vectorised_segment_ids_agree_with_key_for() -> None:
     assert ids[0] == seg.ids_for_columns({"model": ["m"], "route": [" a "]}, np.array([1]), np.array([1]))[0]
 
 
-def test_sixteen_bit_histograms_widen_before_they_overflow() -> None:
-    """Open windows count TTFT buckets in 16 bits (half a live segment's memory) until a
-    count could pass 65,535; then the window's table widens and no count is lost."""
-    rows = [log(i, T0 + 1, ttft=0.25) for i in range(40_000)]
+def test_narrow_histograms_widen_before_they_overflow() -> None:
+    """Open windows count TTFT buckets in 8 bits while segments are small (most of a live
+    segment's memory), and widen as a segment's requests grow; no count is ever lost."""
     seg = Segmenter()
     windows: dict[float, OpenWindow] = {}
+    fold_batch(RowBatch([log(i, T0 + 1, ttft=0.25) for i in range(200)]), seg, 10.0, windows)
+    assert windows[T0].block.hist.dtype == np.uint8
+    rows = [log(i, T0 + 1, ttft=0.25) for i in range(40_000)]
     fold_batch(RowBatch(rows), seg, 10.0, windows)
     assert windows[T0].block.hist.dtype == np.uint16
     fold_batch(RowBatch(rows), seg, 10.0, windows)
     assert windows[T0].block.hist.dtype == np.int32
     [partial] = windows[T0].partials(seg.keys)
-    assert partial.ttft_count == 80_000 and partial.requests == 80_000
-    partial.merge(aggregate_rows(rows, seg, 10.0)[0])  # merging widens too
-    assert partial.ttft_count == 120_000
+    assert partial.ttft_count == 80_200 and partial.requests == 80_200
+    assert partial.finish_reasons == {"stop": 80_200}
+    small = aggregate_rows([log(i, T0 + 2, ttft=0.25) for i in range(250)], seg, 10.0)[0]
+    small.merge(aggregate_rows([log(i, T0 + 2, ttft=0.25) for i in range(250)], seg, 10.0)[0])  # merging widens too
+    assert small.ttft_count == 500 and small.finish_reasons == {"stop": 500}
+    big = aggregate_rows(rows, seg, 10.0)[0]  # 16-bit counts
+    small.merge(big)  # into 8-bit ones
+    assert small.ttft_count == 40_500 and small.block.hist.dtype == np.uint16
