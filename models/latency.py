@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import functools
 import math
+from array import array
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
-import numpy as np
 from river import base
 
 _LN10 = math.log(10.0)
@@ -115,23 +115,29 @@ def _matvec(m: Sequence[float], v: Sequence[float]) -> list[float]:
     ]
 
 
-class _Part:
-    """A named part of ``LoadConditionedLatency._state``: a float, or a view of a slice."""
+class _Params(NamedTuple):
+    elasticity: float
+    surge_ratio: float
+    surge_elasticity: float
+    elasticity_sd: float
+    level_drift_sd: float
+    noise_sd: float
+    noise_halflife: float
+    grace_windows: int
+    min_noise_sd: float
 
-    def __init__(self, start: int, stop: int | None = None, shape: tuple[int, ...] | None = None) -> None:
-        self.start, self.stop, self.shape = start, stop, shape
 
-    def __get__(self, model: Any, owner: Any = None) -> Any:
-        if self.stop is None:
-            return float(model._state[self.start])
-        part = model._state[self.start : self.stop]
-        return part.reshape(self.shape) if self.shape else part
+_shared_params = functools.lru_cache(maxsize=256)(_Params)
 
-    def __set__(self, model: Any, value: Any) -> None:
-        if self.stop is None:
-            model._state[self.start] = value
-        else:
-            model._state[self.start : self.stop] = np.ravel(value)
+
+def _param(name: str) -> Any:
+    return property(lambda model: getattr(model._params, name), doc=f"Constructor argument ``{name}``.")
+
+
+#: Layout of ``LoadConditionedLatency._state``: reference log demand (2), regression
+#: weights (3), their covariance (3x3, row-major), noise variance and weight, load-blind
+#: level mean and variance.
+_STATE_SIZE = 18
 
 
 class LoadConditionedLatency(base.SupervisedAnomalyDetector):
@@ -184,19 +190,20 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
     True
     """
 
-    # Thousands of segments each hold one: slots, and the whole learned state in one numpy
-    # vector (``_state``) that the names below are views of, not a dozen small objects.
-    __slots__ = (
-        "_state", "elasticity", "elasticity_sd", "grace_windows", "level_drift_sd", "min_noise_sd", "n_learned",
-        "noise_halflife", "noise_sd", "surge_elasticity", "surge_ratio",
-    )  # fmt: skip
-    _reference = _Part(0, 2)  # mean log demand over the grace windows
-    _weights = _Part(2, 5)
-    _cov = _Part(5, 14, (3, 3))
-    _noise_var = _Part(14)
-    _noise_weight = _Part(15)  # pseudo-windows behind the noise prior
-    _level_mean = _Part(16)  # load-blind: EW mean/var of log latency
-    _level_var = _Part(17)
+    # Thousands of segments each hold one: slots, and the whole learned state in one flat
+    # array of doubles (``_state``, see ``_STATE_SIZE``) rather than a dozen small objects.
+    # The constructor arguments live in one ``_Params`` shared by every model built with
+    # the same ones (they are read through the properties below, as river expects).
+    __slots__ = ("_params", "_state", "n_learned")
+    elasticity = _param("elasticity")
+    surge_ratio = _param("surge_ratio")
+    surge_elasticity = _param("surge_elasticity")
+    elasticity_sd = _param("elasticity_sd")
+    level_drift_sd = _param("level_drift_sd")
+    noise_sd = _param("noise_sd")
+    noise_halflife = _param("noise_halflife")
+    grace_windows = _param("grace_windows")
+    min_noise_sd = _param("min_noise_sd")
 
     def __init__(
         self,
@@ -210,22 +217,22 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
         grace_windows: int = 6,
         min_noise_sd: float = 0.05,
     ) -> None:
-        self.elasticity = elasticity
-        self.surge_ratio = surge_ratio
-        self.surge_elasticity = surge_elasticity
-        self.elasticity_sd = elasticity_sd
-        self.level_drift_sd = level_drift_sd
-        self.noise_sd = noise_sd
-        self.noise_halflife = noise_halflife
-        self.grace_windows = grace_windows
-        self.min_noise_sd = min_noise_sd
+        self._params = _shared_params(
+            elasticity, surge_ratio, surge_elasticity, elasticity_sd, level_drift_sd, noise_sd, noise_halflife,
+            grace_windows, min_noise_sd,
+        )  # fmt: skip
         self.n_learned = 0
-        self._state = np.zeros(18)
-        self._weights = np.array([0.0, elasticity, surge_elasticity])
-        self._cov = np.diag([100.0, elasticity_sd**2, elasticity_sd**2])
-        self._noise_var = noise_sd**2
-        self._noise_weight = 2.0
-        self._level_var = noise_sd**2
+        prior_var = elasticity_sd**2
+        self._state = array(
+            "d",
+            [
+                0.0, 0.0,  # reference log demand: set over the grace windows
+                0.0, elasticity, surge_elasticity,  # weights: level, slope, surge slope
+                100.0, 0.0, 0.0, 0.0, prior_var, 0.0, 0.0, 0.0, prior_var,  # covariance
+                noise_sd**2, 2.0,  # noise variance, and the pseudo-windows behind that prior
+                0.0, noise_sd**2,  # load-blind level: EW mean and variance of log latency
+            ],
+        )  # fmt: skip
 
     # -- features -----------------------------------------------------------------
     # Plain floats, not numpy: the vectors have two or three elements, and numpy's cost
@@ -263,7 +270,7 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
             # Reference demand = running mean over the grace windows (the first window is
             # often partial, so it alone would be a poor reference).
             reference = [r + (now - r) / (n + 1) for r, now in zip(reference, self._log_demand(x), strict=True)]
-            self._state[0:2] = reference
+            self._state[0:2] = array("d", reference)
         if n == 0:
             weights[0] = level_mean = log_y
         phi = self._phi(x)
@@ -290,7 +297,7 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
         delta = log_y - level_mean
         level_mean += alpha * delta
         level_var = (1.0 - alpha) * (level_var + alpha * delta * delta)
-        self._state[2:18] = [*weights, *cov, noise_var, noise_weight, level_mean, level_var]
+        self._state[2:18] = array("d", [*weights, *cov, noise_var, noise_weight, level_mean, level_var])
         self.n_learned = n + 1
 
     def predict_one(self, x: dict[Hashable, Any]) -> Prediction:
@@ -324,19 +331,22 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
 
     # -- compact state (no pickled river objects) ------------------------------------
     def state(self) -> dict[str, Any]:
+        s = self._state.tolist()
         return {
             "n_learned": self.n_learned,
-            "reference": self._reference.tolist(),
-            "weights": self._weights.tolist(),
-            "cov": self._cov.tolist(),
-            "noise": [self._noise_var, self._noise_weight],
-            "level": [self._level_mean, self._level_var],
+            "reference": s[0:2],
+            "weights": s[2:5],
+            "cov": [s[5:8], s[8:11], s[11:14]],
+            "noise": s[14:16],
+            "level": s[16:18],
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
+        values = [
+            *state["reference"], *state["weights"], *(v for row in state["cov"] for v in row), *state["noise"],
+            *state["level"],
+        ]  # fmt: skip
+        if len(values) != _STATE_SIZE:
+            raise ValueError(f"latency model state has {len(values)} numbers, expected {_STATE_SIZE}")
+        self._state = array("d", map(float, values))
         self.n_learned = int(state["n_learned"])
-        self._reference = np.asarray(state["reference"], dtype=float)
-        self._weights = np.asarray(state["weights"], dtype=float)
-        self._cov = np.asarray(state["cov"], dtype=float)
-        self._noise_var, self._noise_weight = map(float, state["noise"])
-        self._level_mean, self._level_var = map(float, state["level"])
