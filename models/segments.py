@@ -123,16 +123,17 @@ class Segmenter:
                 # '|' and '=' separate labels in the key; keep them out of values.
                 value = values[dim].replace("|", "/").replace("=", ":")
             parts.append(f"{dim}={value}")
-        # Interned: stage 2 and the detectors hold the same key (even when it came over the wire).
-        key = sys.intern("|".join(parts))
-        if key in self._ids:
-            return key
+        key = "|".join(parts)
+        known = self._ids.get(key)
+        if known is not None:
+            return self.keys[known]
         if len(self._ids) - (self._overflow_id is not None) >= self.max_segments:
             self.overflowed += 1
             key = OVERFLOW_KEY
             if self._overflow_id is not None:
                 return key
             self._overflow_id = len(self.keys)
+        key = sys.intern(key)  # stage 2 and the detectors share it, even when it came over the wire
         self._ids[key] = len(self.keys)
         self.keys.append(key)
         return key

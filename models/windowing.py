@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from models.batch import RowBatch
 from models.open_window import OpenWindow, fold_batch
 from models.segments import Segmenter
-from models.window import WindowStats
+from models.window import WindowBlock, WindowStats
 from schemas.request_log import RequestLogRow
 
 
@@ -107,10 +107,24 @@ class PartitionWindower:
 
 @dataclass(slots=True)
 class _Pending:
-    """One window's partials that came through one partials partition, by segment."""
+    """One window's partials that came through one partials partition, merged per segment
+    into rows of a block of its own (so the blocks the partials arrived in can go)."""
 
     first_seen: float
+    block: WindowBlock
     by_segment: dict[str, WindowStats] = field(default_factory=dict)
+
+    def target(self, partial: WindowStats) -> WindowStats:
+        """The segment's accumulator, a new empty row the first time."""
+        merged = self.by_segment.get(partial.key)
+        if merged is None:
+            row = len(self.by_segment)
+            if row >= len(self.block):
+                self.block.grow(2 * len(self.block))
+            merged = self.by_segment[partial.key] = WindowStats(
+                partial.key, partial.start, partial.length, block=self.block, row=row, watermark=partial.watermark
+            )
+        return merged
 
 
 def _overlaps(ranges: list[tuple[int, int, int]], candidate: tuple[int, int, int]) -> bool:
@@ -173,14 +187,12 @@ class WindowAssembler:
         slot = (via, partial.start)
         pending = self.pending.get(slot)
         if pending is None:
-            pending = self.pending[slot] = _Pending(now)
+            pending = self.pending[slot] = _Pending(now, WindowBlock(8, partial.evidence_k))
             heapq.heappush(self._by_end.setdefault(via, []), (partial.end, partial.start))
             heapq.heappush(self._by_age, (now, slot))
-        merged = pending.by_segment.get(partial.key)
-        if merged is None:
-            pending.by_segment[partial.key] = partial
+        merged = pending.target(partial)
         # Offsets already merged for this window: a replay after a crash, drop it.
-        elif partial.sources and all(_overlaps(merged.sources, src) for src in partial.sources):
+        if partial.sources and all(_overlaps(merged.sources, src) for src in partial.sources):
             self.duplicate_partials += 1
         else:
             merged.merge(partial)

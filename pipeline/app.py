@@ -68,7 +68,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     partials_partitions = settings.topic_partitions
 
     async def send_partials(partials: list[WindowStats]) -> None:
-        for partition, bundle in stage_one.bundles(partials, partials_partitions).items():
+        for partition, bundle in stage_one.bundles(partials, partials_partitions):
             await topics.partials.send(key=None, value=bundle, partition=partition)
 
     evidence_reader = KafkaMessageReader(

@@ -20,6 +20,7 @@ import orjson
 from models.detector import DetectorBank
 from models.window import WindowStats
 from models.windowing import PartitionWindower, WindowAssembler
+from models.wire import windows_from_wire, windows_to_wire
 from pipeline import metrics
 from pipeline.decode import Source, decode_message
 from pipeline.settings import Settings
@@ -27,6 +28,10 @@ from schemas.anomaly import AnomalyEvent
 from schemas.dead_letter import DeadLetter
 
 logger = logging.getLogger(__name__)
+
+
+#: Segments per partials message (see ``StageOne.bundles``).
+BUNDLE_PARTIALS = 256
 
 
 def partition_of(key: str, partitions: int) -> int:
@@ -81,20 +86,30 @@ class StageOne:
             metrics.DEAD_LETTERS.labels(letter.reason).inc()
         return decoded.dead_letters, windower.close_due()
 
-    def bundles(self, partials: list[WindowStats], partitions: int) -> dict[int, bytes]:
-        """What to send to each partials partition: its partials, then every source's new watermark.
+    def bundles(self, partials: list[WindowStats], partitions: int) -> list[tuple[int, bytes]]:
+        """What to send to each partials partition: its partials, then every source's new
+        watermark, as (partition, message) in sending order.
 
-        One message per partials partition per flush, not one per partial: Faust pays per
-        message on both ends. Partials go to ``partition_of(key)``, so a segment always
-        lands on the same stage-2 partition; watermarks go to every partition, after the
+        A few messages per partials partition per flush, not one per partial: Faust pays per
+        message on both ends. At most ``BUNDLE_PARTIALS`` segments per message, so neither
+        side ever holds a whole window's worth of encoded partials at once (with thousands of
+        segments closing together, that was the worker's memory high-water mark). Partials
+        go to ``partition_of(key)``, so a segment always lands on the same stage-2
+        partition; watermarks go to every partition, in the last message, after the
         partials, which is what lets stage 2 know a window is complete.
         """
-        grouped: dict[int, list[dict[str, Any]]] = {}
+        grouped: dict[int, list[WindowStats]] = {}
         for partial in partials:
-            grouped.setdefault(partition_of(partial.key, partitions), []).append(partial.to_dict())
+            grouped.setdefault(partition_of(partial.key, partitions), []).append(partial)
         marks = {str(source): mark for source, mark in self.watermarks_to_announce().items()}
-        targets = range(partitions) if marks else grouped
-        return {k: orjson.dumps({"partials": grouped.get(k, []), "watermarks": marks}) for k in targets}
+        out = []
+        for k in range(partitions) if marks else sorted(grouped):
+            mine = grouped.get(k, [])
+            for start in range(0, len(mine), BUNDLE_PARTIALS) if mine else [0]:
+                last = start + BUNDLE_PARTIALS >= len(mine)
+                chunk = windows_to_wire(mine[start : start + BUNDLE_PARTIALS])
+                out.append((k, orjson.dumps({"windows": chunk, "watermarks": marks if last else {}})))
+        return out
 
     def safe_to_ack(self) -> list[Any]:
         """Tokens of messages all of whose windows have been released (call after sending partials)."""
@@ -179,9 +194,12 @@ class StageTwo:
         now = time.monotonic() if now is None else now
         try:
             bundle = orjson.loads(raw)
-            partials = WindowStats.from_dicts(bundle["partials"])
+            if "windows" in bundle:
+                partials = windows_from_wire(bundle["windows"])
+            else:  # a partial per object, as workers before the columnar format sent them
+                partials = WindowStats.from_dicts(bundle["partials"])
             marks = [(int(source), float(mark)) for source, mark in bundle["watermarks"].items()]
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             logger.error("unreadable partials bundle dropped: %s", exc)
             return []
         for partial in partials:

@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
+from models.wire import windows_from_wire
 from pipeline.app import create_app
 from pipeline.decode import Source
 from pipeline.settings import Settings
@@ -47,7 +48,7 @@ async def test_bad_message_is_dead_lettered_and_the_agent_keeps_going(app_and_si
     letters = [DeadLetter.model_validate_json(v) for v in sinks["deadletter"].values]
     assert [(d.reason, d.record_index) for d in letters] == [("invalid_json", None), ("validation", 1)]
     bundles = [orjson.loads(v) for v in sinks["partials"].values]
-    assert [p["requests"] for b in bundles for p in b["partials"]] == [1]
+    assert [w.requests for b in bundles for w in windows_from_wire(b["windows"])] == [1]
     assert any(b["watermarks"] for b in bundles)
 
 
@@ -59,11 +60,12 @@ async def test_partials_in_anomalies_out(app_and_sinks: Any) -> None:
     workload = Workload((Phase("normal", 300), Phase("cache_off", 120, prefix_caching=False)), seed=8)
     for offset, (_, batch) in enumerate(workload.seconds()):
         _, partials = stage_one.process(orjson.dumps(batch), Source("t", 0, offset), now=0.0)
-        messages += stage_one.bundles(partials, 1).values()
+        messages += [bundle for _, bundle in stage_one.bundles(partials, 1)]
     agent = app.agents["pipeline.app.detect_anomalies"]
     async with agent.test_context() as running:
         await running.put(b"garbage that is not a bundle")  # logged and dropped, never fatal
         await running.put(b'{"partials": [{"key": 1}], "watermarks": {}}')
+        await running.put(b'{"windows": [{"keys": ["k"], "sums": [[1, 2]]}], "watermarks": {}}')
         for message in messages:
             await running.put(message)
     events = [AnomalyEvent.model_validate_json(v) for v in sinks["anomalies"].values]

@@ -130,7 +130,7 @@ def test_shuffled_delivery_loses_no_partial() -> None:
         p = rng.randrange(4)
         _, partials = one.process(orjson.dumps(batch), Source("t", p, offsets[p]), now=now)
         offsets[p] += 1
-        for k, bundle in one.bundles(partials, 4).items():
+        for k, bundle in one.bundles(partials, 4):
             queues[k].append(bundle)
         now += 0.05
         for _ in range(rng.randrange(12)):
@@ -138,7 +138,7 @@ def test_shuffled_delivery_loses_no_partial() -> None:
             if queues[k]:
                 two.receive(queues[k].popleft(), via=k, now=now)
     assert judged, "windows are judged while data flows, not only at the end"
-    for k, bundle in one.bundles(one.flush_all(), 4).items():
+    for k, bundle in one.bundles(one.flush_all(), 4):
         queues[k].append(bundle)
     for k in range(4):
         while queues[k]:
