@@ -62,7 +62,9 @@ def child(segments: int, windows: int, partitions: int) -> dict[str, float]:
     from pipeline.decode import Source
     from pipeline.settings import Settings
     from pipeline.stages import StageOne, StageTwo
+    from pipeline.tuning import tune_process
 
+    tune_process()  # as `servewatch worker` does
     settings = Settings(allowed_lateness_s=0.0, topic_partitions=partitions)
     one, two = StageOne(settings), StageTwo(settings)
     for offset, (partition, raw) in enumerate(batches(10, 3, partitions)):  # warm up allocators, lazy imports

@@ -30,10 +30,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.common import PEAK_RATE, encode, fleet_records, metric, peak_rss_kib, produce, wait_for
 from pipeline import topics
 from pipeline.broker import EmbeddedBroker, free_loopback_port
-from pipeline.cli import REPLAY_CHUNK_LINES, tune_gc
+from pipeline.cli import REPLAY_CHUNK_LINES
 from pipeline.demo import start_worker, stop_worker
 from pipeline.kafka import ensure_topics
 from pipeline.replay import JsonlChunks, Replay
+from pipeline.tuning import tune_process
 
 PARTITIONS = 4
 
@@ -112,7 +113,7 @@ def replay_rate(records: list[dict]) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "requests.jsonl"
         path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
-        tune_gc()  # as `servewatch replay` does
+        tune_process()  # as `servewatch replay` does
         chunks = JsonlChunks(str(path), REPLAY_CHUNK_LINES)
         engine = Replay(reread=chunks.reread)
         started = time.perf_counter()

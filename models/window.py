@@ -185,6 +185,9 @@ class WindowStats:
         at = np.concatenate((mine.evidence_at[self.row], theirs.evidence_at[other.row]))
         best = np.argsort(-times, kind="stable")[: mine.evidence_k]
         mine.evidence_ttft[self.row], mine.evidence_at[self.row] = times[best], at[best]
+        if not self.sources:
+            self.sources = other.sources  # shared, never mutated: a window's partials share one list
+            return
         for source in other.sources:
             self.sources = _add_range(self.sources, source)
 

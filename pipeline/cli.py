@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import logging
 import sys
 import time
@@ -20,6 +19,7 @@ import orjson
 
 from pipeline.broker import BrokerError, EmbeddedBroker
 from pipeline.settings import Settings
+from pipeline.tuning import tune_process
 from schemas.dead_letter import DeadLetter
 
 logger = logging.getLogger("servewatch")
@@ -207,25 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def tune_gc() -> None:
-    """Fewer, cheaper garbage collections for a process that allocates a dict per record.
-
-    The hot path creates and drops hundreds of thousands of small containers per second; with
-    CPython's default thresholds the cyclic collector then runs thousands of times a second
-    and, now and then, traverses every long-lived object: with the collector off, replay ran
-    ~20 % faster. Freezing what exists after start-up (imports, settings) and raising the
-    young-generation threshold recovers part of that; reference counting still frees rows
-    at once, only cycles wait longer.
-    """
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("worker", "replay"):
-        tune_gc()
+        tune_process()
     level = "DEBUG" if args.verbose else Settings().log_level
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not args.verbose:

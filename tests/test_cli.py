@@ -34,3 +34,18 @@ def test_generate_then_replay_finds_the_incident(tmp_path: Path, capsys: pytest.
     assert any(e.pages and e.signal.value == "ttft" for e in events)
     err = capsys.readouterr().err
     assert "2 rejected records" in err and "invalid_json" in err
+
+
+def test_process_tuning_pins_the_allocator_and_the_collector() -> None:
+    import gc
+
+    from pipeline.tuning import tune_malloc, tune_process
+
+    thresholds = gc.get_threshold()
+    try:
+        tune_process()
+        assert gc.get_threshold()[0] == 50_000
+        assert tune_malloc() in (True, False)  # True on glibc; never raises elsewhere
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*thresholds)
