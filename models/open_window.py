@@ -1,6 +1,6 @@
 """Stage 1's open windows as numpy tables: a batch is folded in with a few calls, not a loop.
 
-An ``OpenWindow`` holds one window of one input partition: a row per segment seen in it,
+An ``OpenWindow`` holds one window of a worker's input partitions: a row per segment seen in it,
 with that segment's counters, TTFT histogram and finish-reason counts as rows of 2-D
 arrays. ``fold_batch`` maps a batch's records to (window, row) and adds them with
 ```np.add.at``, so its cost grows with the records, not with the segments they touch: with
@@ -34,7 +34,7 @@ _LABEL_DIMENSIONS = ("model", "route", "tenant", "instance", "engine")
 
 
 class OpenWindow:
-    """One window of one partition, a table row per segment seen in it.
+    """One window (of all the partitions a worker reads), a table row per segment seen in it.
 
     >>> seg = Segmenter()
     >>> rows = [dict(request_id=str(i), timestamp=1_700_000_001.0 + i, model="m", prompt_tokens=100,
@@ -47,10 +47,10 @@ class OpenWindow:
     [('model=m|route=-|prompt_band=<4k|output_band=<1k', 3, 300, 3)]
     """
 
-    __slots__ = ("_row_of", "block", "floor", "length", "offsets", "partition", "segment_ids", "start")
+    __slots__ = ("_row_of", "block", "floor", "length", "offsets", "segment_ids", "start")
 
-    def __init__(self, start: float, length: float, evidence_k: int = 5, capacity: int = 8, partition: int = 0) -> None:
-        self.start, self.length, self.partition = start, length, partition
+    def __init__(self, start: float, length: float, evidence_k: int = 5, capacity: int = 8) -> None:
+        self.start, self.length = start, length
         self._row_of = np.full(0, -1, dtype=np.int32)  # segment id -> row (-1: not in this window)
         self.segment_ids = array("l")  # row -> segment id (4-8 bytes each, not a Python int)
         self.block = WindowBlock(capacity, evidence_k)
@@ -166,8 +166,8 @@ def fold_batch(
         start = float(window_id * window_s)
         window = into.get(start)
         if window is None:
-            window = into[start] = OpenWindow(start, window_s, evidence_k, partition=partition)
-        _fold_into(window, batch, picked, segment_ids, values, buckets, reason_codes, ttft, has_ttft, offset)
+            window = into[start] = OpenWindow(start, window_s, evidence_k)
+        _fold_into(window, batch, picked, segment_ids, values, buckets, reason_codes, ttft, has_ttft, partition, offset)
         touched.append(window)
     return touched
 
@@ -182,6 +182,7 @@ def _fold_into(
     reason_codes: np.ndarray,
     ttft: np.ndarray,
     has_ttft: np.ndarray,
+    partition: int,
     offset: int,
 ) -> None:
     rows = window.rows_for(segment_ids[picked])
@@ -203,7 +204,7 @@ def _fold_into(
     ordered_rows = rows[order]
     ranks = np.arange(len(order)) - np.searchsorted(ordered_rows, ordered_rows, side="left")
     keep = order[ranks < window.evidence_k]
-    at = np.column_stack((np.full(len(keep), offset), (window.partition << 32) | positions[keep]))  # pack_location
+    at = np.column_stack((np.full(len(keep), offset), (partition << 32) | positions[keep]))  # pack_location
     window.offer_evidence(rows[keep], ranks[ranks < window.evidence_k], times[keep], at)
 
 

@@ -1,8 +1,10 @@
 """Event-time windowing in two stages, shared by the Faust worker and ``servewatch replay``.
 
-Stage 1 (``PartitionWindower``, one per input partition) folds batches of request logs into
-per-(segment, window) partials and releases a window's partials once the partition's
-watermark (newest event time minus the allowed lateness) has passed its end.
+Stage 1 (``Windower``, one per worker, shared by the input partitions it reads) folds
+batches of request logs into per-(segment, window) tables and releases a window's partials
+once every partition's watermark (newest event time minus the allowed lateness) has passed
+its end. Sharing the open windows across partitions keeps one table row per segment, not
+one per segment and partition, and sends stage 2 one partial per segment window.
 
 Stage 2 (``WindowAssembler``, keyed by segment) merges the partials that different
 partitions sent for the same window and releases each segment's windows in order after a
@@ -25,10 +27,14 @@ from schemas.request_log import RequestLogRow
 
 
 @dataclass
-class PartitionWindower:
-    """Stage 1: records of one input partition -> closed per-segment window partials.
+class Windower:
+    """Stage 1: records of the worker's input partitions -> closed per-segment window partials.
 
-    >>> w = PartitionWindower(Segmenter(), window_s=10, allowed_lateness_s=0)
+    Each partition has its own watermark; the windows are shared, and one closes when the
+    slowest partition's watermark has passed it (a partition that went quiet moves on with
+    the wall clock, see ``advance_idle``; one handed to another worker is ``forget``-ten).
+
+    >>> w = Windower(Segmenter(), window_s=10, allowed_lateness_s=0)
     >>> base = dict(model="m", prompt_tokens=10, completion_tokens=5, e2e_s=1.0, finish_reason="stop")
     >>> w.add([{"request_id": "a", "timestamp": 1_700_000_001.0, "ttft_s": 0.2, **base}])  # fed until
     1700000010.0
@@ -45,24 +51,37 @@ class PartitionWindower:
     allowed_lateness_s: float = 5.0
     evidence_k: int = 5
     open: dict[float, OpenWindow] = field(default_factory=dict)  # by window start
-    max_event_time: float = -math.inf
+    max_event_time: dict[int, float] = field(default_factory=dict)  # by partition
+    # Watermark floors set by processing time while a partition is silent, by partition.
+    idle_floor: dict[int, float] = field(default_factory=dict)
 
-    idle_floor: float = -math.inf  # watermark floor set by processing time while the partition is silent
+    def watermark_of(self, partition: int) -> float:
+        newest = self.max_event_time.get(partition, -math.inf)
+        return max(newest - self.allowed_lateness_s, self.idle_floor.get(partition, -math.inf))
 
     @property
     def watermark(self) -> float:
-        return max(self.max_event_time - self.allowed_lateness_s, self.idle_floor)
+        """The slowest partition's watermark: every window ending by it is complete here."""
+        return min((self.watermark_of(p) for p in self.max_event_time), default=-math.inf)
 
-    def advance_idle(self, silent_s: float) -> list[WindowStats]:
-        """The partition has been silent for ``silent_s`` wall seconds: let event time move on
-        by as much (as a live source's would) and close what that completes.
+    def advance_idle(self, silent_s: float, partition: int = 0) -> list[WindowStats]:
+        """``partition`` has been silent for ``silent_s`` wall seconds: let its event time
+        move on by as much (as a live source's would) and close what that completes.
 
         Without this a quiet partition would hold its last windows open until traffic came
         back; with it, a window closes about ``allowed_lateness_s`` after its end even when
         nothing follows it.
         """
-        self.idle_floor = max(self.idle_floor, self.max_event_time + silent_s - self.allowed_lateness_s)
+        newest = self.max_event_time.get(partition, -math.inf)
+        floor = max(self.idle_floor.get(partition, -math.inf), newest + silent_s - self.allowed_lateness_s)
+        self.idle_floor[partition] = floor
         return self.close_due()
+
+    def forget(self, partitions: set[int]) -> None:
+        """Partitions no longer read here (revoked) stop holding windows back."""
+        for partition in partitions:
+            self.max_event_time.pop(partition, None)
+            self.idle_floor.pop(partition, None)
 
     def add(self, rows: RowBatch | Sequence[RequestLogRow], partition: int = 0, offset: int | None = None) -> float:
         """Fold a batch of rows in; return the latest window end they touched (-inf for none)."""
@@ -73,7 +92,8 @@ class PartitionWindower:
         if offset is not None:
             for window in touched:
                 window.note_offset(partition, offset)
-        self.max_event_time = max(self.max_event_time, float(batch.column("timestamp").max()))
+        newest = float(batch.column("timestamp").max())
+        self.max_event_time[partition] = max(self.max_event_time.get(partition, -math.inf), newest)
         return max(window.end for window in touched)
 
     @property
@@ -87,10 +107,10 @@ class PartitionWindower:
         return self._close(sorted(start for start in self.open if start + self.window_s <= watermark), watermark)
 
     def flush_all(self) -> list[WindowStats]:
-        """Everything still open (end of input, or the partition went idle)."""
+        """Everything still open (end of input, a partition revoked, or shutting down)."""
         starts = sorted(self.open)
-        # Flushing declares the partition done with every window it had: its watermark
-        # moves to the end of the newest one.
+        # Flushing declares this stage done with every window it had: its watermark moves
+        # to the end of the newest one.
         done = max((start + self.window_s for start in starts), default=self.watermark)
         return self._close(starts, max(done, self.watermark))
 

@@ -91,7 +91,7 @@ class Replay:
         """Drop kept messages older than every open window: no evidence can point at them."""
         if not self._kept:
             return
-        oldest = min((w.offsets.get(0, (0, 0))[0] for w in self.stage_one.windowers[0].open.values()), default=None)
+        oldest = min((w.offsets.get(0, (0, 0))[0] for w in self.stage_one.windower.open.values()), default=None)
         for offset in [o for o in self._kept if oldest is None or o < oldest]:
             del self._kept[offset]
 

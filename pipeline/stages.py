@@ -1,7 +1,7 @@
 """The stream logic of the worker, without Kafka: the Faust agents and ``replay`` both call it.
 
 ``StageOne``: raw messages of the requests topic -> dead letters + closed window partials,
-one ``PartitionWindower`` per input partition. ``StageTwo``: partials -> merged windows ->
+one ``Windower`` shared by the worker's input partitions. ``StageTwo``: partials -> merged windows ->
 ``AnomalyEvent``s, through the ``WindowAssembler`` and the segments' detectors.
 """
 
@@ -19,7 +19,7 @@ import orjson
 
 from models.detector import DetectorBank
 from models.window import WindowStats
-from models.windowing import PartitionWindower, WindowAssembler
+from models.windowing import WindowAssembler, Windower
 from models.wire import windows_from_wire, windows_to_wire
 from pipeline import metrics
 from pipeline.decode import Source, decode_message
@@ -42,26 +42,22 @@ def partition_of(key: str, partitions: int) -> int:
 @dataclass
 class StageOne:
     settings: Settings
-    windowers: dict[int, PartitionWindower] = field(default_factory=dict)
+    windower: Windower = field(init=False)
     last_seen: dict[int, float] = field(default_factory=dict)  # partition -> monotonic time of last message
     announced: dict[int, float] = field(default_factory=dict)  # partition -> last watermark broadcast
     # partition -> (token, latest window end it fed), in offset order: messages not yet safe to ack
     unacked: dict[int, deque[tuple[Any, float]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        # One segmenter for all partitions of this worker, so the segment cap is per worker.
+        # One segmenter and one set of open windows for all partitions of this worker: the
+        # segment cap is per worker, and a segment costs one table row, not one per partition.
         self._segmenter = self.settings.segmenter()
-
-    def _windower(self, partition: int) -> PartitionWindower:
-        windower = self.windowers.get(partition)
-        if windower is None:
-            windower = self.windowers[partition] = PartitionWindower(
-                self._segmenter,
-                window_s=self.settings.window_s,
-                allowed_lateness_s=self.settings.allowed_lateness_s,
-                evidence_k=self.settings.evidence_per_window,
-            )
-        return windower
+        self.windower = Windower(
+            self._segmenter,
+            window_s=self.settings.window_s,
+            allowed_lateness_s=self.settings.allowed_lateness_s,
+            evidence_k=self.settings.evidence_per_window,
+        )
 
     def process(
         self, raw: bytes | None, source: Source, now: float | None = None, token: Any = None
@@ -74,8 +70,7 @@ class StageOne:
         """
         decoded = decode_message(raw, source, self.settings.max_message_bytes)
         partition = source.partition or 0
-        windower = self._windower(partition)
-        fed_until = windower.add(decoded.rows(), partition, source.offset)
+        fed_until = self.windower.add(decoded.rows(), partition, source.offset)
         if token is not None:
             self.unacked.setdefault(partition, deque()).append((token, fed_until))
         self.last_seen[partition] = time.monotonic() if now is None else now
@@ -84,7 +79,7 @@ class StageOne:
         metrics.RECORDS.inc(len(decoded.accepted))
         for letter in decoded.dead_letters:
             metrics.DEAD_LETTERS.labels(letter.reason).inc()
-        return decoded.dead_letters, windower.close_due()
+        return decoded.dead_letters, self.windower.close_due()
 
     def bundles(self, partials: list[WindowStats], partitions: int) -> list[tuple[int, bytes]]:
         """What to send to each partials partition: its partials, then every source's new
@@ -114,9 +109,8 @@ class StageOne:
     def safe_to_ack(self) -> list[Any]:
         """Tokens of messages all of whose windows have been released (call after sending partials)."""
         safe: list[Any] = []
-        for partition, waiting in self.unacked.items():
-            windower = self.windowers.get(partition)
-            horizon = windower.oldest_open_start if windower is not None else math.inf
+        horizon = self.windower.oldest_open_start
+        for waiting in self.unacked.values():
             # Kafka commits a contiguous prefix of offsets, so acknowledging in order, stopping
             # at the first message still feeding an open window, loses nothing and is O(acked).
             while waiting and waiting[0][1] <= horizon:
@@ -124,11 +118,16 @@ class StageOne:
         return safe
 
     def watermarks_to_announce(self) -> dict[int, float]:
-        """Partitions whose watermark crossed a window boundary since it was last broadcast."""
+        """Partitions whose watermark crossed a window boundary since it was last broadcast.
+
+        Every partition announces the shared watermark (the slowest partition's): windows
+        are shared, so a partition's records up to its own watermark are not all sent
+        until the slowest partition lets their windows close.
+        """
         length = self.settings.window_s
         due = {}
-        for partition, windower in self.windowers.items():
-            mark = windower.watermark
+        mark = self.windower.watermark
+        for partition in self.windower.max_event_time:
             last = self.announced.get(partition)
             if math.isfinite(mark) and (last is None or math.floor(mark / length) > math.floor(last / length)):
                 due[partition] = mark
@@ -137,22 +136,27 @@ class StageOne:
 
     def flush_idle(self, now: float | None = None) -> list[WindowStats]:
         """Partials that silence completed: partitions quiet for ``idle_flush_s`` advance their
-        event time with the wall clock (see ``PartitionWindower.advance_idle``)."""
+        event time with the wall clock (see ``Windower.advance_idle``)."""
         now = time.monotonic() if now is None else now
         flushed: list[WindowStats] = []
         for partition, seen in self.last_seen.items():
-            if now - seen >= self.settings.idle_flush_s and self.windowers[partition].open:
-                flushed.extend(self.windowers[partition].advance_idle(now - seen))
+            if now - seen >= self.settings.idle_flush_s and self.windower.open:
+                flushed.extend(self.windower.advance_idle(now - seen, partition))
         return flushed
 
     def flush_all(self) -> list[WindowStats]:
-        return [p for w in self.windowers.values() for p in w.flush_all()]
+        return self.windower.flush_all()
 
     def drop_partitions(self, partitions: set[int]) -> list[WindowStats]:
-        """On revocation: hand over what was aggregated so far, then forget the partitions."""
-        flushed = [p for part in partitions if part in self.windowers for p in self.windowers[part].flush_all()]
+        """On revocation: hand over what was aggregated so far, then forget the partitions.
+
+        The open windows are shared, so all of them are sent: the partitions kept send
+        what they add later as further partials of the same windows, which stage 2 merges
+        (or counts as late, if every source had already moved past them).
+        """
+        flushed = self.windower.flush_all() if partitions & set(self.windower.max_event_time) else []
+        self.windower.forget(partitions)
         for part in partitions:
-            self.windowers.pop(part, None)
             self.last_seen.pop(part, None)  # its unacked messages become safe: all was flushed
         return flushed
 

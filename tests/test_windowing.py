@@ -13,7 +13,7 @@ from models.open_window import OpenWindow, aggregate_rows, fold_batch
 from models.segments import OVERFLOW_KEY, Segmenter
 from models.sketch import LogHistogram
 from models.window import WindowStats
-from models.windowing import PartitionWindower, WindowAssembler
+from models.windowing import WindowAssembler, Windower
 from pipeline.decode import Source
 from pipeline.settings import Settings
 from pipeline.stages import StageOne, StageTwo
@@ -59,8 +59,8 @@ def test_segment_cap_sends_new_combinations_to_overflow() -> None:
     assert seg.overflowed == 7 and seg.live_segments == 3
 
 
-def test_partition_windower_closes_on_watermark_only() -> None:
-    w = PartitionWindower(Segmenter(), window_s=10, allowed_lateness_s=5)
+def test_windower_closes_on_watermark_only() -> None:
+    w = Windower(Segmenter(), window_s=10, allowed_lateness_s=5)
     w.add([log(1, T0 + 1), log(2, T0 + 12)], partition=0, offset=0)
     assert w.close_due() == []  # watermark T0+7 < first window end T0+10
     w.add([log(3, T0 + 16)], partition=0, offset=1)
@@ -217,3 +217,22 @@ def test_narrow_histograms_widen_before_they_overflow() -> None:
     big = aggregate_rows(rows, seg, 10.0)[0]  # 16-bit counts
     small.merge(big)  # into 8-bit ones
     assert small.ttft_count == 40_500 and small.block.hist.dtype == np.uint16
+
+
+def test_partitions_share_windows_that_close_when_the_slowest_has_passed() -> None:
+    """One open window per worker, not per partition: one partial per segment window, with
+    every partition's offsets, closed only when no partition can still add to it."""
+    w = Windower(Segmenter(), window_s=10, allowed_lateness_s=0)
+    w.add([log(1, T0 + 1)], partition=0, offset=0)
+    w.add([log(2, T0 + 2)], partition=1, offset=7)
+    w.add([log(3, T0 + 12)], partition=0, offset=1)
+    assert w.close_due() == []  # partition 1 may still send records of the first window
+    w.add([log(4, T0 + 11)], partition=1, offset=8)
+    [closed] = w.close_due()
+    assert closed.requests == 2 and closed.sources == [(0, 0, 0), (1, 7, 7)]
+    assert sorted(r["location"]["partition"] for r in closed.evidence_records()) == [0, 1]
+    w.add([log(5, T0 + 25)], partition=0, offset=2)
+    assert w.close_due() == []  # partition 1 is quiet at T0+11
+    assert [p.start for p in w.advance_idle(20.0, partition=1)] == [T0 + 10]  # silence moves it on
+    w.forget({1})  # handed to another worker: no longer holds windows back
+    assert w.watermark == T0 + 25
