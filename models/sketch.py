@@ -1,6 +1,6 @@
 """A mergeable, fixed-size latency histogram with log-spaced buckets.
 
-Window aggregates are built per input partition and merged per segment, so quantiles
+Window aggregates are built per worker and merged per segment, so quantiles
 must come from something that adds up exactly: bucket counts do, raw samples would not
 stay bounded. 16 buckets per decade keep any quantile within about 7.5 % of the truth,
 which is far finer than the deviations worth paging on.

@@ -1,6 +1,6 @@
 """``WindowStats``: everything a detector needs to know about one segment in one window.
 
-Built per input partition from batches of request logs (stage 1), shipped as a compact
+Built by each worker from batches of request logs (stage 1), shipped as a compact
 partial, merged per segment (stage 2), then read by the models once per window. Every
 field adds up under ``merge``, so the order in which partials arrive does not matter.
 

@@ -2,8 +2,9 @@
 
 Agents:
 - ``aggregate_request_batches`` (requests topic): decode, validate, dead-letter the bad,
-  fold records into per-partition window partials, send closed ones as one bundle per
-  partials partition (a segment always goes to the same one), followed by watermarks.
+  fold records into the worker's window tables (shared by its partitions), send closed
+  windows as column bundles to the partials partition of each segment (always the same
+  one), followed by watermarks.
 - ``detect_anomalies`` (partials topic): merge partials per segment window, judge each
   window once, read the evidence of firing events back from the requests topic, publish.
 Timers advance quiet partitions' event time and release windows that waited long enough.

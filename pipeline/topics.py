@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import faust
 
 REQUESTS = "servewatch.requests"  # RequestLog JSON: one object, an array, or NDJSON per message
-PARTIALS = "servewatch.partials"  # internal: per-partition window partials, keyed by segment
+PARTIALS = "servewatch.partials"  # internal: closed windows' partials (models/wire.py), by segment
 ANOMALIES = "servewatch.anomalies"  # AnomalyEvent JSON, keyed by fingerprint
 DEADLETTER = "servewatch.deadletter"  # DeadLetter JSON
 
