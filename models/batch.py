@@ -16,8 +16,6 @@ import numpy as np
 from models.window import EVIDENCE_FIELDS, REASONS
 from schemas.request_log import FinishReason
 
-__all__ = ["REASONS", "RowBatch", "evidence_from_row", "normalise_reason"]
-
 
 def normalise_reason(raw: str) -> str:
     """Engines disagree on case and vocabulary; unknown reasons are kept as ``other``."""

@@ -24,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from models.batch import REASONS, RowBatch, normalise_reason
+from models.batch import RowBatch, normalise_reason
 from models.segments import Segmenter
 from models.sketch import bucket_indices
-from models.window import WindowBlock, WindowStats
+from models.window import REASONS, WindowBlock, WindowStats, pack_location
 
 _ERROR_CODES = np.array([REASONS.index("error"), REASONS.index("abort")])
 _LABEL_DIMENSIONS = ("model", "route", "tenant", "instance", "engine")
@@ -47,16 +47,13 @@ class OpenWindow:
     [('model=m|route=-|prompt_band=<4k|output_band=<1k', 3, 300, 3)]
     """
 
-    __slots__ = ("_row_of", "block", "floor", "length", "offsets", "segment_ids", "start")
+    __slots__ = ("_row_of", "block", "length", "offsets", "segment_ids", "start")
 
     def __init__(self, start: float, length: float, evidence_k: int = 5, capacity: int = 8) -> None:
         self.start, self.length = start, length
         self._row_of = np.full(0, -1, dtype=np.int32)  # segment id -> row (-1: not in this window)
         self.segment_ids = array("l")  # row -> segment id (4-8 bytes each, not a Python int)
         self.block = WindowBlock(capacity, evidence_k)
-        # Per row, the TTFT a request must beat to become evidence (-inf until ``evidence_k``
-        # are kept): most records are turned away by one vectorised compare.
-        self.floor = np.full(capacity, -math.inf)
         self.offsets: dict[int, tuple[int, int]] = {}  # partition -> (first, last) offset folded in
 
     def __len__(self) -> int:
@@ -84,10 +81,8 @@ class OpenWindow:
             first = len(self.segment_ids)
             self._row_of[new_ids] = np.arange(first, first + len(new_ids), dtype=np.int32)
             self.segment_ids.extend(new_ids.tolist())
-            if len(self.segment_ids) > len(self.floor):
-                capacity = max(len(self.segment_ids), 2 * len(self.floor))
-                self.block.grow(capacity)
-                self.floor = np.concatenate((self.floor, np.full(capacity - len(self.floor), -math.inf)))
+            if len(self.segment_ids) > len(self.block):
+                self.block.grow(max(len(self.segment_ids), 2 * len(self.block)))
             rows = self._row_of[segment_ids]
         return rows
 
@@ -109,7 +104,6 @@ class OpenWindow:
         best = np.argsort(-both_ttft, axis=1, kind="stable")[:, :k]
         block.evidence_ttft[touched] = np.take_along_axis(both_ttft, best, axis=1)
         block.evidence_at[touched] = np.take_along_axis(both_at, best[:, :, None], axis=1)
-        self.floor[touched] = block.evidence_ttft[touched, k - 1]
 
     def partials(self, keys: Sequence[str]) -> list[WindowStats]:
         """One ``WindowStats`` per segment of the window (``keys``: the segmenter's, by id):
@@ -194,9 +188,10 @@ def _fold_into(
     np.add.at(block.hist, (rows[timed], buckets[picked][timed]), 1)
     if window.evidence_k <= 0:
         return
-    # Evidence: requests slower than their row's floor, at most ``evidence_k`` per row.
+    # Evidence: requests slower than their row's slowest-but-k-th kept one (-inf while fewer
+    # are kept): most records are turned away by this one vectorised compare.
     times = ttft[picked]
-    candidate = timed & (times > window.floor[rows])
+    candidate = timed & (times > block.evidence_ttft[rows, window.evidence_k - 1])
     if not candidate.any():
         return
     positions, rows, times = batch.positions[picked][candidate], rows[candidate], times[candidate]
@@ -204,7 +199,7 @@ def _fold_into(
     ordered_rows = rows[order]
     ranks = np.arange(len(order)) - np.searchsorted(ordered_rows, ordered_rows, side="left")
     keep = order[ranks < window.evidence_k]
-    at = np.column_stack((np.full(len(keep), offset), (partition << 32) | positions[keep]))  # pack_location
+    at = np.column_stack(np.broadcast_arrays(*pack_location(partition, offset, positions[keep])))
     window.offer_evidence(rows[keep], ranks[ranks < window.evidence_k], times[keep], at)
 
 

@@ -40,6 +40,7 @@ SUMS = (
     "cache_reported_prompt_tokens", "errors", "e2e_sum", "ttft_sum",
 )  # fmt: skip
 INTEGER_SUMS = frozenset(SUMS[:7])
+_COLUMN = {name: column for column, name in enumerate(SUMS)}
 
 
 def _add_range(ranges: list[tuple[int, int, int]], new: tuple[int, int, int]) -> list[tuple[int, int, int]]:
@@ -66,8 +67,8 @@ def _add_range(ranges: list[tuple[int, int, int]], new: tuple[int, int, int]) ->
 Location = tuple[int, int, int]
 
 
-def pack_location(partition: int, offset: int, index: int) -> tuple[int, int]:
-    """A ``Location`` in two int64s: (offset, partition and index in one)."""
+def pack_location(partition: int, offset: int, index: Any) -> tuple[Any, Any]:
+    """A ``Location`` in two int64s: (offset, partition and index in one); ``index`` may be an array."""
     return offset, (partition << 32) | index
 
 
@@ -157,12 +158,13 @@ class WindowStats:
         self.sources = sources if sources is not None else []  # (partition, first, last offset)
         self.watermark = watermark  # the sending partition's watermark (transport metadata, not merged)
         for name, value in figures.items():
-            self.block.sums[row, SUMS.index(name)] = value
+            self.block.sums[row, _COLUMN[name]] = value
 
     def __getattr__(self, name: str) -> Any:
         # The summed figures (requests, prompt_tokens, ..., e2e_sum, ttft_sum), from the block.
-        if name in SUMS:
-            value = float(self.block.sums[self.row, SUMS.index(name)])
+        column = _COLUMN.get(name)
+        if column is not None:
+            value = float(self.block.sums[self.row, column])
             return int(value) if name in INTEGER_SUMS else value
         raise AttributeError(name)
 
@@ -293,11 +295,7 @@ class WindowStats:
                 watermark=-math.inf if watermark is None else float(watermark),
             )  # fmt: skip
             block.sums[row] = [float(data[name]) for name in SUMS]
-            for index, count in data["ttft"].items():
-                i = int(index)
-                if not 0 <= i < N_BUCKETS or int(count) < 0:
-                    raise ValueError(f"bad histogram bucket {index}: {count}")
-                block.hist[row, i] += int(count)
+            block.hist[row] = LogHistogram.from_sparse(data["ttft"]).counts
             for reason, count in data["finish_reasons"].items():
                 block.reasons[row, REASONS.index(str(reason))] += int(count)
             for slot, (ttft, *where) in enumerate(data["evidence"][: block.evidence_k]):

@@ -76,8 +76,3 @@ def decode_array(raw: bytes) -> list[FastRow]:
 def decode_lines(raw: bytes) -> list[FastRow]:
     """NDJSON (one request log per line, blank lines allowed); raises ``msgspec.DecodeError``."""
     return _ONE.decode_lines(raw)
-
-
-def from_row(row: dict[str, Any]) -> FastRow:
-    """A row ``RequestLog`` accepted, as a ``FastRow`` (the careful path joins the fast one)."""
-    return msgspec.convert(row, FastRow)
