@@ -26,6 +26,7 @@ import numpy as np
 
 from models.batch import RowBatch, normalise_reason
 from models.segments import Segmenter
+from models.signal_columns import DEFAULT_REASONING_MARKERS, PrefixMemory, signal_columns
 from models.sketch import bucket_indices
 from models.window import REASONS, WindowBlock, WindowStats, pack_location
 
@@ -124,9 +125,14 @@ def fold_batch(
     evidence_k: int = 5,
     partition: int = 0,
     offset: int = 0,
+    markers: Sequence[str] = DEFAULT_REASONING_MARKERS,
+    prefixes: PrefixMemory | None = None,
 ) -> list[OpenWindow]:
     """Fold a batch (the records of message ``offset`` of ``partition``) into the open windows
     ``into`` (keyed by start), creating them as needed. Returns the windows it touched.
+
+    ``markers``: reasoning end markers that count as leaked when an answer contains one;
+    ``prefixes``: the worker's memory of prompt prefixes (None: shared prefixes not counted).
     """
     n = len(batch)
     if n == 0:
@@ -144,9 +150,11 @@ def fold_batch(
     reported = ~np.isnan(cached)
     cached_known = np.where(reported, cached, 0.0)
     has_ttft = ~np.isnan(ttft)
+    uncached = prompt - cached_known
     values = np.column_stack((  # the columns of SUMS, in order
-        np.ones(n), prompt, completion, cached_known, prompt - cached_known, np.where(reported, prompt, 0.0),
+        np.ones(n), prompt, completion, cached_known, uncached, np.where(reported, prompt, 0.0),
         errors, batch.column("e2e_s"), np.where(has_ttft, ttft, 0.0),
+        signal_columns(batch, completion, uncached, markers, prefixes),
     ))  # fmt: skip
     buckets = bucket_indices(ttft)
 
@@ -204,10 +212,17 @@ def _fold_into(
 
 
 def aggregate_rows(
-    rows: Sequence[Any], segmenter: Segmenter, window_s: float, evidence_k: int = 5
+    rows: Sequence[Any],
+    segmenter: Segmenter,
+    window_s: float,
+    evidence_k: int = 5,
+    markers: Sequence[str] = DEFAULT_REASONING_MARKERS,
+    prefixes: PrefixMemory | None = None,
 ) -> list[WindowStats]:
     """Partials of one batch on their own, ordered by (window start, segment key)."""
     windows: dict[float, OpenWindow] = {}
-    fold_batch(RowBatch(rows), segmenter, window_s, windows, evidence_k)  # evidence: offset 0, by position
+    prefixes = PrefixMemory() if prefixes is None else prefixes
+    # evidence: offset 0, by position
+    fold_batch(RowBatch(rows), segmenter, window_s, windows, evidence_k, markers=markers, prefixes=prefixes)
     partials = [p for start in sorted(windows) for p in windows[start].partials(segmenter.keys)]
     return sorted(partials, key=lambda p: (p.start, p.key))

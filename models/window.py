@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -33,13 +33,47 @@ EVIDENCE_FIELDS = (
     "finish_reason", "status_code", "engine", "engine_version",
 )  # fmt: skip
 
-#: Figures that simply add up under ``merge``: the columns of ``WindowBlock.sums``. The
-#: first seven are counts (read back as ints), the last two sums of seconds.
+#: Figures that simply add up under ``merge``: the columns of ``WindowBlock.sums``.
+#: Counts of requests and tokens; for each timed phase (queue, prefill, inter-token
+#: latency, end-to-end) the number of requests that reported it and the sum and sum of
+#: squares of its log (``log_seconds``), enough for a mean and a variance; seconds and
+#: tokens of decode and prefill, for throughput as a ratio of sums.
 SUMS = (
     "requests", "prompt_tokens", "completion_tokens", "cached_tokens", "uncached_prompt_tokens",
     "cache_reported_prompt_tokens", "errors", "e2e_sum", "ttft_sum",
+    # completion signals: answers whose text was logged, leaked reasoning markers, empty
+    # answers with reasoning text; requests that reported a prefix hash, and of those the
+    # ones whose prefix this worker had seen before
+    "content_reported", "reasoning_leaks", "empty_answers", "prefix_reported", "prefix_shared",
+    "queue_n", "queue_log", "queue_log2", "prefill_n", "prefill_log", "prefill_log2",
+    "itl_n", "itl_log", "itl_log2", "e2e_n", "e2e_log", "e2e_log2",
+    "decode_tokens", "decode_s", "prefill_tokens", "prefill_s",
 )  # fmt: skip
-INTEGER_SUMS = frozenset(SUMS[:7])
+INTEGER_SUMS = frozenset(name for name in SUMS if not name.endswith(("_sum", "_log", "_log2", "_s")))
+#: Timed phases whose log moments a window keeps (``WindowStats.phase``).
+PHASES = ("queue", "prefill", "itl", "e2e")
+#: Phase times are kept as ``log(max(t, LOG_FLOOR_S) / LOG_FLOOR_S)``: never negative (the
+#: wire format rejects negative sums), and 0.1 ms is far below any phase worth judging.
+LOG_FLOOR_S = 1e-4
+
+
+def log_seconds(values: Any) -> Any:
+    """The log-moment scale of phase times (numpy arrays or floats)."""
+    return np.log(np.maximum(values, LOG_FLOOR_S) / LOG_FLOOR_S)
+
+
+class PhaseStats(NamedTuple):
+    """One phase of one window: requests that reported it, mean and variance of log seconds."""
+
+    n: int
+    mean_log: float  # natural log of seconds
+    var_log: float
+
+    @property
+    def geometric_mean(self) -> float:
+        return math.exp(self.mean_log) if self.n else math.nan
+
+
 _COLUMN = {name: column for column, name in enumerate(SUMS)}
 
 
@@ -228,10 +262,29 @@ class WindowStats:
         reported = self.cache_reported_prompt_tokens
         return math.nan if reported == 0 else self.cached_tokens / reported
 
+    def phase(self, name: str) -> PhaseStats:
+        """Log-moment summary of ``name`` (one of ``PHASES``) over the requests that reported it."""
+        n, total, squares = (
+            float(self.block.sums[self.row, _COLUMN[f"{name}{part}"]]) for part in ("_n", "_log", "_log2")
+        )
+        if n == 0:
+            return PhaseStats(0, math.nan, math.nan)
+        mean = total / n
+        return PhaseStats(int(n), mean + math.log(LOG_FLOOR_S), max(squares / n - mean * mean, 0.0))
+
+    def rate(self, numerator: str, denominator: str = "requests") -> tuple[int, int]:
+        """A count and the count it is a share of, e.g. ``rate("reasoning_leaks", "content_reported")``."""
+        return int(getattr(self, numerator)), int(getattr(self, denominator))
+
+    @property
+    def truncated(self) -> int:
+        """Answers cut by the length limit (``finish_reason=length``)."""
+        return int(self.block.reasons[self.row, REASONS.index("length")])
+
     def load(self) -> dict[str, float]:
         """Load in requests and tokens per second; concurrency by Little's law."""
         per_s = 1.0 / self.length
-        requests, prompt, completion, _, uncached, _, _, e2e, _ = self.block.sums[self.row].tolist()
+        requests, prompt, completion, _, uncached, _, _, e2e = self.block.sums[self.row, :8].tolist()
         figures = {
             "requests": requests,
             "requests_per_s": requests * per_s,
@@ -294,7 +347,7 @@ class WindowStats:
                 sources=[(int(p), int(a), int(b)) for p, a, b in data["sources"]],
                 watermark=-math.inf if watermark is None else float(watermark),
             )  # fmt: skip
-            block.sums[row] = [float(data[name]) for name in SUMS]
+            block.sums[row] = [float(data.get(name, 0.0)) for name in SUMS]  # older partials lack later figures
             block.hist[row] = LogHistogram.from_sparse(data["ttft"]).counts
             for reason, count in data["finish_reasons"].items():
                 block.reasons[row, REASONS.index(str(reason))] += int(count)

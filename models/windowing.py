@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from models.batch import RowBatch
 from models.open_window import OpenWindow, fold_batch
 from models.segments import Segmenter
+from models.signal_columns import DEFAULT_REASONING_MARKERS, PrefixMemory
 from models.window import WindowBlock, WindowStats
 from schemas.request_log import RequestLogRow
 
@@ -50,6 +51,8 @@ class Windower:
     window_s: float = 10.0
     allowed_lateness_s: float = 5.0
     evidence_k: int = 5
+    markers: tuple[str, ...] = DEFAULT_REASONING_MARKERS  # reasoning end markers that must not reach answers
+    prefixes: PrefixMemory = field(default_factory=PrefixMemory)  # prompt prefixes seen by this worker
     open: dict[float, OpenWindow] = field(default_factory=dict)  # by window start
     max_event_time: dict[int, float] = field(default_factory=dict)  # by partition
     # Watermark floors set by processing time while a partition is silent, by partition.
@@ -88,7 +91,10 @@ class Windower:
         batch = rows if isinstance(rows, RowBatch) else RowBatch(rows)
         if not len(batch):
             return -math.inf
-        touched = fold_batch(batch, self.segmenter, self.window_s, self.open, self.evidence_k, partition, offset or 0)
+        touched = fold_batch(
+            batch, self.segmenter, self.window_s, self.open, self.evidence_k, partition, offset or 0,
+            self.markers, self.prefixes,
+        )  # fmt: skip
         if offset is not None:
             for window in touched:
                 window.note_offset(partition, offset)

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from models.detector import DetectorConfig
 from models.segments import DEFAULT_DIMENSIONS, Segmenter
+from models.signal_columns import DEFAULT_REASONING_MARKERS
 
 
 class Settings(BaseSettings):
@@ -55,6 +56,13 @@ class Settings(BaseSettings):
     output_band_edges: tuple[int, ...] = (1024,)
     max_segments: int = Field(default=1000, ge=1)
     evidence_per_window: int = Field(default=5, ge=0)
+    reasoning_markers: tuple[str, ...] = Field(
+        default=DEFAULT_REASONING_MARKERS,
+        description="Reasoning end markers; an answer containing one counts as a reasoning leak.",
+    )
+    prefix_memory: int = Field(
+        default=100_000, ge=2, description="Prompt-prefix hashes a worker remembers, to count shared prefixes."
+    )
 
     # -- detection ------------------------------------------------------------------
     threshold: float = Field(default=4.0, gt=0, description="Surprise (-log10 p) that makes a window anomalous.")

@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from models.detector import DetectorBank
+from models.signal_columns import PrefixMemory
 from models.window import WindowStats
 from models.windowing import WindowAssembler, Windower
 from models.wire import windows_from_wire, windows_to_wire
@@ -57,6 +58,8 @@ class StageOne:
             window_s=self.settings.window_s,
             allowed_lateness_s=self.settings.allowed_lateness_s,
             evidence_k=self.settings.evidence_per_window,
+            markers=tuple(self.settings.reasoning_markers),
+            prefixes=PrefixMemory(self.settings.prefix_memory),
         )
 
     def process(

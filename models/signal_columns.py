@@ -1,0 +1,126 @@
+"""Per-request figures behind the phase, throughput, completion and cache signals, as columns.
+
+``models.open_window`` folds the TTFT histogram, token counts and finish reasons; this
+module adds, for one batch, everything else a window keeps (the columns of ``SUMS`` from
+``content_reported`` on): whether an answer leaked a reasoning end marker or came back
+empty while reasoning text was present, whether its prompt prefix had been seen before,
+and the log moments of each timed phase. All of it adds up under ``merge``.
+
+Work per record happens in numpy, except the two checks that need the text itself
+(a substring test per logged answer) and the prefix lookup (a dict probe per hashed
+prompt); records without those fields cost nothing there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from models.batch import RowBatch
+from models.window import SUMS, log_seconds
+
+#: What reasoning models print between their reasoning and their answer. Seen in the
+#: answer text, it means the engine's reasoning parser did not split the output.
+DEFAULT_REASONING_MARKERS = ("</think>",)
+
+#: The columns this module computes, in ``SUMS`` order.
+COLUMNS = SUMS[SUMS.index("content_reported") :]
+
+
+class PrefixMemory:
+    """Prompt-prefix hashes seen recently, bounded: "has this prefix been seen before?".
+
+    One per worker. When full, the oldest half is forgotten (dicts keep insertion order),
+    so memory is bounded by ``capacity`` and a prefix in steady use is re-learned at once.
+
+    >>> memory = PrefixMemory(capacity=4)
+    >>> memory.seen_before(["a", "b", "a", None, "c"]).tolist()
+    [False, False, True, False, False]
+    >>> memory.seen_before(["c", "d", None]).tolist()
+    [True, False, False]
+    """
+
+    __slots__ = ("_seen", "capacity")
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        if capacity < 2:
+            raise ValueError("capacity must be at least 2")
+        self.capacity = capacity
+        self._seen: dict[str, None] = {}
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def seen_before(self, hashes: Sequence[str | None]) -> np.ndarray:
+        """For each hash (None: not reported), whether it was seen before it, in order.
+
+        Per batch, not per record: a batch holds few distinct prefixes, so the memory is
+        probed once per distinct hash and the rest is numpy.
+        """
+        distinct = list(dict.fromkeys(hashes))  # in order of first appearance
+        code_of = {value: code for code, value in enumerate(distinct)}
+        codes = np.fromiter(map(code_of.__getitem__, hashes), dtype=np.intp, count=len(hashes))
+        seen = self._seen
+        known = np.array([value is not None and value in seen for value in distinct], dtype=bool)
+        later = np.ones(len(hashes), dtype=bool)
+        later[np.unique(codes, return_index=True)[1]] = False  # first appearance in the batch
+        seen.update(dict.fromkeys(value for value in distinct if value is not None))
+        if len(seen) > self.capacity:
+            for stale in list(seen)[: len(seen) - self.capacity // 2]:
+                del seen[stale]
+        none = code_of.get(None)
+        reported = codes != none if none is not None else np.ones(len(hashes), dtype=bool)
+        return reported & (known[codes] | later)
+
+
+def leaked(content: str | None, markers: Sequence[str]) -> bool:
+    """Whether an answer contains a reasoning end marker."""
+    return content is not None and any(marker in content for marker in markers)
+
+
+def signal_columns(
+    batch: RowBatch,
+    completion: np.ndarray,
+    uncached: np.ndarray,
+    markers: Sequence[str] = DEFAULT_REASONING_MARKERS,
+    prefixes: PrefixMemory | None = None,
+) -> np.ndarray:
+    """An (n, len(COLUMNS)) table for ``batch``: the figures of ``COLUMNS`` per record."""
+    n = len(batch)
+    reported, leaks, empty = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    contents: list[Any] = batch.values("content")
+    reasonings: list[Any] = batch.values("reasoning_content")
+    # Most fleets log no answer text: then this is two C-level counts, not a loop.
+    if contents.count(None) < n or reasonings.count(None) < n:
+        for i, (content, reasoning) in enumerate(zip(contents, reasonings, strict=True)):
+            if content is None and reasoning is None:
+                continue
+            reported[i] = True
+            leaks[i] = leaked(content, markers)
+            empty[i] = bool(reasoning and reasoning.strip()) and not (content and content.strip())
+    hashes: list[Any] = batch.values("prefix_hash")
+    missing = hashes.count(None)
+    hashed = np.ones(n, dtype=bool) if missing == 0 else np.array([value is not None for value in hashes], dtype=bool)
+    shared = np.zeros(n, dtype=bool)
+    if prefixes is not None and missing < n:
+        shared = prefixes.seen_before(hashes)
+    columns = [reported, leaks, empty, hashed, shared]
+    queue, prefill, decode = batch.column("queue_s"), batch.column("prefill_s"), batch.column("decode_s")
+    decode_tokens = np.maximum(completion - 1.0, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        itl = np.where(decode_tokens > 0, decode / np.maximum(decode_tokens, 1.0), np.nan)
+    for seconds in (queue, prefill, itl, batch.column("e2e_s")):
+        known = ~np.isnan(seconds)
+        logs = np.where(known, log_seconds(np.where(known, seconds, 1.0)), 0.0)
+        columns += [known, logs, logs * logs]
+    timed_decode = ~np.isnan(decode) & (decode_tokens > 0)
+    timed_prefill = ~np.isnan(prefill)
+    columns += [
+        np.where(timed_decode, decode_tokens, 0.0),
+        np.where(timed_decode, decode, 0.0),
+        np.where(timed_prefill, uncached, 0.0),
+        np.where(timed_prefill, prefill, 0.0),
+    ]
+    return np.column_stack(columns).astype(np.float64)

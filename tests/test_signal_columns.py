@@ -1,0 +1,81 @@
+"""Window figures behind the phase, throughput, completion and cache signals."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from models.open_window import aggregate_rows
+from models.segments import Segmenter
+from models.signal_columns import PrefixMemory
+from models.window import WindowStats
+from models.wire import windows_from_wire, windows_to_wire
+
+T0 = 1_700_000_000.0
+
+
+def row(i: int, **extra: Any) -> dict[str, Any]:
+    base = dict(
+        request_id=f"r{i}", timestamp=T0 + 1 + i * 0.01, model="m", prompt_tokens=1000, cached_tokens=200,
+        completion_tokens=101, e2e_s=3.0, ttft_s=0.5, queue_s=0.1, prefill_s=0.4, decode_s=2.0, finish_reason="stop",
+    )  # fmt: skip
+    return {**base, **extra}
+
+
+def window(rows: list[dict[str, Any]], **kwargs: Any) -> WindowStats:
+    [only] = aggregate_rows(rows, Segmenter(dimensions=("model",)), 10.0, **kwargs)
+    return only
+
+
+def test_phases_are_log_moments_of_the_requests_that_reported_them() -> None:
+    w = window([row(0), row(1, queue_s=0.4), row(2, queue_s=None)])
+    queue = w.phase("queue")
+    assert queue.n == 2
+    assert math.isclose(queue.geometric_mean, 0.2, rel_tol=1e-9)  # sqrt(0.1 * 0.4)
+    assert math.isclose(w.phase("itl").geometric_mean, 0.02, rel_tol=1e-9)  # 2 s over 100 decoded tokens
+    assert w.decode_tokens == 300 and math.isclose(w.decode_s, 6.0)
+    assert w.prefill_tokens == 2400  # uncached tokens of requests that reported prefill time
+    assert w.phase("prefill").n == 3 and w.phase("e2e").n == 3
+
+
+def test_completion_signals_count_leaks_and_empty_answers_among_logged_answers() -> None:
+    w = window(
+        [
+            row(0, content="The answer is 4."),
+            row(1, content="thinking...</think>The answer is 4."),
+            row(2, content="", reasoning_content="long reasoning that never ended"),
+            row(3),  # no text logged: not in the denominator
+            row(4, content="<|end|>", finish_reason="length"),
+        ],
+        markers=("</think>", "<|end|>"),
+    )
+    assert w.rate("reasoning_leaks", "content_reported") == (2, 4)
+    assert w.rate("empty_answers", "content_reported") == (1, 4)
+    assert w.truncated == 1
+
+
+def test_shared_prefixes_count_hashes_seen_before_across_batches() -> None:
+    memory = PrefixMemory()
+    first = window(
+        [row(0, prefix_hash="sys"), row(1, prefix_hash="sys"), row(2, prefix_hash="u1"), row(3)], prefixes=memory
+    )
+    assert first.rate("prefix_shared", "prefix_reported") == (1, 3)
+    second = window([row(0, prefix_hash="u1"), row(1, prefix_hash="u2")], prefixes=memory)
+    assert second.rate("prefix_shared", "prefix_reported") == (1, 2)
+
+
+def test_prefix_memory_stays_bounded() -> None:
+    memory = PrefixMemory(capacity=100)
+    for start in range(0, 1000, 50):
+        memory.seen_before([f"h{i}" for i in range(start, start + 50)])
+        assert len(memory) <= 100
+
+
+def test_new_figures_survive_merge_and_the_wire_format() -> None:
+    a = window([row(0, content="x</think>", prefix_hash="p"), row(1, queue_s=0.4)])
+    b = window([row(2, content="fine", prefix_hash="p")])
+    a.merge(b)
+    [c] = windows_from_wire(windows_to_wire([a]))
+    assert c.rate("reasoning_leaks", "content_reported") == (1, 2)
+    assert c.prefix_reported == 2
+    assert c.phase("queue") == a.phase("queue") and c.phase("queue").n == 3
