@@ -5,9 +5,13 @@
 """
 
 from models.latency import LoadConditionedLatency
+from models.rates import BetaBinomialRate
+from models.share import ShareLevel
 
 REGISTRY: dict[str, type] = {
     "load_conditioned_latency": LoadConditionedLatency,
+    "beta_binomial_rate": BetaBinomialRate,
+    "share_level": ShareLevel,
 }
 
-__all__ = ["REGISTRY", "LoadConditionedLatency"]
+__all__ = ["REGISTRY", "BetaBinomialRate", "LoadConditionedLatency", "ShareLevel"]

@@ -1,24 +1,33 @@
-"""From closed segment windows to ``AnomalyEvent``s: one detector per segment and signal.
+"""From closed segment windows to ``AnomalyEvent``s: per segment, one detector per signal.
 
-A window is judged twice. Against the load-conditioned model: is latency higher than this
-*demand* explains? (pages). Against the load-blind level: is latency higher than usual at
-all? (if so but demand explains it, an ``info`` event with ``explained_by_load: true``).
-Windows that page are not learned, so an incident never becomes the new normal.
+Each signal (``models.signals``) reads its observation from the window and asks its model
+for a surprise. Latency-like signals are judged twice: against the load-conditioned
+prediction (is it worse than this *demand* explains? pages) and against the load-blind
+level (is it worse than usual at all? if so but demand explains it, an ``info`` event with
+``explained_by_load: true``). Rates and shares are per request already, so load does not
+explain them.
+
+Windows that page are not learned, so an incident never becomes the new normal by
+accident; one that lasts ``adopt_after`` windows is adopted deliberately, reported once
+as a level change. The lifecycle (``IncidentTracker``) turns verdicts into a few events.
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Hashable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
-from models.hints import Baseline, latency_hints
-from models.latency import LoadConditionedLatency, quantile_sampling_var
+from models.hints import Baseline, latency_hints, signal_hints
 from models.lifecycle import IncidentTracker, Transition, fingerprint
+from models.rates import BetaBinomialRate
+from models.signals import BY_SIGNAL, SPECS, Reading, SignalSpec
 from models.window import WindowStats
-from schemas.anomaly import AnomalyEvent, Severity, Signal, Status
+from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
+
+#: Version of ``SegmentDetectors.state()``; ``load_state`` refuses others (start fresh).
+STATE_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -27,7 +36,7 @@ class DetectorConfig:
 
     threshold: float = 4.0  # surprise (-log10 p) at which a window is anomalous
     critical: float = 8.0  # surprise at which a paging window is critical
-    min_requests: int = 5  # fewer TTFT samples in a window: no verdict, nothing learned
+    min_requests: int = 5  # fewer samples behind a latency or share: no verdict, nothing learned
     ttft_quantile: float = 0.95
     fire_after: int = 2
     fire_within: int = 3
@@ -35,9 +44,17 @@ class DetectorConfig:
     update_every: int = 6
     young_windows: int = 30  # baseline younger than this is flagged in events
     grace_windows: int = 6
+    adopt_after: int = 90  # anomalous windows in a row after which the new level is the normal
+    reopen_within: int = 30  # a re-fire this soon after resolving continues the incident
+    signals: tuple[str, ...] = tuple(spec.signal.value for spec in SPECS)  # the signals judged
+
+    def tracker(self) -> IncidentTracker:
+        return IncidentTracker(
+            self.fire_after, self.fire_within, self.resolve_after, self.update_every, self.reopen_within
+        )
 
 
-def _segment_phrase(labels: dict[str, str]) -> str:
+def segment_phrase(labels: dict[str, str]) -> str:
     rest = [
         f"{name.replace('_band', '')} {value}" for name, value in labels.items() if name != "model" and value != "-"
     ]
@@ -48,110 +65,276 @@ def event_id(fp: str, status: str, window_start: float) -> str:
     return hashlib.blake2b(f"{fp}|{status}|{window_start:.3f}".encode(), digest_size=12).hexdigest()
 
 
+def describe(value: float, unit: str) -> str:
+    if unit == "":
+        return f"{value:.2%}"
+    if unit == "s":
+        return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+    return f"{value:,.1f} {unit}"
+
+
 @dataclass(slots=True)
-class TTFTDetector:
-    """TTFT tail of one segment, judged against demand."""
+class Verdict:
+    score: float  # the surprise reported
+    expected: float
+    pages: bool
+    explained: bool
+    usual: float  # load-blind usual value (latency) or the expected one
+
+
+@dataclass(slots=True)
+class SignalDetector:
+    """One signal of one segment: its model, and an incident tracker while something is going on."""
+
+    spec: SignalSpec
+    model: Any
+    tracker: IncidentTracker | None = None
+    run: int = 0  # anomalous windows in a row
+    run_total: float = 0.0  # sum over the run of what ``adopt`` takes (log value, or share)
+    adopt_after: int = 90
+
+    def judge(self, reading: Reading, config: DetectorConfig) -> Verdict:
+        model, kind = self.model, self.spec.kind
+        if kind == "latency":
+            prediction = model.predict_one(reading.x)
+            conditioned = model.score_one(reading.x, reading.value)
+            level = model.level_score(reading.x, reading.value)
+            worse = (math.log(reading.value) - prediction.level) * (1 if model.tail == "upper" else -1) > 0
+            pages = conditioned >= config.threshold and worse
+            explained = not pages and level >= config.threshold
+            score = max(conditioned, level) if explained else conditioned
+            return Verdict(score, prediction.expected, pages, explained, math.exp(prediction.level))
+        if kind == "rate":
+            score = model.score_one(reading.x, reading.bad)
+            return Verdict(score, model.expected_rate, score >= config.threshold, False, model.expected_rate)
+        score = model.score_one(reading.x, reading.value)
+        return Verdict(score, model.expected, score >= config.threshold, False, model.expected)
+
+    def learn(self, reading: Reading) -> None:
+        self.model.learn_one(reading.x, reading.bad if self.spec.kind == "rate" else reading.value)
+
+    def note_run(self, pages: bool, reading: Reading) -> bool:
+        """Count anomalous windows in a row; True when the run is long enough to adopt."""
+        if not pages:
+            self.run, self.run_total = 0, 0.0
+            return False
+        self.run += 1
+        self.run_total += math.log(reading.value) if self.spec.kind == "latency" else reading.value
+        return self.run >= self.adopt_after
+
+    def adopt(self, reading: Reading) -> None:
+        mean = self.run_total / max(self.run, 1)
+        if self.spec.kind == "latency":
+            self.model.adopt(reading.x, math.exp(mean))
+        else:
+            self.model.adopt(mean)
+        self.run, self.run_total = 0, 0.0
+
+
+@dataclass
+class SegmentDetectors:
+    """Every signal's detector for one segment, created as the signal first shows data."""
 
     key: str
     config: DetectorConfig = field(default_factory=DetectorConfig)
-    model: LoadConditionedLatency = field(init=False)
-    tracker: IncidentTracker = field(init=False)
+    by_signal: dict[Signal, SignalDetector] = field(default_factory=dict)
     usual: Baseline = field(default_factory=Baseline)
     last_window_end: float = -math.inf
 
-    def __post_init__(self) -> None:
-        c = self.config
-        self.model = LoadConditionedLatency(grace_windows=c.grace_windows)
-        self.tracker = IncidentTracker(c.fire_after, c.fire_within, c.resolve_after, c.update_every)
+    def detector(self, spec: SignalSpec, borrow: BetaBinomialRate | None) -> SignalDetector:
+        found = self.by_signal.get(spec.signal)
+        if found is None:
+            model = spec.build(self.config.grace_windows)
+            if borrow is not None and isinstance(model, BetaBinomialRate) and borrow.n_learned >= model.grace_windows:
+                # Cold start: a new segment starts from its model's rate, not a generic prior.
+                model.borrow(borrow.expected_rate, min(borrow.alpha + borrow.beta, 200.0))
+            found = self.by_signal[spec.signal] = SignalDetector(spec, model, adopt_after=self.config.adopt_after)
+        return found
 
-    def observe(self, window: WindowStats) -> AnomalyEvent | None:
+    def observe(self, window: WindowStats, pooled: dict[tuple[str, Signal], BetaBinomialRate]) -> list[AnomalyEvent]:
         if window.end <= self.last_window_end:
-            return None  # already judged: a replayed window changes nothing (idempotent)
-        ttft = window.ttft
-        count = ttft.count
-        if count < self.config.min_requests:
-            return None
+            return []  # already judged: a replayed window changes nothing (idempotent)
         self.last_window_end = window.end
-        c = self.config
+        config = self.config
         load = window.load()
-        observed, p90, p10 = ttft.quantiles(c.ttft_quantile, 0.9, 0.1)
-        spread = math.log(p90 / p10) / 2.563  # log sd within window
-        x: dict[Hashable, Any] = {name: value for name, value in load.items()}  # river-typed features
-        x["sampling_var"] = quantile_sampling_var(c.ttft_quantile, count, max(spread, 0.1))
-        prediction = self.model.predict_one(x)
-        conditioned = self.model.score_one(x, observed)
-        level = self.model.level_score(x, observed)
-        pages = conditioned >= c.threshold and math.log(observed) > prediction.level
-        explained = not pages and level >= c.threshold
-        severity = (
-            Severity.CRITICAL if pages and conditioned >= c.critical else Severity.WARNING if pages else Severity.INFO
-        )
-        demand_ratio = math.exp(self.model.demand_index(x)) if self.model.n_learned else 1.0
-        usual_snapshot = Baseline(**{k: getattr(self.usual, k) for k in Baseline.__dataclass_fields__})
-        if not pages:
-            self.model.learn_one(x, observed)
+        usual_before = Baseline(**{f.name: getattr(self.usual, f.name) for f in fields(Baseline)})
+        demand_ratio = math.nan
+        events: list[AnomalyEvent] = []
+        any_page = False
+        model_name = window.labels.get("model", "other")
+        for name in config.signals:
+            spec = BY_SIGNAL[Signal(name)]
+            reading = spec.read(window, load, config.ttft_quantile)
+            if reading is None or (spec.kind != "rate" and reading.n < config.min_requests):
+                continue
+            pool_key = (model_name, spec.signal)
+            pool = pooled.get(pool_key) if spec.kind == "rate" else None
+            detector = self.detector(spec, pool)
+            verdict = detector.judge(reading, config)
+            any_page |= verdict.pages
+            if spec.signal is Signal.TTFT and detector.model.n_learned:
+                demand_ratio = math.exp(detector.model.demand_index(reading.x))
+            if not verdict.pages:
+                detector.learn(reading)
+                if spec.kind == "rate":
+                    pool = pooled.get(pool_key) or pooled.setdefault(pool_key, BetaBinomialRate(grace_windows=0))
+                    pool.learn_one(reading.x, reading.bad)
+            adopted = detector.note_run(verdict.pages, reading)
+            event = self._transition(detector, window, reading, verdict, load, usual_before, demand_ratio, adopted)
+            if adopted:
+                detector.adopt(reading)
+            if event is not None:
+                events.append(event)
+        if not any_page:
             self.usual.learn(load)
-        transition = self.tracker.step(pages or explained, window_start=window.start, severity=severity.value)
+        return events
+
+    def _transition(
+        self,
+        detector: SignalDetector,
+        window: WindowStats,
+        reading: Reading,
+        verdict: Verdict,
+        load: dict[str, float],
+        usual: Baseline,
+        demand_ratio: float,
+        adopted: bool,
+    ) -> AnomalyEvent | None:
+        config, spec = self.config, detector.spec
+        anomalous = verdict.pages or verdict.explained
+        if detector.tracker is None:
+            if not anomalous:
+                return None
+            detector.tracker = config.tracker()
+        tracker = detector.tracker
+        severity = (
+            Severity.CRITICAL
+            if verdict.pages and verdict.score >= config.critical
+            else Severity.WARNING
+            if verdict.pages
+            else Severity.INFO
+        )
+        if adopted and tracker.firing:
+            transition: Transition | None = Transition.RESOLVED
+            tracker.firing, tracker.recent, tracker.since_resolved = False, (), None
+        else:
+            transition = tracker.step(anomalous, window_start=window.start, severity=severity.value)
+        incident_start = tracker.incident_start or window.start
+        if tracker.idle:
+            detector.tracker = None  # most signals are normal most of the time: keep nothing
         if transition is None:
             return None
-        status = Status.RESOLVED if transition is Transition.RESOLVED else Status.FIRING
-        fp = fingerprint(self.key, Signal.TTFT.value, self.tracker.incident_start or window.start)
+        fp = fingerprint(self.key, spec.signal.value, incident_start)
         labels = window.labels
-        if status is Status.RESOLVED:
-            severity = Severity(self.tracker.severity or Severity.INFO.value)
-            hints = []
-            summary = (
-                f"Resolved: TTFT p{c.ttft_quantile * 100:.0f} for {_segment_phrase(labels)} is back to "
-                f"{observed:.2f} s against {prediction.expected:.2f} s expected."
-            )
+        who = f"{spec.what} for {segment_phrase(labels)}"
+        observed, expected = describe(reading.value, spec.unit), describe(verdict.expected, spec.unit)
+        hints: list[Hint] = []
+        explained = verdict.explained
+        if transition is Transition.RESOLVED:
+            severity = Severity(tracker.severity or Severity.INFO.value)
             explained = False
+            if adopted:
+                hints = [
+                    Hint(
+                        code="level_shift",
+                        message=f"the new level held for {config.adopt_after} windows and is now the baseline",
+                    )
+                ]
+                summary = f"Level change: {who} has stayed at {observed}; adopted as the new normal."
+            else:
+                summary = f"Resolved: {who} is back to {observed} against {expected} expected."
         else:
-            hints = latency_hints(load, usual_snapshot, explained_by_load=explained)
-            summary = self._summary(labels, observed, prediction.expected, math.exp(prediction.level), load,
-                                    demand_ratio, explained, hints)  # fmt: skip
+            if spec.kind == "latency":
+                hints = latency_hints(load, usual, explained_by_load=explained)
+            if not explained:  # explained by load: the load is the cause, not the signal's own fault
+                hints += signal_hints(spec.signal, window, reading.value, verdict.expected)
+            summary = self._summary(spec, who, observed, expected, reading, verdict, load, demand_ratio, hints)
         return AnomalyEvent(
-            id=event_id(fp, f"{status.value}:{transition.value}", window.start),
+            id=event_id(
+                fp, f"{'resolved' if transition is Transition.RESOLVED else 'firing'}:{transition.value}", window.start
+            ),
             fingerprint=fp,
-            status=status,
-            signal=Signal.TTFT,
+            status=Status.RESOLVED if transition is Transition.RESOLVED else Status.FIRING,
+            signal=spec.signal,
             segment=labels,
             window_start=window.start,
             window_end=window.end,
-            observed=observed,
-            expected=prediction.expected,
-            score=round(max(conditioned, level if explained else conditioned), 3),
+            observed=reading.value,
+            expected=verdict.expected,
+            score=round(verdict.score, 3),
             severity=severity,
-            load={**{k: round(v, 4) for k, v in load.items()}, "demand_vs_usual": round(demand_ratio, 3)},
+            load={
+                **{k: round(v, 4) for k, v in load.items()},
+                "demand_vs_usual": round(demand_ratio if math.isfinite(demand_ratio) else 1.0, 3),
+            },
             explained_by_load=explained,
             hints=hints,
-            evidence=window.evidence_records() if status is Status.FIRING else [],
+            evidence=window.evidence_records()
+            if transition is not Transition.RESOLVED and spec.kind == "latency"
+            else [],
             summary=summary,
-            baseline_young=self.model.n_learned < c.young_windows,
+            baseline_young=detector.model.n_learned < config.young_windows,
         )
 
+    @staticmethod
     def _summary(
-        self,
-        labels: dict[str, str],
-        observed: float,
-        expected: float,
-        usual: float,
+        spec: SignalSpec,
+        who: str,
+        observed: str,
+        expected: str,
+        reading: Reading,
+        verdict: Verdict,
         load: dict[str, float],
         demand_ratio: float,
-        explained: bool,
-        hints: list,
+        hints: list[Hint],
     ) -> str:
-        q = f"p{self.config.ttft_quantile * 100:.0f}"
-        head = f"TTFT {q} for {_segment_phrase(labels)} is {observed:.2f} s"
-        if explained:
-            return (
-                f"{head} against a usual {usual:.2f} s, in line with load: demand is {demand_ratio:.1f}x usual "
-                f"({load['requests_per_s']:.1f} req/s); explained by load, not paging."
-            )
+        demand = f"demand {demand_ratio:.1f}x usual" if math.isfinite(demand_ratio) else "demand as usual"
         why = f"; {hints[0].message}" if hints else ""
+        if spec.kind == "rate":
+            return f"{who} is {observed} ({reading.bad:,} of {reading.n:,} requests) against a usual {expected}{why}."
+        if spec.kind == "share":
+            return f"{who} is {observed} against a usual {expected} over {reading.n:,} requests{why}."
+        if verdict.explained:
+            return (
+                f"{who} is {observed} against a usual {describe(verdict.usual, spec.unit)}, in line with load: "
+                f"{demand} ({load['requests_per_s']:.1f} req/s); explained by load, not paging."
+            )
         return (
-            f"{head} against {expected:.2f} s expected at this load ({load['requests_per_s']:.1f} req/s, "
-            f"demand {demand_ratio:.1f}x usual); not explained by load{why}."
+            f"{who} is {observed} against {expected} expected at this load "
+            f"({load['requests_per_s']:.1f} req/s, {demand}); not explained by load{why}."
         )
+
+    # -- compact state -------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """JSON-ready, versioned: what a changelog-backed table keeps per segment."""
+        return {
+            "v": STATE_VERSION,
+            "last_window_end": self.last_window_end if math.isfinite(self.last_window_end) else None,
+            "usual": {f.name: getattr(self.usual, f.name) for f in fields(Baseline)},
+            "signals": {
+                signal.value: {
+                    "model": d.model.state(),
+                    "tracker": None if d.tracker is None else d.tracker.state(),
+                    "run": [d.run, d.run_total],
+                }
+                for signal, d in self.by_signal.items()
+            },
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if state.get("v") != STATE_VERSION:
+            raise ValueError(f"detector state version {state.get('v')!r}, this build reads {STATE_VERSION}")
+        end = state["last_window_end"]
+        self.last_window_end = -math.inf if end is None else float(end)
+        self.usual = Baseline(**state["usual"])
+        for name, saved in state["signals"].items():
+            spec = BY_SIGNAL[Signal(name)]
+            detector = self.detector(spec, None)
+            detector.model.load_state(saved["model"])
+            if saved["tracker"] is not None:
+                detector.tracker = self.config.tracker()
+                detector.tracker.load_state(saved["tracker"])
+            detector.run, detector.run_total = int(saved["run"][0]), float(saved["run"][1])
 
 
 @dataclass
@@ -159,13 +342,14 @@ class DetectorBank:
     """All segments' detectors. Bounded: segments are capped upstream by the ``Segmenter``."""
 
     config: DetectorConfig = field(default_factory=DetectorConfig)
-    detectors: dict[str, TTFTDetector] = field(default_factory=dict)
+    detectors: dict[str, SegmentDetectors] = field(default_factory=dict)
+    # Model-level rates, learned from every segment of a model: a new segment's prior.
+    pooled: dict[tuple[str, Signal], BetaBinomialRate] = field(default_factory=dict)
     windows_judged: int = 0
 
     def observe(self, window: WindowStats) -> list[AnomalyEvent]:
-        detector = self.detectors.get(window.key)
-        if detector is None:
-            detector = self.detectors[window.key] = TTFTDetector(window.key, self.config)
+        detectors = self.detectors.get(window.key)
+        if detectors is None:
+            detectors = self.detectors[window.key] = SegmentDetectors(window.key, self.config)
         self.windows_judged += 1
-        event = detector.observe(window)
-        return [event] if event is not None else []
+        return detectors.observe(window, self.pooled)

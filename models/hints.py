@@ -10,7 +10,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from schemas.anomaly import Hint
+from models.window import WindowStats
+from schemas.anomaly import Hint, Signal
 
 
 @dataclass(slots=True)
@@ -89,3 +90,38 @@ def latency_hints(load: dict[str, float], usual: Baseline, *, explained_by_load:
         )
     ranked.sort(key=lambda item: item[0], reverse=True)
     return [hint for _, hint in ranked]
+
+
+def signal_hints(signal: Signal, window: WindowStats, observed: float, expected: float) -> list[Hint]:
+    """The likely cause that goes with each non-latency signal (issue #5 refines these)."""
+    if signal in (Signal.ITL, Signal.THROUGHPUT):
+        return [Hint(code="decode_slowdown", message="decode is slower per token than usual at this output load")]
+    if signal is Signal.LENGTH_TRUNCATION:
+        return [
+            Hint(
+                code="output_truncated",
+                message=f"{window.truncated:,} answers ended at the length limit "
+                "(finish_reason=length): check max_tokens",
+            )
+        ]
+    if signal is Signal.REASONING_LEAK:
+        return [
+            Hint(
+                code="reasoning_marker_in_content",
+                message=f"{window.reasoning_leaks:,} answers contain the reasoning end marker: check the "
+                "engine's reasoning parser",
+            )
+        ]
+    if signal is Signal.ERROR_RATE:
+        return [Hint(code="error_burst", message=f"{window.errors:,} requests failed (error, abort or 5xx)")]
+    if signal is Signal.CACHE_HIT_RATE:
+        shared, hashed = window.prefix_shared, window.prefix_reported
+        share = f"; {shared / hashed:.0%} of requests share a prompt prefix seen before" if hashed else ""
+        return [
+            Hint(
+                code="prefix_cache_ineffective",
+                message=f"prefix-cache hit rate is {observed:.0%} against a usual {expected:.0%}{share}: "
+                "check that prefix caching is enabled (enable_prefix_caching)",
+            )
+        ]
+    return []

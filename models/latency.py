@@ -41,7 +41,7 @@ from typing import Any, NamedTuple
 from river import base
 
 _LN10 = math.log(10.0)
-FEATURES = ("requests_per_s", "prompt_tokens_per_s")
+FEATURES: tuple[str, str] = ("requests_per_s", "prompt_tokens_per_s")
 
 
 def upper_tail_surprise(z: float) -> float:
@@ -125,6 +125,8 @@ class _Params(NamedTuple):
     noise_halflife: float
     grace_windows: int
     min_noise_sd: float
+    features: tuple[str, str]
+    tail: str
 
 
 _shared_params = functools.lru_cache(maxsize=256)(_Params)
@@ -171,6 +173,12 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
         the reference demand is the mean over these windows.
     min_noise_sd
         Floor on the noise: below ~5 % latency jitter is measurement, not signal.
+    features
+        The two demand figures of ``x`` the index is built from (e.g. requests/s and
+        output tokens/s for decode latency).
+    tail
+        ``"upper"``: higher than predicted is anomalous (latency); ``"lower"``: lower is
+        (throughput), with ``elasticity`` then usually negative.
 
     Examples
     --------
@@ -204,6 +212,8 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
     noise_halflife = _param("noise_halflife")
     grace_windows = _param("grace_windows")
     min_noise_sd = _param("min_noise_sd")
+    features = _param("features")
+    tail = _param("tail")
 
     def __init__(
         self,
@@ -216,10 +226,16 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
         noise_halflife: float = 100.0,
         grace_windows: int = 6,
         min_noise_sd: float = 0.05,
+        features: tuple[str, str] = FEATURES,
+        tail: str = "upper",
     ) -> None:
+        if len(features) != 2:
+            raise ValueError("features: exactly two demand figures")
+        if tail not in ("upper", "lower"):
+            raise ValueError("tail must be 'upper' (a rise is bad) or 'lower' (a drop is bad)")
         self._params = _shared_params(
             elasticity, surge_ratio, surge_elasticity, elasticity_sd, level_drift_sd, noise_sd, noise_halflife,
-            grace_windows, min_noise_sd,
+            grace_windows, min_noise_sd, tuple(features), tail,
         )  # fmt: skip
         self.n_learned = 0
         prior_var = elasticity_sd**2
@@ -237,16 +253,15 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
     # -- features -----------------------------------------------------------------
     # Plain floats, not numpy: the vectors have two or three elements, and numpy's cost
     # per call was most of a window's judging time.
-    @staticmethod
-    def _log_demand(x: dict[Hashable, Any]) -> list[float]:
-        return [math.log(max(float(x.get(name, 0.0)), 1e-6)) for name in FEATURES]
+    def _log_demand(self, x: dict[Hashable, Any]) -> list[float]:
+        return [math.log(max(float(x.get(name, 0.0)), 1e-6)) for name in self._params.features]
 
     def demand_index(self, x: dict[Hashable, Any]) -> float:
         """Mean log ratio of demand to the reference: 0 is usual, log(3) is three times."""
         if self.n_learned == 0:
             return 0.0
         reference = self._state[0:2].tolist()
-        return sum(now - usual for now, usual in zip(self._log_demand(x), reference, strict=True)) / len(FEATURES)
+        return sum(now - usual for now, usual in zip(self._log_demand(x), reference, strict=True)) / 2
 
     def _phi(self, x: dict[Hashable, Any]) -> tuple[float, float, float]:
         d = self.demand_index(x)
@@ -320,14 +335,29 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
         if not self.warm or not (y > 0 and math.isfinite(y)):
             return 0.0
         prediction = self.predict_one(x)
-        return upper_tail_surprise((math.log(y) - prediction.mean) / prediction.sd)
+        return upper_tail_surprise(self._sign * (math.log(y) - prediction.mean) / prediction.sd)
+
+    @property
+    def _sign(self) -> float:
+        return 1.0 if self._params.tail == "upper" else -1.0
 
     def level_score(self, x: dict[Hashable, Any], y: float) -> float:
         """Surprise of ``y`` against the load-blind level: is latency high at all?"""
         if not self.warm or not (y > 0 and math.isfinite(y)):
             return 0.0
         prediction = self.predict_one(x)
-        return upper_tail_surprise((math.log(y) - prediction.level) / prediction.level_sd)
+        return upper_tail_surprise(self._sign * (math.log(y) - prediction.level) / prediction.level_sd)
+
+    def adopt(self, x: dict[Hashable, Any], y: float) -> None:
+        """A lasting change was accepted as the new normal: re-level so that the prediction
+        at demand ``x`` is ``y`` (the slopes are kept), and be unsure of the level again."""
+        if not (y > 0 and math.isfinite(y)) or self.n_learned == 0:
+            return
+        log_y = math.log(y)
+        state = self._state
+        state[2] += log_y - _dot(self._phi(x), state[2:5].tolist())
+        state[5] = max(state[5], 0.1)  # level variance
+        state[16] = log_y  # load-blind level
 
     # -- compact state (no pickled river objects) ------------------------------------
     def state(self) -> dict[str, Any]:

@@ -5,6 +5,9 @@ closes for good would be late. Like Alertmanager's ``for:`` and Prometheus' hyst
 an incident *fires* after ``fire_after`` anomalous windows among the last ``fire_within``,
 sends an *update* every ``update_every`` windows while it lasts (or at once when its
 severity changes), and *resolves* after ``resolve_after`` normal windows in a row.
+Flapping is damped: an incident that fires again within ``reopen_within`` windows of
+resolving is the same incident (same start, so the same fingerprint), and each such
+reopening doubles the normal windows it needs to resolve (up to 8x).
 Pure logic: no clock but the windows it is given.
 """
 
@@ -47,6 +50,7 @@ class IncidentTracker:
     fire_within: int = 3
     resolve_after: int = 3
     update_every: int = 6
+    reopen_within: int = 30
     # The last fire_within windows: an anomalous one as its start, a normal one as None
     # (a normal window's start is never needed; this is kept per segment and signal).
     recent: tuple[float | None, ...] = ()
@@ -55,6 +59,8 @@ class IncidentTracker:
     severity: str | None = None
     normal_streak: int = 0
     windows_since_event: int = 0
+    flaps: int = 0  # reopenings of the current incident
+    since_resolved: int | None = None  # windows since the last resolve (None: none, or long ago)
 
     def __post_init__(self) -> None:
         if not 1 <= self.fire_after <= self.fire_within:
@@ -70,10 +76,18 @@ class IncidentTracker:
         self.recent = _all_normal(len(recent)) if not anomalous and recent.count(None) == len(recent) else recent
         self.windows_since_event += 1
         if not self.firing:
+            if self.since_resolved is not None:
+                self.since_resolved += 1
+                if self.since_resolved > self.reopen_within:
+                    self.since_resolved, self.flaps = None, 0
             if anomalous and sum(start is not None for start in self.recent) >= self.fire_after:
                 self.firing, self.normal_streak, self.windows_since_event = True, 0, 0
-                # The incident started at the first anomalous window still in view.
-                self.incident_start = next(start for start in self.recent if start is not None)
+                if self.since_resolved is not None and self.incident_start is not None:
+                    self.flaps += 1  # back soon after resolving: the same incident, reopened
+                else:
+                    # The incident started at the first anomalous window still in view.
+                    self.incident_start = next(start for start in self.recent if start is not None)
+                self.since_resolved = None
                 self.severity = severity
                 return Transition.FIRING
             return None
@@ -86,11 +100,16 @@ class IncidentTracker:
                 return Transition.UPDATE
             return None
         self.normal_streak += 1
-        if self.normal_streak >= self.resolve_after:
+        if self.normal_streak >= self.resolve_after * 2 ** min(self.flaps, 3):
             self.firing, self.recent = False, ()
-            self.windows_since_event = 0
+            self.windows_since_event, self.since_resolved = 0, 0
             return Transition.RESOLVED
         return None
+
+    @property
+    def idle(self) -> bool:
+        """Nothing to remember: not firing, no anomalous window in view, no reopening possible."""
+        return not self.firing and self.since_resolved is None and all(start is None for start in self.recent)
 
     def state(self) -> dict[str, Any]:
         return {
@@ -100,6 +119,8 @@ class IncidentTracker:
             "severity": self.severity,
             "normal_streak": self.normal_streak,
             "windows_since_event": self.windows_since_event,
+            "flaps": self.flaps,
+            "since_resolved": self.since_resolved,
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -109,3 +130,6 @@ class IncidentTracker:
         self.severity = state["severity"]
         self.normal_streak = int(state["normal_streak"])
         self.windows_since_event = int(state["windows_since_event"])
+        self.flaps = int(state.get("flaps", 0))
+        since = state.get("since_resolved")
+        self.since_resolved = None if since is None else int(since)

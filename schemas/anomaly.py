@@ -21,6 +21,7 @@ class Signal(StrEnum):
     THROUGHPUT = "throughput"
     QUEUE_TIME = "queue_time"
     PREFILL_TIME = "prefill_time"
+    E2E = "e2e"
     LENGTH_TRUNCATION = "length_truncation"
     REASONING_LEAK = "reasoning_leak"
     EMPTY_RESPONSE = "empty_response"

@@ -36,18 +36,20 @@ def test_surge_is_explained_by_load_and_never_pages(demo_events: tuple[Workload,
     surge = [e for e in events if phase(workload, e) == "surge" and e.status is Status.FIRING]
     assert surge, "a 3x surge raises TTFT: it should be reported (as info)"
     assert all(e.explained_by_load and e.severity is Severity.INFO and not e.pages for e in surge)
+    assert {Signal.TTFT, Signal.QUEUE_TIME} <= {e.signal for e in surge}
     assert all(e.hints and e.hints[0].code == "queueing" for e in surge)
-    assert all(e.load["demand_vs_usual"] > 2 for e in surge)
+    assert all(e.load["demand_vs_usual"] > 2 for e in surge if e.signal is Signal.TTFT)
 
 
 def test_cache_off_pages_ttft_with_the_right_hint(demo_events: tuple[Workload, list[AnomalyEvent]]) -> None:
     workload, events = demo_events
     pages = [e for e in events if e.pages]
     assert pages and all(phase(workload, e) == "cache_off" for e in pages), "pages only in the cache-off phase"
-    first = min(pages, key=lambda e: e.window_start)
+    assert {Signal.TTFT, Signal.PREFILL_TIME, Signal.CACHE_HIT_RATE} <= {e.signal for e in pages}
+    first = min((e for e in pages if e.signal is Signal.TTFT), key=lambda e: e.window_start)
     start = sum(p.duration_s for p in workload.phases[:-1]) + EPOCH
     assert first.window_start - start <= 40, "caught within a few windows"
-    assert first.signal is Signal.TTFT and not first.explained_by_load
+    assert not first.explained_by_load
     assert first.hints[0].code == "prefix_cache_ineffective"
     assert first.observed > 3 * first.expected
     assert first.load["demand_vs_usual"] < 1.5
@@ -56,7 +58,7 @@ def test_cache_off_pages_ttft_with_the_right_hint(demo_events: tuple[Workload, l
 
 def test_events_carry_evidence_without_text(demo_events: tuple[Workload, list[AnomalyEvent]]) -> None:
     _, events = demo_events
-    firing = [e for e in events if e.status is Status.FIRING]
+    firing = [e for e in events if e.status is Status.FIRING and e.signal is Signal.TTFT]
     for event in firing:
         assert 0 < len(event.evidence) <= 5
         ttfts = [r["ttft_s"] for r in event.evidence]

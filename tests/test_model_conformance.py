@@ -13,7 +13,7 @@ import pytest
 from models import REGISTRY
 
 
-def stream(seed: int, n: int) -> list[tuple[dict[str, Any], float]]:
+def latency_stream(seed: int, n: int) -> list[tuple[dict[str, Any], float]]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -23,9 +23,48 @@ def stream(seed: int, n: int) -> list[tuple[dict[str, Any], float]]:
     return out
 
 
+def rate_stream(seed: int, n: int) -> list[tuple[dict[str, Any], float]]:
+    """Bad requests out of each window's requests, at a rate that moves a little."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        trials = rng.randint(50, 500)
+        rate = 0.01 * (1 + 0.5 * math.sin(i / 30))
+        out.append(({"trials": trials}, sum(rng.random() < rate for _ in range(trials))))
+    return out
+
+
+def share_stream(seed: int, n: int) -> list[tuple[dict[str, Any], float]]:
+    rng = random.Random(seed)
+    return [({"trials": rng.randint(20, 200)}, min(max(rng.gauss(0.85, 0.03), 0.0), 1.0)) for _ in range(n)]
+
+
+#: How each registered model is fed: a new model must say what its windows look like.
+STREAMS = {
+    "load_conditioned_latency": latency_stream,
+    "beta_binomial_rate": rate_stream,
+    "share_level": share_stream,
+}
+
+
+def test_every_registered_model_has_a_stream() -> None:
+    assert set(STREAMS) == set(REGISTRY)
+
+
 @pytest.fixture(params=sorted(REGISTRY))
-def model_cls(request: pytest.FixtureRequest) -> type:
-    return REGISTRY[request.param]
+def model_name(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    return name
+
+
+@pytest.fixture
+def model_cls(model_name: str) -> type:
+    return REGISTRY[model_name]
+
+
+@pytest.fixture
+def stream(model_name: str) -> Any:
+    return STREAMS[model_name]
 
 
 def scores(model: Any, data: list[tuple[dict[str, Any], float]]) -> list[float]:
@@ -36,18 +75,18 @@ def scores(model: Any, data: list[tuple[dict[str, Any], float]]) -> list[float]:
     return out
 
 
-def test_deterministic(model_cls: type) -> None:
+def test_deterministic(model_cls: type, stream: Any) -> None:
     data = stream(1, 200)
     assert scores(model_cls(), data) == scores(model_cls(), data)
 
 
-def test_quiet_during_grace_and_finite_after(model_cls: type) -> None:
+def test_quiet_during_grace_and_finite_after(model_cls: type, stream: Any) -> None:
     result = scores(model_cls(), stream(2, 200))
     assert result[0] == 0.0
     assert all(math.isfinite(s) and s >= 0 for s in result)
 
 
-def test_no_look_ahead(model_cls: type) -> None:
+def test_no_look_ahead(model_cls: type, stream: Any) -> None:
     """A window's score depends only on what came before it."""
     data = stream(3, 120)
     full = scores(model_cls(), data)
@@ -55,7 +94,7 @@ def test_no_look_ahead(model_cls: type) -> None:
     assert full[:60] == prefix
 
 
-def test_state_round_trips_compactly(model_cls: type) -> None:
+def test_state_round_trips_compactly(model_cls: type, stream: Any) -> None:
     model = model_cls()
     data = stream(4, 150)
     scores(model, data[:100])
@@ -67,14 +106,14 @@ def test_state_round_trips_compactly(model_cls: type) -> None:
     assert len(encoded) < 2048
 
 
-def test_pickles(model_cls: type) -> None:
+def test_pickles(model_cls: type, stream: Any) -> None:
     model = model_cls()
     data = stream(5, 80)
     scores(model, data[:40])
     assert scores(pickle.loads(pickle.dumps(model)), data[40:]) == scores(model, data[40:])
 
 
-def test_memory_is_bounded(model_cls: type) -> None:
+def test_memory_is_bounded(model_cls: type, stream: Any) -> None:
     """O(1) per segment: the state after 2,000 windows is as large as after 20."""
     small, large = model_cls(), model_cls()
     scores(small, stream(6, 20))
@@ -82,7 +121,7 @@ def test_memory_is_bounded(model_cls: type) -> None:
     assert len(json.dumps(large.state())) <= len(json.dumps(small.state())) + 64
 
 
-def test_clone_keeps_config(model_cls: type) -> None:
+def test_clone_keeps_config(model_cls: type, stream: Any) -> None:
     """river's contract: constructor arguments are the config, clone() gives a fresh model."""
     model = model_cls()
     scores(model, stream(7, 30))

@@ -1,0 +1,158 @@
+"""What each signal reads from a closed window, and which model judges it.
+
+A ``SignalSpec`` names a signal, how to read its observation from a ``WindowStats``
+(``Reading``: the value, how many requests stand behind it, and the model's inputs) and
+how to build the per-segment model that judges it. Three kinds of model cover them all:
+
+* latency-like values judged *at the current load* (``LoadConditionedLatency``): TTFT p95,
+  queue, prefill, inter-token and end-to-end time, decode throughput;
+* rates of bad outcomes, count-aware (``BetaBinomialRate``): truncation by the length
+  limit, leaked reasoning markers, empty answers, errors;
+* shares that should hold (``ShareLevel``): the prefix-cache hit rate.
+
+Every model's score is the same surprise (``-log10`` of a tail probability), so one
+threshold and one severity mapping serve all signals.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from models.latency import LoadConditionedLatency, quantile_sampling_var
+from models.rates import BetaBinomialRate
+from models.share import ShareLevel
+from models.window import WindowStats
+from schemas.anomaly import Signal
+
+Kind = Literal["latency", "rate", "share"]
+
+DECODE_DEMAND = ("requests_per_s", "output_tokens_per_s")
+PREFILL_DEMAND = ("requests_per_s", "prompt_tokens_per_s")
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One window's observation of one signal."""
+
+    value: float  # seconds, tokens/s or a share
+    n: int  # requests behind it (the denominator of a rate)
+    x: dict[Any, Any]  # the model's inputs: load figures, sampling variance or trials
+    bad: int = 0  # rates: the numerator
+
+
+@dataclass(frozen=True)
+class SignalSpec:
+    signal: Signal
+    kind: Kind
+    read: Callable[[WindowStats, dict[str, float], float], Reading | None]
+    build: Callable[[int], Any]  # grace windows -> a fresh model
+    unit: str = "s"
+    what: str = ""  # how a person says it: "TTFT p95", "share of answers cut by the length limit"
+
+
+def _ttft(window: WindowStats, load: dict[str, float], quantile: float) -> Reading | None:
+    hist = window.ttft
+    n = hist.count
+    if n == 0:
+        return None
+    observed, p90, p10 = hist.quantiles(quantile, 0.9, 0.1)
+    spread = math.log(p90 / p10) / 2.563  # log sd within the window
+    x: dict[Any, Any] = {**load, "sampling_var": quantile_sampling_var(quantile, n, max(spread, 0.1))}
+    return Reading(observed, n, x)
+
+
+def _phase(name: str, floor_s: float) -> Callable[[WindowStats, dict[str, float], float], Reading | None]:
+    """Geometric mean of a phase; below ``floor_s`` differences are noise, not signal."""
+
+    def read(window: WindowStats, load: dict[str, float], _: float) -> Reading | None:
+        phase = window.phase(name)
+        if phase.n == 0:
+            return None
+        # Sampling variance of a mean of logs, with a floor so a window of identical values
+        # does not claim certainty.
+        x: dict[Any, Any] = {**load, "sampling_var": max(phase.var_log, 0.01) / phase.n}
+        return Reading(max(phase.geometric_mean, floor_s), phase.n, x)
+
+    return read
+
+
+def _decode_throughput(window: WindowStats, load: dict[str, float], _: float) -> Reading | None:
+    """Output tokens/s per running request: decoded tokens over decode seconds (token-weighted)."""
+    seconds, itl = window.decode_s, window.phase("itl")
+    if seconds <= 0 or itl.n == 0:
+        return None
+    x: dict[Any, Any] = {**load, "sampling_var": max(itl.var_log, 0.01) / itl.n}
+    return Reading(window.decode_tokens / seconds, itl.n, x)
+
+
+def _rate(numerator: str, denominator: str) -> Callable[[WindowStats, dict[str, float], float], Reading | None]:
+    def read(window: WindowStats, load: dict[str, float], _: float) -> Reading | None:
+        bad = window.truncated if numerator == "truncated" else int(getattr(window, numerator))
+        trials = int(getattr(window, denominator))
+        if trials <= 0:
+            return None
+        return Reading(bad / trials, trials, {"trials": trials}, bad)
+
+    return read
+
+
+def _cache_hit_rate(window: WindowStats, load: dict[str, float], _: float) -> Reading | None:
+    rate = window.cache_hit_rate
+    if math.isnan(rate):
+        return None
+    n = window.requests
+    return Reading(rate, n, {"trials": n})
+
+
+def _latency(features: tuple[str, str] = PREFILL_DEMAND, **kwargs: Any) -> Callable[[int], LoadConditionedLatency]:
+    return lambda grace: LoadConditionedLatency(grace_windows=grace, features=features, **kwargs)
+
+
+def _rate_spec(signal: Signal, numerator: str, denominator: str, what: str, prior_rate: float = 0.005) -> SignalSpec:
+    """A count-aware rate: ``numerator`` bad requests out of ``denominator``."""
+
+    def build(grace: int) -> BetaBinomialRate:
+        return BetaBinomialRate(prior_rate=prior_rate, grace_windows=grace)
+
+    return SignalSpec(signal, "rate", _rate(numerator, denominator), build, unit="", what=what)
+
+
+# fmt: off
+SPECS: tuple[SignalSpec, ...] = (
+    SignalSpec(Signal.TTFT, "latency", _ttft, _latency(), what="TTFT p95"),
+    SignalSpec(Signal.QUEUE_TIME, "latency", _phase("queue", 0.02), _latency(elasticity=0.5), what="queue time"),
+    SignalSpec(Signal.PREFILL_TIME, "latency", _phase("prefill", 0.005), _latency(), what="prefill time"),
+    SignalSpec(
+        Signal.ITL, "latency", _phase("itl", 0.001), _latency(DECODE_DEMAND, elasticity=0.1), what="inter-token latency"
+    ),
+    SignalSpec(Signal.E2E, "latency", _phase("e2e", 0.05), _latency(), what="end-to-end time"),
+    SignalSpec(
+        Signal.THROUGHPUT,
+        "latency",
+        _decode_throughput,
+        _latency(DECODE_DEMAND, elasticity=-0.1, surge_elasticity=-0.3, tail="lower"),
+        unit="tokens/s",
+        what="decode tokens/s per request",
+    ),
+    _rate_spec(Signal.LENGTH_TRUNCATION, "truncated", "requests", "share of answers cut by the length limit"),
+    _rate_spec(Signal.REASONING_LEAK, "reasoning_leaks", "content_reported",
+               "share of answers with a reasoning end marker in the text", prior_rate=0.001),
+    _rate_spec(Signal.EMPTY_RESPONSE, "empty_answers", "content_reported",
+               "share of empty answers with reasoning text present", prior_rate=0.001),
+    _rate_spec(Signal.ERROR_RATE, "errors", "requests", "error rate"),
+    SignalSpec(
+        Signal.CACHE_HIT_RATE,
+        "share",
+        _cache_hit_rate,
+        lambda grace: ShareLevel(tail="lower", grace_windows=grace),
+        unit="",
+        what="prefix-cache hit rate",
+    ),
+)
+
+# fmt: on
+
+BY_SIGNAL = {spec.signal: spec for spec in SPECS}
