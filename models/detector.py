@@ -22,7 +22,7 @@ from typing import Any
 from models.hints import Baseline, latency_hints, signal_hints
 from models.lifecycle import IncidentTracker, Transition, fingerprint
 from models.rates import BetaBinomialRate
-from models.signals import BY_SIGNAL, SPECS, Reading, SignalSpec
+from models.signals import BY_SIGNAL, MODEL_FIGURES, SPECS, Reading, SignalSpec, model_load
 from models.window import WindowStats
 from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 
@@ -46,6 +46,9 @@ class DetectorConfig:
     grace_windows: int = 6
     adopt_after: int = 90  # anomalous windows in a row after which the new level is the normal
     reopen_within: int = 30  # a re-fire this soon after resolving continues the incident
+    # A window with fewer requests than this share of the segment's usual is not judged on
+    # latency: its few survivors (a segment draining or going quiet) are a biased sample.
+    min_share_of_usual: float = 0.2
     signals: tuple[str, ...] = tuple(spec.signal.value for spec in SPECS)  # the signals judged
 
     def tracker(self) -> IncidentTracker:
@@ -96,9 +99,7 @@ class SignalDetector:
     def judge(self, reading: Reading, config: DetectorConfig) -> Verdict:
         model, kind = self.model, self.spec.kind
         if kind == "latency":
-            prediction = model.predict_one(reading.x)
-            conditioned = model.score_one(reading.x, reading.value)
-            level = model.level_score(reading.x, reading.value)
+            prediction, conditioned, level = model.judge(reading.x, reading.value)
             worse = (math.log(reading.value) - prediction.level) * (1 if model.tail == "upper" else -1) > 0
             pages = conditioned >= config.threshold and worse
             explained = not pages and level >= config.threshold
@@ -151,19 +152,33 @@ class SegmentDetectors:
             found = self.by_signal[spec.signal] = SignalDetector(spec, model, adopt_after=self.config.adopt_after)
         return found
 
-    def observe(self, window: WindowStats, pooled: dict[tuple[str, Signal], BetaBinomialRate]) -> list[AnomalyEvent]:
+    def observe(
+        self,
+        window: WindowStats,
+        pooled: dict[tuple[str, Signal], BetaBinomialRate],
+        model_figures: dict[str, float] | None = None,
+    ) -> list[AnomalyEvent]:
+        """Judge one window. ``model_figures``: its model's load in the same window
+        (``signals.model_load``); without it, the segment's own load stands in."""
         if window.end <= self.last_window_end:
             return []  # already judged: a replayed window changes nothing (idempotent)
         self.last_window_end = window.end
         config = self.config
         load = window.load()
+        load.update(model_figures or {f"model_{name}": load[name] for name in MODEL_FIGURES})
         usual_before = Baseline(**{f.name: getattr(self.usual, f.name) for f in fields(Baseline)})
         demand_ratio = math.nan
         events: list[AnomalyEvent] = []
         any_page = False
         model_name = window.labels.get("model", "other")
+        usual_requests = self.usual.requests_per_s * window.length
+        sparse = (
+            self.usual.windows >= config.grace_windows and window.requests < config.min_share_of_usual * usual_requests
+        )
         for name in config.signals:
             spec = BY_SIGNAL[Signal(name)]
+            if sparse and spec.kind == "latency":
+                continue
             reading = spec.read(window, load, config.ttft_quantile)
             if reading is None or (spec.kind != "rate" and reading.n < config.min_requests):
                 continue
@@ -347,9 +362,17 @@ class DetectorBank:
     pooled: dict[tuple[str, Signal], BetaBinomialRate] = field(default_factory=dict)
     windows_judged: int = 0
 
-    def observe(self, window: WindowStats) -> list[AnomalyEvent]:
+    def observe(self, window: WindowStats, model_figures: dict[str, float] | None = None) -> list[AnomalyEvent]:
         detectors = self.detectors.get(window.key)
         if detectors is None:
             detectors = self.detectors[window.key] = SegmentDetectors(window.key, self.config)
         self.windows_judged += 1
-        return detectors.observe(window, self.pooled)
+        return detectors.observe(window, self.pooled, model_figures)
+
+    def observe_all(self, windows: list[WindowStats]) -> list[AnomalyEvent]:
+        """Judge windows released together, each against its model's load among them."""
+        totals = model_load(windows)
+        events: list[AnomalyEvent] = []
+        for window in windows:
+            events.extend(self.observe(window, totals[(window.labels.get("model", "other"), window.start)]))
+        return events

@@ -282,9 +282,12 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
         noise_var, noise_weight, level_mean, level_var = state[14:18]
         n = self.n_learned
         if n < self.grace_windows:
-            # Reference demand = running mean over the grace windows (the first window is
-            # often partial, so it alone would be a poor reference).
-            reference = [r + (now - r) / (n + 1) for r, now in zip(reference, self._log_demand(x), strict=True)]
+            # Reference demand = running mean over the grace windows but the first: a stream
+            # usually starts mid-window, and a partial first window would set the reference
+            # so low that normal traffic would look like a surge and teach the surge slope.
+            now = self._log_demand(x)
+            weight = 1.0 if n <= 1 else 1.0 / n
+            reference = [r + (d - r) * weight for r, d in zip(reference, now, strict=True)]
             self._state[0:2] = array("d", reference)
         if n == 0:
             weights[0] = level_mean = log_y
@@ -343,10 +346,17 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
 
     def level_score(self, x: dict[Hashable, Any], y: float) -> float:
         """Surprise of ``y`` against the load-blind level: is latency high at all?"""
-        if not self.warm or not (y > 0 and math.isfinite(y)):
-            return 0.0
+        return self.judge(x, y)[2]
+
+    def judge(self, x: dict[Hashable, Any], y: float) -> tuple[Prediction, float, float]:
+        """The prediction at ``x``, and both surprises of ``y`` (``score_one``, ``level_score``)
+        from one prediction: what a detector asks of every window."""
         prediction = self.predict_one(x)
-        return upper_tail_surprise(self._sign * (math.log(y) - prediction.level) / prediction.level_sd)
+        if not self.warm or not (y > 0 and math.isfinite(y)):
+            return prediction, 0.0, 0.0
+        log_y, sign = math.log(y), self._sign
+        conditioned = upper_tail_surprise(sign * (log_y - prediction.mean) / prediction.sd)
+        return prediction, conditioned, upper_tail_surprise(sign * (log_y - prediction.level) / prediction.level_sd)
 
     def adopt(self, x: dict[Hashable, Any], y: float) -> None:
         """A lasting change was accepted as the new normal: re-level so that the prediction

@@ -29,8 +29,34 @@ from schemas.anomaly import Signal
 
 Kind = Literal["latency", "rate", "share"]
 
-DECODE_DEMAND = ("requests_per_s", "output_tokens_per_s")
-PREFILL_DEMAND = ("requests_per_s", "prompt_tokens_per_s")
+# Latency is conditioned on the load of the segment's *model* (every segment it serves
+# shares its engines' batches and queues), not on the segment's own traffic: a rare
+# segment's own rate is a noisy proxy, and a surge on one route slows all of them.
+DECODE_DEMAND = ("model_requests_per_s", "model_output_tokens_per_s")
+PREFILL_DEMAND = ("model_requests_per_s", "model_prompt_tokens_per_s")
+#: Load figures summed over a model's segments in the same window (``model_load``).
+MODEL_FIGURES = ("requests_per_s", "prompt_tokens_per_s", "output_tokens_per_s")
+
+
+def model_load(windows: list[WindowStats]) -> dict[tuple[str, float], dict[str, float]]:
+    """Per (model, window start): the load of all the given windows of that model.
+
+    >>> from models.window import WindowStats
+    >>> a = WindowStats("model=m|route=a", 0.0, 10.0, requests=10, prompt_tokens=100)
+    >>> b = WindowStats("model=m|route=b", 0.0, 10.0, requests=30, prompt_tokens=900)
+    >>> model_load([a, b])[("m", 0.0)]["model_requests_per_s"]
+    4.0
+    """
+    totals: dict[tuple[str, float], dict[str, float]] = {}
+    for window in windows:
+        load = window.load()
+        mine = totals.setdefault(
+            (window.labels.get("model", "other"), window.start),
+            dict.fromkeys([f"model_{name}" for name in MODEL_FIGURES], 0.0),
+        )
+        for name in MODEL_FIGURES:
+            mine[f"model_{name}"] += load[name]
+    return totals
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +149,9 @@ def _rate_spec(signal: Signal, numerator: str, denominator: str, what: str, prio
 # fmt: off
 SPECS: tuple[SignalSpec, ...] = (
     SignalSpec(Signal.TTFT, "latency", _ttft, _latency(), what="TTFT p95"),
-    SignalSpec(Signal.QUEUE_TIME, "latency", _phase("queue", 0.02), _latency(elasticity=0.5), what="queue time"),
+    # Queueing grows like rho / (1 - rho): steeper with demand than any other phase.
+    SignalSpec(Signal.QUEUE_TIME, "latency", _phase("queue", 0.02),
+               _latency(elasticity=0.5, surge_elasticity=2.0, elasticity_sd=1.0), what="queue time"),
     SignalSpec(Signal.PREFILL_TIME, "latency", _phase("prefill", 0.005), _latency(), what="prefill time"),
     SignalSpec(
         Signal.ITL, "latency", _phase("itl", 0.001), _latency(DECODE_DEMAND, elasticity=0.1), what="inter-token latency"

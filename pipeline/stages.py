@@ -222,9 +222,7 @@ class StageTwo:
         return self._judge(self.assembler.flush_all())
 
     def _judge(self, windows: list[WindowStats]) -> list[AnomalyEvent]:
-        events: list[AnomalyEvent] = []
-        for window in windows:
-            events.extend(self.bank.observe(window))
+        events = self.bank.observe_all(windows)
         metrics.WINDOWS.inc(len(windows))
         metrics.LIVE_SEGMENTS.set(len(self.bank.detectors))
         for event in events:

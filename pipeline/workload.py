@@ -50,6 +50,10 @@ class Phase:
     prefix_caching: bool = True
     decode_slowdown: float = 1.0
     max_tokens: int = 4096
+    error_rate: float = 0.0  # share of requests that fail (finish_reason=error, HTTP 500)
+    leak_rate: float = 0.0  # share of answers with the reasoning end marker in the text
+    long_prompt_slowdown: float = 1.0  # prefill slower by this factor for long prompts only
+    long_prompt_tokens: int = 4096  # what counts as long
 
 
 @dataclass
@@ -64,6 +68,9 @@ class Workload:
     prefill_s_per_token: float = 1.2e-4
     itl_s: float = 0.02
     instances: tuple[str, ...] = ("10.0.0.7:8000", "10.0.0.8:8000")
+    daily_amplitude: float = 0.0  # traffic swings by this share around its mean over a day
+    day_s: float = 86_400.0  # length of that day (shorter: a compressed cycle)
+    log_content: bool = False  # add answer and reasoning text (a reasoning model's logs)
     seed: int = 42
     start: float = EPOCH
     _rng: np.random.Generator = field(init=False, repr=False)
@@ -86,10 +93,11 @@ class Workload:
     def _second(self, second: int, phase: Phase) -> list[dict[str, Any]]:
         """Requests arriving during one simulated second."""
         rng = self._rng
-        rho = min(self.base_utilisation * phase.traffic, 0.93)
+        traffic = phase.traffic * (1.0 + self.daily_amplitude * math.sin(2 * math.pi * second / self.day_s))
+        rho = min(self.base_utilisation * traffic, 0.93)
         records: list[dict[str, Any]] = []
         for model in self.models:
-            n = int(rng.poisson(self.base_rate * phase.traffic))
+            n = int(rng.poisson(self.base_rate * traffic))
             if n == 0:
                 continue
             shares = np.array([r.share for r in self.routes])
@@ -104,12 +112,26 @@ class Workload:
                 cached = (cached // 16) * 16  # block granularity
                 uncached = prompt - cached
                 prefill = 0.02 + uncached * self.prefill_s_per_token * rng.lognormal(0.0, 0.1)
+                if prompt >= phase.long_prompt_tokens:
+                    prefill *= phase.long_prompt_slowdown
                 queue = rng.exponential(0.15 * rho / (1.0 - rho))
                 ttft = queue + prefill
                 itl = self.itl_s * phase.decode_slowdown * (1.0 + 0.5 * rho) * rng.lognormal(0.0, 0.05)
                 decode = itl * max(output - 1, 0)
                 e2e = ttft + decode
                 finish = "length" if wanted > phase.max_tokens else "stop"
+                status = 200
+                # Extra draws only when a fault is switched on: default scenarios stay as they were.
+                if phase.error_rate and rng.random() < phase.error_rate:
+                    finish, status, output, decode = "error", 500, 0, 0.0
+                    e2e = ttft
+                text: dict[str, str] = {}
+                if self.log_content:
+                    leaked = bool(phase.leak_rate) and rng.random() < phase.leak_rate
+                    text = {
+                        "reasoning_content": "Let me work through this step by step.",
+                        "content": ("Step 3 done.</think>The answer is 42." if leaked else "The answer is 42."),
+                    }
                 records.append(
                     {
                         "request_id": f"req-{model[:4]}-{second}-{i}",
@@ -129,8 +151,9 @@ class Workload:
                         "decode_s": round(decode, 5),
                         "e2e_s": round(e2e, 5),
                         "finish_reason": finish,
-                        "status_code": 200,
+                        "status_code": status,
                         "prefix_hash": f"{model}:{route.name}:sys-v1",
+                        **text,
                     }
                 )
         return records

@@ -118,7 +118,7 @@ def test_shuffled_delivery_loses_no_partial() -> None:
     one, two = StageOne(settings), StageTwo(settings)
     judged: list[int] = []  # requests per judged window
     observe = two.bank.observe
-    two.bank.observe = lambda window: (judged.append(window.requests), observe(window))[1]  # type: ignore[method-assign]
+    two.bank.observe = lambda window, *rest: (judged.append(window.requests), observe(window, *rest))[1]  # type: ignore[method-assign]
     rng = random.Random(1)
     queues: dict[int, collections.deque[bytes]] = collections.defaultdict(collections.deque)
     offsets: collections.Counter[int] = collections.Counter()

@@ -1,0 +1,66 @@
+"""The detection scenario suite (issue #4): each injected case pages the right signals, and
+only in the injected phase; traffic growth and daily cycles page nothing.
+
+Runs ``pipeline.scenarios`` through ``Replay`` (the worker's code without a broker).
+``bench/detection.py`` prints the same suite as a table with detection delays.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from pipeline.scenarios import BY_NAME, SCENARIOS, ScenarioResult, run_scenario
+from schemas.anomaly import Severity, Signal, Status
+
+_results: dict[str, ScenarioResult] = {}
+
+
+def result(name: str) -> ScenarioResult:
+    if name not in _results:
+        _results[name] = run_scenario(BY_NAME[name])
+    return _results[name]
+
+
+@pytest.mark.parametrize("name", [s.name for s in SCENARIOS])
+def test_scenario_pages_what_it_must_and_nothing_before(name: str) -> None:
+    r = result(name)
+    assert not r.false_pages, [(e.signal, e.window_start) for e in r.false_pages]
+    missing = r.scenario.must_page - r.paged_signals
+    assert not missing, f"{name}: {sorted(s.value for s in missing)} did not page"
+    if not r.scenario.must_page:
+        assert not r.pages, f"{name} must not page: {sorted({e.signal.value for e in r.pages})}"
+
+
+@pytest.mark.parametrize("name", [s.name for s in SCENARIOS if s.must_page])
+def test_injected_faults_are_caught_within_a_few_windows(name: str) -> None:
+    r = result(name)
+    for signal in r.scenario.must_page:
+        delay = r.first_page_delay(signal)
+        assert delay is not None and delay <= 60, f"{signal.value} paged {delay} s after the fault"
+
+
+def test_traffic_growth_is_reported_as_explained_by_load() -> None:
+    r = result("traffic_tripled")
+    ttft = [e for e in r.events if e.signal is Signal.TTFT and e.status is Status.FIRING]
+    assert ttft and all(e.explained_by_load and e.severity is Severity.INFO for e in ttft)
+
+
+def test_cache_off_says_why() -> None:
+    r = result("cache_off")
+    ttft = [e for e in r.pages if e.signal is Signal.TTFT]
+    assert ttft[0].hints[0].code == "prefix_cache_ineffective"
+    cache = [e for e in r.pages if e.signal is Signal.CACHE_HIT_RATE]
+    assert cache[0].observed < 0.1 < cache[0].expected
+
+
+def test_only_long_prompt_segments_page_when_only_long_prompts_slow_down() -> None:
+    r = result("long_prompts_slow")
+    assert r.pages and all(e.segment["prompt_band"] != "<4k" for e in r.pages)
+
+
+def test_rate_events_count_what_they_judge() -> None:
+    r = result("truncation")
+    event = next(e for e in r.pages if e.signal is Signal.LENGTH_TRUNCATION)
+    assert event.hints[0].code == "output_truncated"
+    assert 0.005 < event.observed < 0.2 and event.expected < 0.005
+    assert " of " in event.summary  # "31 of 1,020 requests"
