@@ -26,6 +26,9 @@ from models.signals import BY_SIGNAL, MODEL_FIGURES, SPECS, Reading, SignalSpec,
 from models.window import WindowStats
 from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 
+#: Windows of past model load that latency is also judged against (see ``recent_load``).
+LOAD_MEMORY = 2
+
 #: Version of ``SegmentDetectors.state()``; ``load_state`` refuses others (start fresh).
 STATE_VERSION = 1
 
@@ -141,6 +144,10 @@ class SegmentDetectors:
     by_signal: dict[Signal, SignalDetector] = field(default_factory=dict)
     usual: Baseline = field(default_factory=Baseline)
     last_window_end: float = -math.inf
+    # The model's load in the last ``LOAD_MEMORY`` windows, as (window end, figures): a
+    # request finishing now was queued and prefilled up to a few windows ago, under the
+    # load of then; judged against today's load alone, the end of a surge looks like a fault.
+    recent_load: tuple[tuple[float, tuple[float, ...]], ...] = ()
 
     def detector(self, spec: SignalSpec, borrow: BetaBinomialRate | None) -> SignalDetector:
         found = self.by_signal.get(spec.signal)
@@ -166,6 +173,7 @@ class SegmentDetectors:
         config = self.config
         load = window.load()
         load.update(model_figures or {f"model_{name}": load[name] for name in MODEL_FIGURES})
+        self._with_recent_load(load, window)
         usual_before = Baseline(**{f.name: getattr(self.usual, f.name) for f in fields(Baseline)})
         demand_ratio = math.nan
         events: list[AnomalyEvent] = []
@@ -203,6 +211,17 @@ class SegmentDetectors:
         if not any_page:
             self.usual.learn(load)
         return events
+
+    def _with_recent_load(self, load: dict[str, float], window: WindowStats) -> None:
+        """Set ``load``'s model figures to their peak over this window and the recent ones."""
+        names = [f"model_{name}" for name in MODEL_FIGURES]
+        now = tuple(load[name] for name in names)
+        horizon = window.start - LOAD_MEMORY * window.length
+        recent = tuple(item for item in self.recent_load if item[0] > horizon)
+        for _, figures in recent:
+            for name, value in zip(names, figures, strict=True):
+                load[name] = max(load[name], value)
+        self.recent_load = (*recent, (window.end, now))[-LOAD_MEMORY:]
 
     def _transition(
         self,

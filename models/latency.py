@@ -218,9 +218,9 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
     def __init__(
         self,
         elasticity: float = 0.3,
-        surge_ratio: float = 1.5,
+        surge_ratio: float = 1.3,
         surge_elasticity: float = 1.0,
-        elasticity_sd: float = 0.7,
+        elasticity_sd: float = 1.0,
         level_drift_sd: float = 0.01,
         noise_sd: float = 0.3,
         noise_halflife: float = 100.0,

@@ -149,9 +149,10 @@ def _rate_spec(signal: Signal, numerator: str, denominator: str, what: str, prio
 # fmt: off
 SPECS: tuple[SignalSpec, ...] = (
     SignalSpec(Signal.TTFT, "latency", _ttft, _latency(), what="TTFT p95"),
-    # Queueing grows like rho / (1 - rho): steeper with demand than any other phase.
+    # Queueing grows like rho / (1 - rho), with an elasticity of 1 / (1 - rho): 4 at 75 %
+    # utilisation. Steeper with demand than any other phase, and less predictable.
     SignalSpec(Signal.QUEUE_TIME, "latency", _phase("queue", 0.02),
-               _latency(elasticity=0.5, surge_elasticity=2.0, elasticity_sd=1.0), what="queue time"),
+               _latency(elasticity=0.5, surge_elasticity=3.0, elasticity_sd=1.5), what="queue time"),
     SignalSpec(Signal.PREFILL_TIME, "latency", _phase("prefill", 0.005), _latency(), what="prefill time"),
     SignalSpec(
         Signal.ITL, "latency", _phase("itl", 0.001), _latency(DECODE_DEMAND, elasticity=0.1), what="inter-token latency"

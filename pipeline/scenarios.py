@@ -23,6 +23,10 @@ from schemas.anomaly import AnomalyEvent, Signal
 #: Normal traffic before each injected condition: enough windows for every baseline.
 WARMUP_S = 600.0
 INJECTED_S = 300.0
+#: Normal traffic after the fault: incidents resolve, and nothing else may page.
+RECOVERY_S = 180.0
+#: Event seconds after the fault ends during which its pages still count as its own.
+AFTERMATH_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -35,11 +39,9 @@ class Scenario:
     description: str = ""
 
     def build(self, seed: int = 7) -> Workload:
-        phases = (
-            (Phase("normal", self.warmup_s), self.injected)
-            if self.injected.duration_s
-            else (Phase("normal", self.warmup_s),)
-        )
+        phases: tuple[Phase, ...] = (Phase("normal", self.warmup_s),)
+        if self.injected.duration_s:
+            phases += (self.injected, Phase("recovery", RECOVERY_S))
         return Workload(phases, seed=seed, **self.workload)
 
 
@@ -96,24 +98,32 @@ BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
 
 @dataclass
 class ScenarioResult:
+    """What a scenario's replay paged. Windows that end after the generated traffic does (the
+    stream's drain: a few late, long requests) are left out: real streams do not stop."""
+
     scenario: Scenario
     events: list[AnomalyEvent]
     injected_at: float  # event time the injected phase starts
+    injected_end: float
+    stream_end: float
     records: int
     seconds: float  # wall time of the replay
 
     @property
     def pages(self) -> list[AnomalyEvent]:
-        return [e for e in self.events if e.pages]
+        return [e for e in self.events if e.pages and e.window_end <= self.stream_end]
+
+    def _in_fault(self, event: AnomalyEvent) -> bool:
+        return event.window_end > self.injected_at and event.window_start < self.injected_end + AFTERMATH_S
 
     @property
     def false_pages(self) -> list[AnomalyEvent]:
-        """Pages in windows that ended before the injected phase began."""
-        return [e for e in self.pages if e.window_end <= self.injected_at]
+        """Pages outside the injected phase (and its aftermath)."""
+        return [e for e in self.pages if not self._in_fault(e)]
 
     @property
     def paged_signals(self) -> frozenset[Signal]:
-        return frozenset(e.signal for e in self.pages if e.window_end > self.injected_at)
+        return frozenset(e.signal for e in self.pages if self._in_fault(e))
 
     def first_page_delay(self, signal: Signal) -> float | None:
         """Event seconds from the start of the injected phase to the end of the first paging window."""
@@ -132,4 +142,8 @@ def run_scenario(scenario: Scenario, seed: int = 7, settings: Settings | None = 
     started = time.perf_counter()
     events = list(engine.run(batches))
     elapsed = time.perf_counter() - started
-    return ScenarioResult(scenario, events, workload.start + scenario.warmup_s, engine.stats.records, elapsed)
+    injected_at = workload.start + scenario.warmup_s
+    return ScenarioResult(
+        scenario, events, injected_at, injected_at + scenario.injected.duration_s, workload.start + workload.duration_s,
+        engine.stats.records, elapsed,
+    )  # fmt: skip
