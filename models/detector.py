@@ -60,6 +60,10 @@ class DetectorConfig:
         )
 
 
+def _finite_or_none(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
 def segment_phrase(labels: dict[str, str]) -> str:
     rest = [
         f"{name.replace('_band', '')} {value}" for name, value in labels.items() if name != "model" and value != "-"
@@ -344,7 +348,9 @@ class SegmentDetectors:
         return {
             "v": STATE_VERSION,
             "last_window_end": self.last_window_end if math.isfinite(self.last_window_end) else None,
-            "usual": {f.name: getattr(self.usual, f.name) for f in fields(Baseline)},
+            # NaN (not seen yet) as null: strict JSON, as Kafka tooling expects
+            "usual": {f.name: _finite_or_none(getattr(self.usual, f.name)) for f in fields(Baseline)},
+            "recent_load": [[end, list(figures)] for end, figures in self.recent_load],
             "signals": {
                 signal.value: {
                     "model": d.model.state(),
@@ -360,7 +366,8 @@ class SegmentDetectors:
             raise ValueError(f"detector state version {state.get('v')!r}, this build reads {STATE_VERSION}")
         end = state["last_window_end"]
         self.last_window_end = -math.inf if end is None else float(end)
-        self.usual = Baseline(**state["usual"])
+        self.usual = Baseline(**{k: math.nan if v is None else v for k, v in state["usual"].items()})
+        self.recent_load = tuple((float(end), tuple(map(float, figures))) for end, figures in state["recent_load"])
         for name, saved in state["signals"].items():
             spec = BY_SIGNAL[Signal(name)]
             detector = self.detector(spec, None)

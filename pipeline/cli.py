@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -171,6 +172,73 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _series_timestamp(text: str) -> float:
+    """Unix seconds, unix milliseconds (Grafana's CSV export) or ISO-8601."""
+    from datetime import UTC, datetime
+
+    try:
+        value = float(text)
+    except ValueError:
+        parsed = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+    return value / 1000.0 if value > 1e11 else value
+
+
+def _read_series(path: str) -> Iterator[dict[str, float]]:
+    import csv
+
+    from models.series import LOAD_COLUMNS
+
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        columns = {name.strip().lower(): name for name in reader.fieldnames or []}
+        if "timestamp" not in columns or "value" not in columns:
+            raise ValueError(f"{path}: needs 'timestamp' and 'value' columns, found {list(columns)}")
+        optional = [name for name in (*LOAD_COLUMNS, "trials") if name in columns]
+        for line, row in enumerate(reader, start=2):
+            try:
+                point = {"timestamp": _series_timestamp(row[columns["timestamp"]]),
+                         "value": float(row[columns["value"]])}  # fmt: skip
+                for name in optional:
+                    if row[columns[name]] not in (None, ""):
+                        point[name] = float(row[columns[name]])
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"{path}:{line}: {exc}") from None
+            if math.isfinite(point["value"]):  # gaps in an export: skipped, not scored
+                yield point
+
+
+def cmd_backtest_series(args: argparse.Namespace) -> int:
+    """Score one exported series with a signal's model, no look-ahead: timestamp,value,anomaly_score,is_anomaly."""
+    import csv
+
+    from models.series import score_series
+    from schemas.anomaly import Signal
+
+    settings = Settings()
+    try:
+        signal = Signal(args.signal)
+        points = list(_read_series(args.input))
+    except (OSError, ValueError) as exc:
+        print(f"servewatch backtest-series: {exc}", file=sys.stderr)
+        return 2
+    points.sort(key=lambda p: p["timestamp"])
+    flagged = 0
+    out = sys.stdout if args.out == "-" else open(args.out, "w", newline="")  # noqa: SIM115
+    try:
+        writer = csv.writer(out)
+        writer.writerow(["timestamp", "value", "anomaly_score", "is_anomaly"])
+        for p in score_series(points, signal, settings.threshold, settings.grace_windows):
+            writer.writerow([f"{p.timestamp:.3f}", p.value, p.anomaly_score, str(p.is_anomaly).lower()])
+            flagged += p.is_anomaly
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    print(f"scored {len(points):,} points with the {signal.value} model: {flagged:,} anomalous "
+          f"(threshold {settings.threshold})", file=sys.stderr)  # fmt: skip
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="servewatch", description="Streaming anomaly detection for LLM serving.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -193,6 +261,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", required=True, help="JSONL file of RequestLog records ('-' for stdin)")
     p.add_argument("--out", default="-", help="where to write AnomalyEvent JSONL (default stdout)")
     p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser(
+        "backtest-series", help="score one exported series (timestamp,value[,load columns]) with a signal's model"
+    )
+    p.add_argument("--in", dest="input", required=True, help="CSV with timestamp,value and optional load columns "
+                   "(requests_per_s, prompt_tokens_per_s, output_tokens_per_s) or trials (rate signals)")  # fmt: skip
+    p.add_argument("--out", default="-", help="CSV to write (default stdout)")
+    p.add_argument("--signal", default="ttft", help="whose model to use: ttft, itl, error_rate, cache_hit_rate, ...")
+    p.set_defaults(func=cmd_backtest_series)
 
     p = sub.add_parser("schema", help="print the JSON Schema of RequestLog, AnomalyEvent or DeadLetter")
     p.add_argument("name")

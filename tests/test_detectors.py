@@ -1,0 +1,92 @@
+"""Detector behaviour beyond single windows: level changes, flapping, cold start, state."""
+
+from __future__ import annotations
+
+import json
+
+import orjson
+
+from models.detector import DetectorBank, DetectorConfig, SegmentDetectors
+from models.lifecycle import IncidentTracker, Transition
+from models.rates import BetaBinomialRate
+from pipeline.replay import Replay
+from pipeline.workload import Phase, Workload
+from schemas.anomaly import AnomalyEvent, Signal, Status
+
+
+def batches(workload: Workload) -> list[bytes]:
+    return [orjson.dumps(batch) for _, batch in workload.seconds() if batch]
+
+
+def test_a_lasting_change_is_adopted_once_not_paged_forever() -> None:
+    """Decode 1.5x slower for good (say, a new engine version): one incident, then a level change."""
+    workload = Workload((Phase("normal", 600), Phase("slower", 1500, decode_slowdown=1.5)), seed=4)
+    events = list(Replay().run(batches(workload)))
+    itl = [e for e in events if e.signal is Signal.ITL and e.segment["route"] == "chat"]
+    by_fp: dict[str, list[AnomalyEvent]] = {}
+    for event in itl:
+        by_fp.setdefault(event.fingerprint, []).append(event)
+    adopted = [e for e in itl if e.hints and e.hints[0].code == "level_shift"]
+    assert adopted, "the new level is adopted after adopt_after windows"
+    assert all(e.status is Status.RESOLVED for e in adopted)
+    last_adoption = max(e.window_end for e in adopted)
+    later_pages = [e for e in itl if e.pages and e.window_start >= last_adoption + 60]
+    assert not later_pages, "after adoption the new level is normal"
+
+
+def test_flapping_reopens_the_same_incident_and_takes_longer_to_resolve() -> None:
+    tracker = IncidentTracker(fire_after=1, fire_within=1, resolve_after=2, reopen_within=10)
+    transitions = []
+    pattern = [1, 0, 0, 1, 0, 0, 0, 0]  # fires, resolves, fires again two windows later
+    for w, bad in enumerate(pattern):
+        transitions.append((w, tracker.step(bool(bad), window_start=float(w), severity="warning")))
+    fired = [w for w, t in transitions if t is Transition.FIRING]
+    resolved = [w for w, t in transitions if t is Transition.RESOLVED]
+    assert fired == [0, 3] and tracker.incident_start == 0.0, "the reopened incident keeps its start"
+    assert resolved == [2, 7], "a reopened incident needs twice the normal windows to resolve"
+
+
+def test_a_new_segment_borrows_its_models_error_rate() -> None:
+    pooled = {("m", Signal.ERROR_RATE): BetaBinomialRate(grace_windows=0)}
+    for _ in range(50):
+        pooled[("m", Signal.ERROR_RATE)].learn_one({"trials": 1000}, 20)  # this model fails 2 %
+    segment = SegmentDetectors("model=m|route=new")
+    from models.signals import BY_SIGNAL
+
+    detector = segment.detector(BY_SIGNAL[Signal.ERROR_RATE], pooled[("m", Signal.ERROR_RATE)])
+    assert abs(detector.model.expected_rate - 0.02) < 0.002
+
+
+def test_state_round_trips_through_json_and_changes_nothing() -> None:
+    workload = Workload((Phase("normal", 400), Phase("cache_off", 200, prefix_caching=False)), seed=6)
+    messages = batches(workload)
+    half = len(messages) // 2
+    straight = Replay()
+    expected = [e.model_dump() for e in straight.run(messages)]
+
+    restarted = Replay()
+    before = [e.model_dump() for offset, raw in enumerate(messages[:half]) for e in restarted.feed(raw, offset)]
+    bank = restarted.stage_two.bank
+    saved = {key: json.dumps(d.state(), allow_nan=False) for key, d in bank.detectors.items()}
+    fresh = DetectorBank(bank.config, pooled=bank.pooled)
+    for key, text in saved.items():
+        fresh.detectors[key] = SegmentDetectors(key, bank.config)
+        fresh.detectors[key].load_state(json.loads(text))
+    restarted.stage_two.bank = fresh
+    after = [
+        e.model_dump() for offset, raw in enumerate(messages[half:], start=half) for e in restarted.feed(raw, offset)
+    ]
+    after += [e.model_dump() for e in restarted.finish()]
+    assert before + after == expected[: len(before) + len(after)] and after
+
+
+def test_state_of_another_version_is_refused() -> None:
+    segment = SegmentDetectors("model=m", DetectorConfig())
+    state = segment.state()
+    state["v"] = 999
+    try:
+        segment.load_state(state)
+    except ValueError as exc:
+        assert "version" in str(exc)
+    else:
+        raise AssertionError("an unknown state version must not load silently")
