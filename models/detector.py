@@ -366,7 +366,8 @@ class SegmentDetectors:
             raise ValueError(f"detector state version {state.get('v')!r}, this build reads {STATE_VERSION}")
         end = state["last_window_end"]
         self.last_window_end = -math.inf if end is None else float(end)
-        self.usual = Baseline(**{k: math.nan if v is None else v for k, v in state["usual"].items()})
+        usual: dict[str, Any] = {k: math.nan if v is None else v for k, v in state["usual"].items()}
+        self.usual = Baseline(**usual)
         self.recent_load = tuple((float(end), tuple(map(float, figures))) for end, figures in state["recent_load"])
         for name, saved in state["signals"].items():
             spec = BY_SIGNAL[Signal(name)]
