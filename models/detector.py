@@ -15,7 +15,9 @@ as a level change. The lifecycle (``IncidentTracker``) turns verdicts into a few
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -25,6 +27,8 @@ from models.rates import BetaBinomialRate
 from models.signals import BY_SIGNAL, MODEL_FIGURES, SPECS, Reading, SignalSpec, model_load
 from models.window import WindowStats
 from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
+
+logger = logging.getLogger(__name__)
 
 #: Windows of past model load that latency is also judged against (see ``recent_load``).
 LOAD_MEMORY = 2
@@ -152,6 +156,7 @@ class SegmentDetectors:
     # request finishing now was queued and prefilled up to a few windows ago, under the
     # load of then; judged against today's load alone, the end of a surge looks like a fault.
     recent_load: tuple[tuple[float, tuple[float, ...]], ...] = ()
+    unsaved: int = 0  # windows judged since ``state()`` was last taken for storage
 
     def detector(self, spec: SignalSpec, borrow: BetaBinomialRate | None) -> SignalDetector:
         found = self.by_signal.get(spec.signal)
@@ -174,6 +179,7 @@ class SegmentDetectors:
         if window.end <= self.last_window_end:
             return []  # already judged: a replayed window changes nothing (idempotent)
         self.last_window_end = window.end
+        self.unsaved += 1
         config = self.config
         load = window.load()
         load.update(model_figures or {f"model_{name}": load[name] for name in MODEL_FIGURES})
@@ -381,18 +387,50 @@ class SegmentDetectors:
 
 @dataclass
 class DetectorBank:
-    """All segments' detectors. Bounded: segments are capped upstream by the ``Segmenter``."""
+    """All segments' detectors. Bounded: segments are capped upstream by the ``Segmenter``.
+
+    ``restore(key)`` (optional) returns a segment's stored state (``SegmentDetectors.state``)
+    when the bank first meets it, e.g. from a changelog-backed table after a restart or a
+    rebalance; ``states_to_save`` hands back what changed, for storing.
+    """
 
     config: DetectorConfig = field(default_factory=DetectorConfig)
     detectors: dict[str, SegmentDetectors] = field(default_factory=dict)
     # Model-level rates, learned from every segment of a model: a new segment's prior.
     pooled: dict[tuple[str, Signal], BetaBinomialRate] = field(default_factory=dict)
+    restore: Callable[[str], dict[str, Any] | None] | None = None
     windows_judged: int = 0
+    restored: int = 0  # segments whose state was restored
+    discarded: int = 0  # stored states refused (another version, or corrupt): started fresh
+
+    def segment(self, key: str) -> SegmentDetectors:
+        detectors = self.detectors.get(key)
+        if detectors is None:
+            detectors = self.detectors[key] = SegmentDetectors(key, self.config)
+            stored = self.restore(key) if self.restore is not None else None
+            if stored is not None:
+                try:
+                    detectors.load_state(stored)
+                    self.restored += 1
+                except (ValueError, KeyError, TypeError, IndexError) as exc:
+                    # Deliberately fresh, and said so: an upgrade that cannot read old state
+                    # costs a segment its grace windows, never the worker.
+                    logger.warning("stored state of %s not loaded (%s): starting fresh", key, exc)
+                    detectors = self.detectors[key] = SegmentDetectors(key, self.config)
+                    self.discarded += 1
+        return detectors
+
+    def states_to_save(self, every: int = 1) -> list[tuple[str, dict[str, Any]]]:
+        """(key, state) of segments judged at least ``every`` windows since last saved."""
+        due = []
+        for key, detectors in self.detectors.items():
+            if detectors.unsaved >= every:
+                detectors.unsaved = 0
+                due.append((key, detectors.state()))
+        return due
 
     def observe(self, window: WindowStats, model_figures: dict[str, float] | None = None) -> list[AnomalyEvent]:
-        detectors = self.detectors.get(window.key)
-        if detectors is None:
-            detectors = self.detectors[window.key] = SegmentDetectors(window.key, self.config)
+        detectors = self.segment(window.key)
         self.windows_judged += 1
         return detectors.observe(window, self.pooled, model_figures)
 

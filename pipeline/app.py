@@ -6,7 +6,8 @@ Agents:
   windows as column bundles to the partials partition of each segment (always the same
   one), followed by watermarks.
 - ``detect_anomalies`` (partials topic): merge partials per segment window, judge each
-  window once, read the evidence of firing events back from the requests topic, publish.
+  window once, store the detectors' state in a changelog-backed table, read the evidence
+  of firing events back from the requests topic, publish.
 Timers advance quiet partitions' event time and release windows that waited long enough.
 """
 
@@ -19,6 +20,7 @@ from functools import partial
 from typing import Any, cast
 
 import faust
+import orjson
 
 from models.window import WindowStats
 from pipeline import tansu_transport
@@ -26,7 +28,7 @@ from pipeline.decode import Source, internal_error
 from pipeline.evidence import KafkaMessageReader, resolve
 from pipeline.settings import Settings
 from pipeline.stages import StageOne, StageTwo
-from pipeline.topics import Topics, declare_topics
+from pipeline.topics import DETECTOR_STATE_TABLE, Topics, declare_topics
 from schemas.anomaly import AnomalyEvent
 
 logger = logging.getLogger(__name__)
@@ -65,6 +67,27 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     topics = declare_topics(app, settings.topic_partitions)
     stage_one = StageOne(settings)
     stage_two = StageTwo(settings)
+    # Detector state survives restarts and rebalances in a changelog-backed table keyed by
+    # segment. ``use_partitioner``: the producer places each key, by the same partitioner
+    # as ``stages.partition_of``, so state and partials of a segment share a partition
+    # number, and writes may come from timers (no current event) as well as the agent.
+    # Keys and values as bytes (raw serializers): the key hashed by the producer is exactly
+    # the segment key's bytes, as in ``partition_of``; values are ``SegmentDetectors.state()``
+    # as JSON.
+    state_table = app.Table(
+        DETECTOR_STATE_TABLE, default=None, key_type=bytes, value_type=bytes, partitions=settings.topic_partitions,
+        use_partitioner=True,
+    )  # fmt: skip
+
+    def restore(key: str) -> dict[str, Any] | None:
+        stored = state_table.get(key.encode())
+        return None if stored is None else cast(dict[str, Any], orjson.loads(stored))
+
+    stage_two.bank.restore = restore
+
+    def save_states() -> None:
+        for key, state in stage_two.bank.states_to_save(settings.state_every_windows):
+            state_table[key.encode()] = orjson.dumps(state)
 
     partials_partitions = settings.topic_partitions
 
@@ -111,6 +134,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         """Run one stage-2 step; a bug in judging costs that step, never the worker."""
         try:
             events = judge()
+            save_states()
         except Exception:
             logger.exception("stage 2 failed to judge windows")
             return

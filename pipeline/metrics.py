@@ -15,3 +15,9 @@ LIVE_SEGMENTS = Gauge("servewatch_live_segments", "Segments with a detector on t
 LAST_MESSAGE = Gauge(
     "servewatch_last_message_timestamp_seconds", "Unix time the worker last processed a requests message."
 )
+RESTORED_SEGMENTS = Gauge(
+    "servewatch_restored_segments", "Segments whose detector state this worker restored from the state table."
+)
+DISCARDED_STATES = Gauge(
+    "servewatch_discarded_states", "Stored detector states not loaded (other version or corrupt): started fresh."
+)

@@ -73,6 +73,9 @@ class Settings(BaseSettings):
     resolve_after: int = Field(default=3, ge=1)
     update_every: int = Field(default=6, ge=1)
     grace_windows: int = Field(default=6, ge=1)
+    state_every_windows: int = Field(
+        default=1, ge=1, description="Store a segment's detector state (changelog table) every N windows it is judged."
+    )
 
     # -- operations -----------------------------------------------------------------
     metrics_port: int | None = Field(default=None, description="Serve Prometheus metrics on this port.")

@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from aiokafka.partitioner import murmur2
 
 from models.detector import DetectorBank
 from models.signal_columns import PrefixMemory
@@ -36,8 +36,14 @@ BUNDLE_PARTIALS = 256
 
 
 def partition_of(key: str, partitions: int) -> int:
-    """Stable partials partition of a segment, the same on every worker and every run."""
-    return zlib.crc32(key.encode()) % partitions
+    """Stable partials partition of a segment, the same on every worker and every run.
+
+    Kafka's default partitioner (murmur2 of the key, as the Java client and aiokafka
+    compute it), so the detector-state table, keyed by segment and partitioned by the
+    producer, puts a segment's state on the same partition number as its partials: the
+    worker that judges a segment is the one that holds its state.
+    """
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
 @dataclass
@@ -225,6 +231,8 @@ class StageTwo:
         events = self.bank.observe_all(windows)
         metrics.WINDOWS.inc(len(windows))
         metrics.LIVE_SEGMENTS.set(len(self.bank.detectors))
+        metrics.RESTORED_SEGMENTS.set(self.bank.restored)
+        metrics.DISCARDED_STATES.set(self.bank.discarded)
         for event in events:
             metrics.ANOMALY_EVENTS.labels(event.signal.value, event.status.value, event.severity.value).inc()
         return events

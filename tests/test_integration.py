@@ -6,6 +6,7 @@ The worker runs as its own process (``servewatch worker``), exactly as users run
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TypeVar
@@ -115,3 +116,78 @@ def test_embedded_broker_starts_and_stops_cleanly() -> None:
     with EmbeddedBroker() as second:
         assert second.running
     assert not second.running
+
+
+def worker_metric(port: int, name: str) -> float:
+    """A metric's value on a worker's /metrics page (0 when absent or not up yet)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name)
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not reached within {timeout_s} s")
+        time.sleep(0.2)
+
+
+def test_detector_state_survives_a_restart() -> None:
+    """A worker stopped after learning and a new one in its place: the new one restores every
+    segment's state from the changelog-backed table and judges the next incident with a
+    grown-up baseline (cold, it would stay quiet for its grace windows and then say 'young').
+
+    Its own broker: other tests' request logs share event times and segments with these.
+    """
+    with EmbeddedBroker() as broker:
+        restart_and_judge(broker)
+
+
+def restart_and_judge(broker: EmbeddedBroker) -> None:
+    from pipeline.broker import free_loopback_port
+    from pipeline.workload import EPOCH
+
+    asyncio.run(ensure_topics(broker.bootstrap, 4))
+    app_id = f"servewatch-restart-{uuid.uuid4().hex[:8]}"
+    normal = Workload((Phase("normal", 420),), seed=31)
+    broken = Workload((Phase("cache_off", 120, prefix_caching=False),), seed=32, start=EPOCH + 440)
+
+    def run_worker(port: int) -> subprocess.Popen[bytes]:
+        env = {"SERVEWATCH_APP_ID": app_id, "SERVEWATCH_METRICS_PORT": str(port), "SERVEWATCH_LOG_LEVEL": "WARNING"}
+        return start_worker(broker.bootstrap, env)
+
+    first_port = free_loopback_port()
+    first = run_worker(first_port)
+    try:
+        asyncio.run(play(broker.bootstrap, normal, speed=100.0))
+        wait_until(lambda: worker_metric(first_port, "servewatch_windows_total") >= 150, timeout_s=60)
+    finally:
+        stop_worker(first)
+
+    second_port = free_loopback_port()
+    second = run_worker(second_port)
+    try:
+        asyncio.run(play(broker.bootstrap, broken, speed=30.0))
+
+        def paging_ttft(raw: bytes) -> AnomalyEvent | None:
+            event = AnomalyEvent.model_validate_json(raw)
+            mine = event.window_start >= EPOCH + 440 and event.signal is Signal.TTFT and event.pages
+            return event if mine else None
+
+        event = asyncio.run(first_matching(broker.bootstrap, topics.ANOMALIES, paging_ttft, timeout_s=90))
+        restored = worker_metric(second_port, "servewatch_restored_segments")
+    finally:
+        stop_worker(second)
+    assert restored >= 4, "the second worker restored the segments' state"
+    assert not event.baseline_young, "judged against the baseline learned before the restart"
+    assert event.window_start - (EPOCH + 440) <= 40, "no grace period after the restart"
