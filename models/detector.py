@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -98,14 +99,15 @@ class Verdict:
 
 @dataclass(slots=True)
 class SignalDetector:
-    """One signal of one segment: its model, and an incident tracker while something is going on."""
+    """One signal of one segment in judgement: its model, and its incident tracker and run of
+    anomalous windows. Kept by the segment only while something is going on (see ``active``).
+    """
 
     spec: SignalSpec
     model: Any
     tracker: IncidentTracker | None = None
     run: int = 0  # anomalous windows in a row
     run_total: float = 0.0  # sum over the run of what ``adopt`` takes (log value, or share)
-    adopt_after: int = 90
 
     def judge(self, reading: Reading, config: DetectorConfig) -> Verdict:
         model, kind = self.model, self.spec.kind
@@ -125,14 +127,14 @@ class SignalDetector:
     def learn(self, reading: Reading) -> None:
         self.model.learn_one(reading.x, reading.bad if self.spec.kind == "rate" else reading.value)
 
-    def note_run(self, pages: bool, reading: Reading) -> bool:
+    def note_run(self, pages: bool, reading: Reading, adopt_after: int) -> bool:
         """Count anomalous windows in a row; True when the run is long enough to adopt."""
         if not pages:
             self.run, self.run_total = 0, 0.0
             return False
         self.run += 1
         self.run_total += math.log(reading.value) if self.spec.kind == "latency" else reading.value
-        return self.run >= self.adopt_after
+        return self.run >= adopt_after
 
     def adopt(self, reading: Reading) -> None:
         mean = self.run_total / max(self.run, 1)
@@ -143,30 +145,49 @@ class SignalDetector:
         self.run, self.run_total = 0, 0.0
 
 
-@dataclass
+@dataclass(slots=True)
 class SegmentDetectors:
     """Every signal's detector for one segment, created as the signal first shows data."""
 
     key: str
     config: DetectorConfig = field(default_factory=DetectorConfig)
-    by_signal: dict[Signal, SignalDetector] = field(default_factory=dict)
+    models: dict[Signal, Any] = field(default_factory=dict)
+    # Signals with an incident in progress or a run of anomalous windows: few at any time,
+    # so their lifecycle costs nothing per segment the rest of the time.
+    active: dict[Signal, SignalDetector] | None = None
     usual: Baseline = field(default_factory=Baseline)
     last_window_end: float = -math.inf
-    # The model's load in the last ``LOAD_MEMORY`` windows, as (window end, figures): a
-    # request finishing now was queued and prefilled up to a few windows ago, under the
-    # load of then; judged against today's load alone, the end of a surge looks like a fault.
-    recent_load: tuple[tuple[float, tuple[float, ...]], ...] = ()
+    # The model's load in the last ``LOAD_MEMORY`` windows, as (window end, *figures) runs
+    # of doubles, oldest first: a request finishing now was queued and prefilled up to a few
+    # windows ago, under the load of then; judged against the load of now alone, the end of
+    # a surge looks like a fault.
+    recent_load: array[float] = field(default_factory=lambda: array("d"))
     unsaved: int = 0  # windows judged since ``state()`` was last taken for storage
 
-    def detector(self, spec: SignalSpec, borrow: BetaBinomialRate | None) -> SignalDetector:
-        found = self.by_signal.get(spec.signal)
+    def model(self, spec: SignalSpec, borrow: BetaBinomialRate | None = None) -> Any:
+        """The segment's model of ``spec``'s signal, built the first time the signal shows data."""
+        found = self.models.get(spec.signal)
         if found is None:
-            model = spec.build(self.config.grace_windows)
-            if borrow is not None and isinstance(model, BetaBinomialRate) and borrow.n_learned >= model.grace_windows:
+            found = self.models[spec.signal] = spec.build(self.config.grace_windows)
+            if borrow is not None and isinstance(found, BetaBinomialRate) and borrow.n_learned >= found.grace_windows:
                 # Cold start: a new segment starts from its model's rate, not a generic prior.
-                model.borrow(borrow.expected_rate, min(borrow.alpha + borrow.beta, 200.0))
-            found = self.by_signal[spec.signal] = SignalDetector(spec, model, adopt_after=self.config.adopt_after)
+                found.borrow(borrow.expected_rate, min(borrow.alpha + borrow.beta, 200.0))
         return found
+
+    def detector(self, spec: SignalSpec, borrow: BetaBinomialRate | None = None) -> SignalDetector:
+        """The signal in judgement: its active state if it has one, else a fresh, idle one."""
+        active = self.active.get(spec.signal) if self.active else None
+        return active if active is not None else SignalDetector(spec, self.model(spec, borrow))
+
+    def keep(self, detector: SignalDetector) -> None:
+        """Remember ``detector`` while it is active; forget it once idle."""
+        signal = detector.spec.signal
+        if detector.tracker is not None or detector.run:
+            if self.active is None:
+                self.active = {}
+            self.active[signal] = detector
+        elif self.active is not None and self.active.pop(signal, None) is not None and not self.active:
+            self.active = None
 
     def observe(
         self,
@@ -212,10 +233,11 @@ class SegmentDetectors:
                 if spec.kind == "rate":
                     pool = pooled.get(pool_key) or pooled.setdefault(pool_key, BetaBinomialRate(grace_windows=0))
                     pool.learn_one(reading.x, reading.bad)
-            adopted = detector.note_run(verdict.pages, reading)
+            adopted = detector.note_run(verdict.pages, reading, config.adopt_after)
             event = self._transition(detector, window, reading, verdict, load, usual_before, demand_ratio, adopted)
             if adopted:
                 detector.adopt(reading)
+            self.keep(detector)
             if event is not None:
                 events.append(event)
         if not any_page:
@@ -225,13 +247,19 @@ class SegmentDetectors:
     def _with_recent_load(self, load: dict[str, float], window: WindowStats) -> None:
         """Set ``load``'s model figures to their peak over this window and the recent ones."""
         names = [f"model_{name}" for name in MODEL_FIGURES]
-        now = tuple(load[name] for name in names)
+        width = len(names) + 1
         horizon = window.start - LOAD_MEMORY * window.length
-        recent = tuple(item for item in self.recent_load if item[0] > horizon)
-        for _, figures in recent:
+        kept = [
+            self.recent_load[i : i + width].tolist()
+            for i in range(0, len(self.recent_load), width)
+            if self.recent_load[i] > horizon
+        ]
+        now = [load[name] for name in names]
+        for _end, *figures in kept:
             for name, value in zip(names, figures, strict=True):
                 load[name] = max(load[name], value)
-        self.recent_load = (*recent, (window.end, now))[-LOAD_MEMORY:]
+        kept = [*kept, [window.end, *now]][-LOAD_MEMORY:]
+        self.recent_load = array("d", [value for item in kept for value in item])
 
     def _transition(
         self,
@@ -356,14 +384,16 @@ class SegmentDetectors:
             "last_window_end": self.last_window_end if math.isfinite(self.last_window_end) else None,
             # NaN (not seen yet) as null: strict JSON, as Kafka tooling expects
             "usual": {f.name: _finite_or_none(getattr(self.usual, f.name)) for f in fields(Baseline)},
-            "recent_load": [[end, list(figures)] for end, figures in self.recent_load],
+            "recent_load": self.recent_load.tolist(),
             "signals": {
                 signal.value: {
-                    "model": d.model.state(),
-                    "tracker": None if d.tracker is None else d.tracker.state(),
-                    "run": [d.run, d.run_total],
+                    "model": model.state(),
+                    "tracker": None
+                    if (d := (self.active or {}).get(signal)) is None or d.tracker is None
+                    else d.tracker.state(),
+                    "run": [d.run, d.run_total] if d is not None else [0, 0.0],
                 }
-                for signal, d in self.by_signal.items()
+                for signal, model in self.models.items()
             },
         }
 
@@ -374,15 +404,16 @@ class SegmentDetectors:
         self.last_window_end = -math.inf if end is None else float(end)
         usual: dict[str, Any] = {k: math.nan if v is None else v for k, v in state["usual"].items()}
         self.usual = Baseline(**usual)
-        self.recent_load = tuple((float(end), tuple(map(float, figures))) for end, figures in state["recent_load"])
+        self.recent_load = array("d", map(float, state["recent_load"]))
         for name, saved in state["signals"].items():
             spec = BY_SIGNAL[Signal(name)]
-            detector = self.detector(spec, None)
+            detector = self.detector(spec)
             detector.model.load_state(saved["model"])
             if saved["tracker"] is not None:
                 detector.tracker = self.config.tracker()
                 detector.tracker.load_state(saved["tracker"])
             detector.run, detector.run_total = int(saved["run"][0]), float(saved["run"][1])
+            self.keep(detector)
 
 
 @dataclass

@@ -40,6 +40,8 @@ from typing import Any, NamedTuple
 
 from river import base
 
+from models.params import param, shared
+
 _LN10 = math.log(10.0)
 FEATURES: tuple[str, str] = ("requests_per_s", "prompt_tokens_per_s")
 
@@ -129,13 +131,6 @@ class _Params(NamedTuple):
     tail: str
 
 
-_shared_params = functools.lru_cache(maxsize=256)(_Params)
-
-
-def _param(name: str) -> Any:
-    return property(lambda model: getattr(model._params, name), doc=f"Constructor argument ``{name}``.")
-
-
 #: Layout of ``LoadConditionedLatency._state``: reference log demand (2), regression
 #: weights (3), their covariance (3x3, row-major), noise variance and weight, load-blind
 #: level mean and variance.
@@ -203,17 +198,17 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
     # The constructor arguments live in one ``_Params`` shared by every model built with
     # the same ones (they are read through the properties below, as river expects).
     __slots__ = ("_params", "_state", "n_learned")
-    elasticity = _param("elasticity")
-    surge_ratio = _param("surge_ratio")
-    surge_elasticity = _param("surge_elasticity")
-    elasticity_sd = _param("elasticity_sd")
-    level_drift_sd = _param("level_drift_sd")
-    noise_sd = _param("noise_sd")
-    noise_halflife = _param("noise_halflife")
-    grace_windows = _param("grace_windows")
-    min_noise_sd = _param("min_noise_sd")
-    features = _param("features")
-    tail = _param("tail")
+    elasticity = param("elasticity")
+    surge_ratio = param("surge_ratio")
+    surge_elasticity = param("surge_elasticity")
+    elasticity_sd = param("elasticity_sd")
+    level_drift_sd = param("level_drift_sd")
+    noise_sd = param("noise_sd")
+    noise_halflife = param("noise_halflife")
+    grace_windows = param("grace_windows")
+    min_noise_sd = param("min_noise_sd")
+    features = param("features")
+    tail = param("tail")
 
     def __init__(
         self,
@@ -233,7 +228,8 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
             raise ValueError("features: exactly two demand figures")
         if tail not in ("upper", "lower"):
             raise ValueError("tail must be 'upper' (a rise is bad) or 'lower' (a drop is bad)")
-        self._params = _shared_params(
+        self._params = shared(
+            _Params,
             elasticity, surge_ratio, surge_elasticity, elasticity_sd, level_drift_sd, noise_sd, noise_halflife,
             grace_windows, min_noise_sd, tuple(features), tail,
         )  # fmt: skip

@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, NamedTuple
 
 from river import base
+
+from models.params import param, shared
 
 _LN10 = math.log(10.0)
 
@@ -55,6 +57,14 @@ def beta_binomial_surprise(k: int, n: int, alpha: float, beta: float, max_terms:
     return max(-(first + math.log(total)) / _LN10, 0.0)
 
 
+class _RateParams(NamedTuple):
+    prior_rate: float
+    prior_strength: float
+    halflife: float
+    max_strength: float
+    grace_windows: int
+
+
 class BetaBinomialRate(base.SupervisedAnomalyDetector):
     """Share of requests with a bad outcome. ``x["trials"]`` is the window's requests (the
     denominator), ``y`` the bad ones among them.
@@ -89,6 +99,14 @@ class BetaBinomialRate(base.SupervisedAnomalyDetector):
     0.0007
     """
 
+    # Learned state in slots; constructor arguments shared (``models.params``).
+    __slots__ = ("_params", "alpha", "beta", "n_learned")
+    prior_rate = param("prior_rate")
+    prior_strength = param("prior_strength")
+    halflife = param("halflife")
+    max_strength = param("max_strength")
+    grace_windows = param("grace_windows")
+
     def __init__(
         self,
         prior_rate: float = 0.005,
@@ -99,11 +117,7 @@ class BetaBinomialRate(base.SupervisedAnomalyDetector):
     ) -> None:
         if not 0.0 < prior_rate < 1.0:
             raise ValueError("prior_rate must be in (0, 1)")
-        self.prior_rate = prior_rate
-        self.prior_strength = prior_strength
-        self.halflife = halflife
-        self.max_strength = max_strength
-        self.grace_windows = grace_windows
+        self._params = shared(_RateParams, prior_rate, prior_strength, halflife, max_strength, grace_windows)
         self.alpha = prior_rate * prior_strength
         self.beta = (1.0 - prior_rate) * prior_strength
         self.n_learned = 0

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from river import base
 
 from models.latency import upper_tail_surprise
+from models.params import param, shared
 
 _EPS = 1e-3
 
@@ -23,6 +24,13 @@ _EPS = 1e-3
 def _logit(p: float) -> float:
     p = min(max(p, _EPS), 1 - _EPS)
     return math.log(p / (1 - p))
+
+
+class _ShareParams(NamedTuple):
+    tail: str
+    halflife: float
+    min_spread: float
+    grace_windows: int
 
 
 class ShareLevel(base.SupervisedAnomalyDetector):
@@ -54,6 +62,13 @@ class ShareLevel(base.SupervisedAnomalyDetector):
     0.0
     """
 
+    # Learned state in slots; constructor arguments shared (``models.params``).
+    __slots__ = ("_params", "mean", "n_learned", "var")
+    tail = param("tail")
+    halflife = param("halflife")
+    min_spread = param("min_spread")
+    grace_windows = param("grace_windows")
+
     def __init__(
         self,
         tail: Literal["lower", "upper"] = "lower",
@@ -63,10 +78,7 @@ class ShareLevel(base.SupervisedAnomalyDetector):
     ) -> None:
         if tail not in ("lower", "upper"):
             raise ValueError("tail must be 'lower' or 'upper'")
-        self.tail = tail
-        self.halflife = halflife
-        self.min_spread = min_spread
-        self.grace_windows = grace_windows
+        self._params = shared(_ShareParams, tail, halflife, min_spread, grace_windows)
         self.mean = 0.0
         self.var = min_spread**2
         self.n_learned = 0

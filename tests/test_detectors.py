@@ -53,8 +53,8 @@ def test_a_new_segment_borrows_its_models_error_rate() -> None:
     segment = SegmentDetectors("model=m|route=new")
     from models.signals import BY_SIGNAL
 
-    detector = segment.detector(BY_SIGNAL[Signal.ERROR_RATE], pooled[("m", Signal.ERROR_RATE)])
-    assert abs(detector.model.expected_rate - 0.02) < 0.002
+    model = segment.model(BY_SIGNAL[Signal.ERROR_RATE], pooled[("m", Signal.ERROR_RATE)])
+    assert abs(model.expected_rate - 0.02) < 0.002
 
 
 def test_state_round_trips_through_json_and_changes_nothing() -> None:
