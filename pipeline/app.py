@@ -23,7 +23,7 @@ import faust
 import orjson
 
 from models.window import WindowStats
-from pipeline import tansu_transport
+from pipeline import metrics, tansu_transport
 from pipeline.decode import Source, internal_error
 from pipeline.evidence import KafkaMessageReader, resolve
 from pipeline.settings import Settings
@@ -134,10 +134,14 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         """Run one stage-2 step; a bug in judging costs that step, never the worker."""
         try:
             events = judge()
-            save_states()
         except Exception:
             logger.exception("stage 2 failed to judge windows")
             return
+        try:
+            save_states()
+        except Exception as exc:  # state is a cache of what the models learned: never lose events for it
+            metrics.STATE_WRITE_FAILURES.inc()
+            logger.warning("detector state not stored (%s): a restart would relearn those segments", exc)
         await publish(events)
 
     @app.agent(topics.partials)

@@ -21,3 +21,6 @@ RESTORED_SEGMENTS = Gauge(
 DISCARDED_STATES = Gauge(
     "servewatch_discarded_states", "Stored detector states not loaded (other version or corrupt): started fresh."
 )
+STATE_WRITE_FAILURES = Counter(
+    "servewatch_state_write_failures", "Times storing detector state in the state table failed (events still sent)."
+)
