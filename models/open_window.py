@@ -189,7 +189,12 @@ def _fold_into(
 ) -> None:
     rows = window.rows_for(segment_ids[picked])
     block = window.block
-    np.add.at(block.sums, rows, values[picked])
+    # Sums per row: sort by row and add runs with one reduceat; np.add.at over a table of
+    # 30 columns was the most expensive call of a fold.
+    order = np.argsort(rows, kind="stable")
+    sorted_rows = rows[order]
+    starts = np.flatnonzero(np.concatenate(([True], sorted_rows[1:] != sorted_rows[:-1])))
+    block.sums[sorted_rows[starts]] += np.add.reduceat(values[picked][order], starts, axis=0)
     block.fit(int(block.sums[rows, 0].max()))
     np.add.at(block.reasons, (rows, reason_codes[picked]), 1)
     timed = has_ttft[picked]

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from models.batch import RowBatch
-from models.window import SUMS, log_seconds
+from models.window import LOG_FLOOR_S, SUMS, log_seconds
 
 #: What reasoning models print between their reasoning and their answer. Seen in the
 #: answer text, it means the engine's reasoning parser did not split the output.
@@ -106,21 +106,23 @@ def signal_columns(
     shared = np.zeros(n, dtype=bool)
     if prefixes is not None and missing < n:
         shared = prefixes.seen_before(hashes)
-    columns = [reported, leaks, empty, hashed, shared]
+    out = np.zeros((n, len(COLUMNS)))
+    out[:, 0], out[:, 1], out[:, 2], out[:, 3], out[:, 4] = reported, leaks, empty, hashed, shared
     queue, prefill, decode = batch.column("queue_s"), batch.column("prefill_s"), batch.column("decode_s")
     decode_tokens = np.maximum(completion - 1.0, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
-        itl = np.where(decode_tokens > 0, decode / np.maximum(decode_tokens, 1.0), np.nan)
+        itl = decode / decode_tokens  # NaN or inf where there is no decode to speak of
+    itl[decode_tokens <= 0] = np.nan
+    column = 5
     for seconds in (queue, prefill, itl, batch.column("e2e_s")):
         known = ~np.isnan(seconds)
-        logs = np.where(known, log_seconds(np.where(known, seconds, 1.0)), 0.0)
-        columns += [known, logs, logs * logs]
+        logs = log_seconds(np.where(known, seconds, LOG_FLOOR_S))  # 0 where unknown
+        out[:, column], out[:, column + 1], out[:, column + 2] = known, logs, logs * logs
+        column += 3
     timed_decode = ~np.isnan(decode) & (decode_tokens > 0)
     timed_prefill = ~np.isnan(prefill)
-    columns += [
-        np.where(timed_decode, decode_tokens, 0.0),
-        np.where(timed_decode, decode, 0.0),
-        np.where(timed_prefill, uncached, 0.0),
-        np.where(timed_prefill, prefill, 0.0),
-    ]
-    return np.column_stack(columns).astype(np.float64)
+    out[:, column] = np.where(timed_decode, decode_tokens, 0.0)
+    out[:, column + 1] = np.where(timed_decode, decode, 0.0)
+    out[:, column + 2] = np.where(timed_prefill, uncached, 0.0)
+    out[:, column + 3] = np.where(timed_prefill, prefill, 0.0)
+    return out
