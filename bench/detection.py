@@ -45,7 +45,7 @@ def main() -> None:
             print(f"{scenario.name:18} {seed:4} {', '.join(delays) or '(none)':42} {paged:44} "
                   f"{len(r.false_pages):5} {r.records / r.seconds:8,.0f}")  # fmt: skip
     print()
-    print(f"caught as specified: {caught}/{total} scenario runs; false pages before the faults: {false_pages}")
+    print(f"caught as specified: {caught}/{total} scenario runs; false pages outside the faults: {false_pages}")
     print("delay: event seconds from the fault to the end of the first paging window (windows of 10 s, a page")
     print("needs 2 anomalous windows of the last 3). 'paged in the fault' may include consequences (a slower")
     print("decode also lengthens end-to-end time).")

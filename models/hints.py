@@ -116,11 +116,11 @@ def signal_hints(signal: Signal, window: WindowStats, observed: float, expected:
         return [Hint(code="error_burst", message=f"{window.errors:,} requests failed (error, abort or 5xx)")]
     if signal is Signal.CACHE_HIT_RATE:
         shared, hashed = window.prefix_shared, window.prefix_reported
-        share = f"; {shared / hashed:.0%} of requests share a prompt prefix seen before" if hashed else ""
+        reuse = f"{shared / hashed:.0%} of requests reuse a prompt prefix seen before, yet " if hashed else ""
         return [
             Hint(
                 code="prefix_cache_ineffective",
-                message=f"prefix-cache hit rate is {observed:.0%} against a usual {expected:.0%}{share}: "
+                message=f"{reuse}the cache serves {observed:.0%} of prompt tokens (usually {expected:.0%}): "
                 "check that prefix caching is enabled (enable_prefix_caching)",
             )
         ]
