@@ -25,7 +25,15 @@ from typing import Any
 from models.hints import Baseline, latency_hints, signal_hints
 from models.lifecycle import IncidentTracker, Transition, fingerprint
 from models.rates import BetaBinomialRate
-from models.signals import BY_SIGNAL, MODEL_FIGURES, SPECS, Reading, SignalSpec, model_load
+from models.signals import (
+    BY_SIGNAL,
+    MODEL_FIGURES,
+    SPECS,
+    Reading,
+    SignalSpec,
+    model_load,
+    structural_cache_surprise,
+)
 from models.window import WindowStats
 from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 
@@ -121,8 +129,12 @@ class SignalDetector:
         if kind == "rate":
             score = model.score_one(reading.x, reading.bad)
             return Verdict(score, model.expected_rate, score >= config.threshold, False, model.expected_rate)
-        score = model.score_one(reading.x, reading.value)
-        return Verdict(score, model.expected, score >= config.threshold, False, model.expected)
+        score, expected = model.score_one(reading.x, reading.value), model.expected
+        if self.spec.signal is Signal.CACHE_HIT_RATE:
+            structural, floor = structural_cache_surprise(reading)
+            if structural > score:  # judged against what sharing implies, not only history
+                score, expected = structural, floor
+        return Verdict(score, expected, score >= config.threshold, False, model.expected)
 
     def learn(self, reading: Reading) -> None:
         self.model.learn_one(reading.x, reading.bad if self.spec.kind == "rate" else reading.value)

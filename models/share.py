@@ -26,6 +26,20 @@ def _logit(p: float) -> float:
     return math.log(p / (1 - p))
 
 
+def shortfall_surprise(observed: float, expected: float, n: int, spread_var: float) -> float:
+    """Surprise of a share ``observed`` over ``n`` requests falling short of ``expected``, in
+    logit space: ``spread_var`` is the usual window-to-window variance, plus sampling noise.
+
+    >>> shortfall_surprise(0.02, 0.9, 100, 0.02) > 10, shortfall_surprise(0.85, 0.9, 100, 0.02) < 1
+    (True, True)
+    """
+    if n <= 0 or not (math.isfinite(observed) and math.isfinite(expected)):
+        return 0.0
+    e = min(max(expected, _EPS), 1 - _EPS)
+    z = (_logit(e) - _logit(observed)) / math.sqrt(spread_var + 1.0 / (n * e * (1 - e)))
+    return upper_tail_surprise(z) if z > 0 else 0.0
+
+
 class _ShareParams(NamedTuple):
     tail: str
     halflife: float
@@ -106,13 +120,9 @@ class ShareLevel(base.SupervisedAnomalyDetector):
         y, n = float(y), int(x.get("trials", 1))
         if self.n_learned < self.grace_windows or n <= 0 or not math.isfinite(y):
             return 0.0
-        expected = self.expected
-        e = min(max(expected, _EPS), 1 - _EPS)
-        sampling = 1.0 / (n * e * (1 - e))
-        spread = max(self.var, self.min_spread**2)
-        z = (self.mean - _logit(y)) / math.sqrt(spread + sampling)
-        z = z if self.tail == "lower" else -z
-        return upper_tail_surprise(z) if z > 0 else 0.0
+        drop = shortfall_surprise(y, self.expected, n, max(self.var, self.min_spread**2))
+        rise = shortfall_surprise(1.0 - y, 1.0 - self.expected, n, max(self.var, self.min_spread**2))
+        return drop if self.tail == "lower" else rise
 
     def adopt(self, share: float) -> None:
         """A lasting change was accepted as the new normal."""

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from models.latency import LoadConditionedLatency, quantile_sampling_var
 from models.rates import BetaBinomialRate
-from models.share import ShareLevel
+from models.share import ShareLevel, shortfall_surprise
 from models.window import WindowStats
 from schemas.anomaly import Signal
 
@@ -125,12 +125,32 @@ def _rate(numerator: str, denominator: str) -> Callable[[WindowStats, dict[str, 
     return read
 
 
+#: Share of requests reusing a prefix seen before from which the cache *must* hit, and the
+#: hit rate it must then reach at least, per unit of that share: a shared prefix may be a
+#: small part of a prompt, so only a near-zero hit rate is judged this way.
+SHARED_PREFIX_SHARE = 0.5
+HIT_RATE_PER_SHARED_REQUEST = 0.1
+
+
 def _cache_hit_rate(window: WindowStats, load: dict[str, float], _: float) -> Reading | None:
     rate = window.cache_hit_rate
     if math.isnan(rate):
         return None
     n = window.requests
-    return Reading(rate, n, {"trials": n})
+    hashed = window.prefix_reported
+    shared = window.prefix_shared / hashed if hashed else 0.0
+    return Reading(rate, n, {"trials": n, "prefix_shared_share": shared})
+
+
+def structural_cache_surprise(reading: Reading, spread_var: float = 0.15**2) -> tuple[float, float]:
+    """(surprise, expected hit rate) from prefix sharing alone: many requests reuse a prefix
+    seen before, yet the cache serves almost nothing. Needs no history, so it also catches
+    a segment whose caching was never on. (0, 0) when too few requests share a prefix."""
+    shared = float(reading.x.get("prefix_shared_share", 0.0))
+    if shared < SHARED_PREFIX_SHARE:
+        return 0.0, 0.0
+    expected = HIT_RATE_PER_SHARED_REQUEST * shared
+    return shortfall_surprise(reading.value, expected, reading.n, spread_var), expected
 
 
 def _latency(features: tuple[str, str] = PREFILL_DEMAND, **kwargs: Any) -> Callable[[int], LoadConditionedLatency]:

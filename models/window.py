@@ -295,6 +295,11 @@ class WindowStats:
         }
         if not math.isnan(hit := self.cache_hit_rate):
             figures["cache_hit_rate"] = hit
+        # Engine throughput per request: tokens per second of prefill and of decode.
+        if (prefill_s := self.prefill_s) > 0:
+            figures["prefill_tokens_per_s_per_request"] = self.prefill_tokens / prefill_s
+        if (decode_s := self.decode_s) > 0:
+            figures["decode_tokens_per_s_per_request"] = self.decode_tokens / decode_s
         return figures
 
     @property

@@ -90,3 +90,22 @@ def test_state_of_another_version_is_refused() -> None:
         assert "version" in str(exc)
     else:
         raise AssertionError("an unknown state version must not load silently")
+
+
+def test_shared_prefixes_with_a_near_zero_hit_rate_page_even_without_history() -> None:
+    """Prefix caching never on: no usual hit rate to fall from, yet every request reuses a prefix."""
+    from pipeline.scenarios import Scenario, run_scenario
+    from pipeline.workload import Phase
+
+    never_on = Scenario("never_on", Phase("cache_off", 300, prefix_caching=False), frozenset(), warmup_s=0.0)
+    result = run_scenario(never_on)
+    cache = [e for e in result.pages if e.signal is Signal.CACHE_HIT_RATE]
+    assert cache and cache[0].observed < 0.01 and cache[0].expected >= 0.05
+    assert cache[0].hints[0].code == "prefix_cache_ineffective"
+
+
+def test_one_bad_request_in_three_does_not_page_but_thirty_in_a_thousand_do() -> None:
+    model = BetaBinomialRate()
+    for _ in range(60):
+        model.learn_one({"trials": 1000}, 1)  # a 0.1 % baseline
+    assert model.score_one({"trials": 3}, 1) < 4 <= model.score_one({"trials": 1000}, 30)
