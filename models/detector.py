@@ -114,7 +114,7 @@ class SignalDetector:
     spec: SignalSpec
     model: Any
     tracker: IncidentTracker | None = None
-    run: int = 0  # anomalous windows in a row
+    run: int = 0  # anomalous windows of the current run (see ``note_run``)
     run_total: float = 0.0  # sum over the run of what ``adopt`` takes (log value, or share)
 
     def judge(self, reading: Reading, config: DetectorConfig) -> Verdict:
@@ -140,9 +140,15 @@ class SignalDetector:
         self.model.learn_one(reading.x, reading.bad if self.spec.kind == "rate" else reading.value)
 
     def note_run(self, pages: bool, reading: Reading, adopt_after: int) -> bool:
-        """Count anomalous windows in a row; True when the run is long enough to adopt."""
+        """Count the anomalous windows of the current run; True when it is long enough to adopt.
+
+        A normal window ends the run only when no incident is firing: within an incident,
+        a few normal-looking windows (a small segment's noise) do not make a lasting change
+        any less lasting.
+        """
         if not pages:
-            self.run, self.run_total = 0, 0.0
+            if self.tracker is None or not self.tracker.firing:
+                self.run, self.run_total = 0, 0.0
             return False
         self.run += 1
         self.run_total += math.log(reading.value) if self.spec.kind == "latency" else reading.value
@@ -206,6 +212,7 @@ class SegmentDetectors:
         window: WindowStats,
         pooled: dict[tuple[str, Signal], BetaBinomialRate],
         model_figures: dict[str, float] | None = None,
+        templates: dict[tuple[str, Signal], Any] | None = None,
     ) -> list[AnomalyEvent]:
         """Judge one window. ``model_figures``: its model's load in the same window
         (``signals.model_load``); without it, the segment's own load stands in."""
@@ -213,6 +220,7 @@ class SegmentDetectors:
             return []  # already judged: a replayed window changes nothing (idempotent)
         self.last_window_end = window.end
         self.unsaved += 1
+        templates = {} if templates is None else templates
         config = self.config
         load = window.load()
         load.update(model_figures or {f"model_{name}": load[name] for name in MODEL_FIGURES})
@@ -245,6 +253,8 @@ class SegmentDetectors:
                 if spec.kind == "rate":
                     pool = pooled.get(pool_key) or pooled.setdefault(pool_key, BetaBinomialRate(grace_windows=0))
                     pool.learn_one(reading.x, reading.bad)
+                elif spec.kind == "latency":
+                    self._borrow_or_lend(detector.model, pool_key, templates)
             adopted = detector.note_run(verdict.pages, reading, config.adopt_after)
             event = self._transition(detector, window, reading, verdict, load, usual_before, demand_ratio, adopted)
             if adopted:
@@ -255,6 +265,17 @@ class SegmentDetectors:
         if not any_page:
             self.usual.learn(load)
         return events
+
+    @staticmethod
+    def _borrow_or_lend(model: Any, key: tuple[str, Signal], templates: dict[tuple[str, Signal], Any]) -> None:
+        """Latency cold start: a segment's first window borrows the response to load of the
+        best-known segment of its model; the best-known one is remembered (a reference,
+        one per model and signal)."""
+        best = templates.get(key)
+        if model.n_learned == 1 and best is not None:
+            model.borrow(best)
+        elif best is None or model.n_learned > best.n_learned:
+            templates[key] = model
 
     def _with_recent_load(self, load: dict[str, float], window: WindowStats) -> None:
         """Set ``load``'s model figures to their peak over this window and the recent ones."""
@@ -441,6 +462,8 @@ class DetectorBank:
     detectors: dict[str, SegmentDetectors] = field(default_factory=dict)
     # Model-level rates, learned from every segment of a model: a new segment's prior.
     pooled: dict[tuple[str, Signal], BetaBinomialRate] = field(default_factory=dict)
+    # Per model and latency signal, its best-known segment's model: what a new one borrows.
+    templates: dict[tuple[str, Signal], Any] = field(default_factory=dict)
     restore: Callable[[str], dict[str, Any] | None] | None = None
     windows_judged: int = 0
     restored: int = 0  # segments whose state was restored
@@ -475,7 +498,7 @@ class DetectorBank:
     def observe(self, window: WindowStats, model_figures: dict[str, float] | None = None) -> list[AnomalyEvent]:
         detectors = self.segment(window.key)
         self.windows_judged += 1
-        return detectors.observe(window, self.pooled, model_figures)
+        return detectors.observe(window, self.pooled, model_figures, self.templates)
 
     def observe_all(self, windows: list[WindowStats]) -> list[AnomalyEvent]:
         """Judge windows released together, each against its model's load among them."""

@@ -354,6 +354,27 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
         conditioned = upper_tail_surprise(sign * (log_y - prediction.mean) / prediction.sd)
         return prediction, conditioned, upper_tail_surprise(sign * (log_y - prediction.level) / prediction.level_sd)
 
+    def borrow(self, other: LoadConditionedLatency) -> None:
+        """Cold start: take a warm model's response to load (reference demand, slopes, noise)
+        while keeping this model's own level, learned from its first window.
+
+        Meant for a new segment of a model whose other segments are known: latency is
+        conditioned on the model's load, so its demand reference and elasticities carry
+        over; the level (a long-prompt band is slower than a short one) does not. The
+        model is then warm after one more window of its own instead of ``grace_windows``.
+        """
+        if self.n_learned != 1 or not other.warm:
+            return
+        mine, theirs = self._state, other._state
+        mine[0:2] = theirs[0:2]  # reference demand
+        mine[3:5] = theirs[3:5]  # slopes
+        for i in (1, 2):  # their slopes' (co)variances, and none with our level
+            for j in (1, 2):
+                mine[5 + 3 * i + j] = theirs[5 + 3 * i + j]
+            mine[5 + 3 * i] = mine[5 + i] = 0.0
+        mine[14] = theirs[14]  # noise variance
+        self.n_learned = max(self.n_learned, self.grace_windows - 1)
+
     def adopt(self, x: dict[Hashable, Any], y: float) -> None:
         """A lasting change was accepted as the new normal: re-level so that the prediction
         at demand ``x`` is ``y`` (the slopes are kept), and be unsure of the level again."""
