@@ -10,11 +10,13 @@ explain them.
 Windows that page are not learned, so an incident never becomes the new normal by
 accident; one that lasts ``adopt_after`` windows is adopted deliberately, reported once
 as a level change. The lifecycle (``IncidentTracker``) turns verdicts into a few events.
+
+Here: a segment's detectors and the bank of all segments. One signal's judgement is in
+``models.signal_detector``; how events read, in ``models.wording``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from array import array
@@ -23,18 +25,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from models.hints import Baseline, latency_hints, signal_hints
-from models.lifecycle import IncidentTracker, Transition, fingerprint
+from models.lifecycle import Transition, fingerprint
 from models.rates import BetaBinomialRate
-from models.signals import (
-    BY_SIGNAL,
-    MODEL_FIGURES,
-    SPECS,
-    Reading,
-    SignalSpec,
-    model_load,
-    structural_cache_surprise,
-)
+from models.signal_detector import DetectorConfig, SignalDetector, Verdict
+from models.signals import BY_SIGNAL, MODEL_FIGURES, Reading, SignalSpec, model_load
 from models.window import WindowStats
+from models.wording import describe, event_id, segment_phrase, window_summary
 from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 
 logger = logging.getLogger(__name__)
@@ -46,121 +42,8 @@ LOAD_MEMORY = 2
 STATE_VERSION = 1
 
 
-@dataclass(frozen=True)
-class DetectorConfig:
-    """Knobs shared by every segment's detectors."""
-
-    threshold: float = 4.0  # surprise (-log10 p) at which a window is anomalous
-    critical: float = 8.0  # surprise at which a paging window is critical
-    min_requests: int = 5  # fewer samples behind a latency or share: no verdict, nothing learned
-    ttft_quantile: float = 0.95
-    fire_after: int = 2
-    fire_within: int = 3
-    resolve_after: int = 3
-    update_every: int = 6
-    young_windows: int = 30  # baseline younger than this is flagged in events
-    grace_windows: int = 6
-    adopt_after: int = 90  # anomalous windows in a row after which the new level is the normal
-    reopen_within: int = 30  # a re-fire this soon after resolving continues the incident
-    # A window with fewer requests than this share of the segment's usual is not judged on
-    # latency: its few survivors (a segment draining or going quiet) are a biased sample.
-    min_share_of_usual: float = 0.2
-    signals: tuple[str, ...] = tuple(spec.signal.value for spec in SPECS)  # the signals judged
-
-    def tracker(self) -> IncidentTracker:
-        return IncidentTracker(
-            self.fire_after, self.fire_within, self.resolve_after, self.update_every, self.reopen_within
-        )
-
-
 def _finite_or_none(value: Any) -> Any:
     return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
-def segment_phrase(labels: dict[str, str]) -> str:
-    rest = [
-        f"{name.replace('_band', '')} {value}" for name, value in labels.items() if name != "model" and value != "-"
-    ]
-    return f"model {labels.get('model', 'other')}" + (f" ({', '.join(rest)})" if rest else "")
-
-
-def event_id(fp: str, status: str, window_start: float) -> str:
-    return hashlib.blake2b(f"{fp}|{status}|{window_start:.3f}".encode(), digest_size=12).hexdigest()
-
-
-def describe(value: float, unit: str) -> str:
-    if unit == "":
-        return f"{value:.2%}"
-    if unit == "s":
-        return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
-    return f"{value:,.1f} {unit}"
-
-
-@dataclass(slots=True)
-class Verdict:
-    score: float  # the surprise reported
-    expected: float
-    pages: bool
-    explained: bool
-    usual: float  # load-blind usual value (latency) or the expected one
-
-
-@dataclass(slots=True)
-class SignalDetector:
-    """One signal of one segment in judgement: its model, and its incident tracker and run of
-    anomalous windows. Kept by the segment only while something is going on (see ``active``).
-    """
-
-    spec: SignalSpec
-    model: Any
-    tracker: IncidentTracker | None = None
-    run: int = 0  # anomalous windows of the current run (see ``note_run``)
-    run_total: float = 0.0  # sum over the run of what ``adopt`` takes (log value, or share)
-
-    def judge(self, reading: Reading, config: DetectorConfig) -> Verdict:
-        model, kind = self.model, self.spec.kind
-        if kind == "latency":
-            prediction, conditioned, level = model.judge(reading.x, reading.value)
-            worse = (math.log(reading.value) - prediction.level) * (1 if model.tail == "upper" else -1) > 0
-            pages = conditioned >= config.threshold and worse
-            explained = not pages and level >= config.threshold
-            score = max(conditioned, level) if explained else conditioned
-            return Verdict(score, prediction.expected, pages, explained, math.exp(prediction.level))
-        if kind == "rate":
-            score = model.score_one(reading.x, reading.bad)
-            return Verdict(score, model.expected_rate, score >= config.threshold, False, model.expected_rate)
-        score, expected = model.score_one(reading.x, reading.value), model.expected
-        if self.spec.signal is Signal.CACHE_HIT_RATE:
-            structural, floor = structural_cache_surprise(reading)
-            if structural > score:  # judged against what sharing implies, not only history
-                score, expected = structural, floor
-        return Verdict(score, expected, score >= config.threshold, False, model.expected)
-
-    def learn(self, reading: Reading) -> None:
-        self.model.learn_one(reading.x, reading.bad if self.spec.kind == "rate" else reading.value)
-
-    def note_run(self, pages: bool, reading: Reading, adopt_after: int) -> bool:
-        """Count the anomalous windows of the current run; True when it is long enough to adopt.
-
-        A normal window ends the run only when no incident is firing: within an incident,
-        a few normal-looking windows (a small segment's noise) do not make a lasting change
-        any less lasting.
-        """
-        if not pages:
-            if self.tracker is None or not self.tracker.firing:
-                self.run, self.run_total = 0, 0.0
-            return False
-        self.run += 1
-        self.run_total += math.log(reading.value) if self.spec.kind == "latency" else reading.value
-        return self.run >= adopt_after
-
-    def adopt(self, reading: Reading) -> None:
-        mean = self.run_total / max(self.run, 1)
-        if self.spec.kind == "latency":
-            self.model.adopt(reading.x, math.exp(mean))
-        else:
-            self.model.adopt(mean)
-        self.run, self.run_total = 0, 0.0
 
 
 @dataclass(slots=True)
@@ -353,7 +236,7 @@ class SegmentDetectors:
                 hints = latency_hints(load, usual, explained_by_load=explained)
             if not explained:  # explained by load: the load is the cause, not the signal's own fault
                 hints += signal_hints(spec.signal, window, reading.value, verdict.expected)
-            summary = self._summary(spec, who, observed, expected, reading, verdict, load, demand_ratio, hints)
+            summary = window_summary(spec, who, observed, expected, reading, verdict, load, demand_ratio, hints)
         return AnomalyEvent(
             id=event_id(
                 fp, f"{'resolved' if transition is Transition.RESOLVED else 'firing'}:{transition.value}", window.start
@@ -379,34 +262,6 @@ class SegmentDetectors:
             else [],
             summary=summary,
             baseline_young=detector.model.n_learned < config.young_windows,
-        )
-
-    @staticmethod
-    def _summary(
-        spec: SignalSpec,
-        who: str,
-        observed: str,
-        expected: str,
-        reading: Reading,
-        verdict: Verdict,
-        load: dict[str, float],
-        demand_ratio: float,
-        hints: list[Hint],
-    ) -> str:
-        demand = f"demand {demand_ratio:.1f}x usual" if math.isfinite(demand_ratio) else "demand as usual"
-        why = f"; {hints[0].message}" if hints else ""
-        if spec.kind == "rate":
-            return f"{who} is {observed} ({reading.bad:,} of {reading.n:,} requests) against a usual {expected}{why}."
-        if spec.kind == "share":
-            return f"{who} is {observed} against a usual {expected} over {reading.n:,} requests{why}."
-        if verdict.explained:
-            return (
-                f"{who} is {observed} against a usual {describe(verdict.usual, spec.unit)}, in line with load: "
-                f"{demand} ({load['requests_per_s']:.1f} req/s); explained by load, not paging."
-            )
-        return (
-            f"{who} is {observed} against {expected} expected at this load "
-            f"({load['requests_per_s']:.1f} req/s, {demand}); not explained by load{why}."
         )
 
     # -- compact state -------------------------------------------------------------

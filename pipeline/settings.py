@@ -12,9 +12,9 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from models.detector import DetectorConfig
 from models.segments import DEFAULT_DIMENSIONS, Segmenter
 from models.signal_columns import DEFAULT_REASONING_MARKERS
+from models.signal_detector import DetectorConfig
 
 
 class Settings(BaseSettings):

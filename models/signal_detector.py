@@ -1,0 +1,112 @@
+"""One signal of one segment in judgement, and the knobs every detector shares.
+
+``SignalDetector.judge`` turns a window's ``Reading`` into a ``Verdict``: latency-like
+signals are judged against the load-conditioned prediction (pages) and the load-blind
+level (explained by load when only that one is surprising); rates and shares against
+their usual level. The run of anomalous windows it keeps decides when a lasting change
+is adopted as the new normal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from models.lifecycle import IncidentTracker
+from models.signals import SPECS, Reading, SignalSpec, structural_cache_surprise
+from schemas.anomaly import Signal
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Knobs shared by every segment's detectors."""
+
+    threshold: float = 4.0  # surprise (-log10 p) at which a window is anomalous
+    critical: float = 8.0  # surprise at which a paging window is critical
+    min_requests: int = 5  # fewer samples behind a latency or share: no verdict, nothing learned
+    ttft_quantile: float = 0.95
+    fire_after: int = 2
+    fire_within: int = 3
+    resolve_after: int = 3
+    update_every: int = 6
+    young_windows: int = 30  # baseline younger than this is flagged in events
+    grace_windows: int = 6
+    adopt_after: int = 90  # anomalous windows in a row after which the new level is the normal
+    reopen_within: int = 30  # a re-fire this soon after resolving continues the incident
+    # A window with fewer requests than this share of the segment's usual is not judged on
+    # latency: its few survivors (a segment draining or going quiet) are a biased sample.
+    min_share_of_usual: float = 0.2
+    signals: tuple[str, ...] = tuple(spec.signal.value for spec in SPECS)  # the signals judged
+
+    def tracker(self) -> IncidentTracker:
+        return IncidentTracker(
+            self.fire_after, self.fire_within, self.resolve_after, self.update_every, self.reopen_within
+        )
+
+
+@dataclass(slots=True)
+class Verdict:
+    score: float  # the surprise reported
+    expected: float
+    pages: bool
+    explained: bool
+    usual: float  # load-blind usual value (latency) or the expected one
+
+
+@dataclass(slots=True)
+class SignalDetector:
+    """One signal of one segment in judgement: its model, and its incident tracker and run of
+    anomalous windows. Kept by the segment only while something is going on (see ``active``).
+    """
+
+    spec: SignalSpec
+    model: Any
+    tracker: IncidentTracker | None = None
+    run: int = 0  # anomalous windows of the current run (see ``note_run``)
+    run_total: float = 0.0  # sum over the run of what ``adopt`` takes (log value, or share)
+
+    def judge(self, reading: Reading, config: DetectorConfig) -> Verdict:
+        model, kind = self.model, self.spec.kind
+        if kind == "latency":
+            prediction, conditioned, level = model.judge(reading.x, reading.value)
+            worse = (math.log(reading.value) - prediction.level) * (1 if model.tail == "upper" else -1) > 0
+            pages = conditioned >= config.threshold and worse
+            explained = not pages and level >= config.threshold
+            score = max(conditioned, level) if explained else conditioned
+            return Verdict(score, prediction.expected, pages, explained, math.exp(prediction.level))
+        if kind == "rate":
+            score = model.score_one(reading.x, reading.bad)
+            return Verdict(score, model.expected_rate, score >= config.threshold, False, model.expected_rate)
+        score, expected = model.score_one(reading.x, reading.value), model.expected
+        if self.spec.signal is Signal.CACHE_HIT_RATE:
+            structural, floor = structural_cache_surprise(reading)
+            if structural > score:  # judged against what sharing implies, not only history
+                score, expected = structural, floor
+        return Verdict(score, expected, score >= config.threshold, False, model.expected)
+
+    def learn(self, reading: Reading) -> None:
+        self.model.learn_one(reading.x, reading.bad if self.spec.kind == "rate" else reading.value)
+
+    def note_run(self, pages: bool, reading: Reading, adopt_after: int) -> bool:
+        """Count the anomalous windows of the current run; True when it is long enough to adopt.
+
+        A normal window ends the run only when no incident is firing: within an incident,
+        a few normal-looking windows (a small segment's noise) do not make a lasting change
+        any less lasting.
+        """
+        if not pages:
+            if self.tracker is None or not self.tracker.firing:
+                self.run, self.run_total = 0, 0.0
+            return False
+        self.run += 1
+        self.run_total += math.log(reading.value) if self.spec.kind == "latency" else reading.value
+        return self.run >= adopt_after
+
+    def adopt(self, reading: Reading) -> None:
+        mean = self.run_total / max(self.run, 1)
+        if self.spec.kind == "latency":
+            self.model.adopt(reading.x, math.exp(mean))
+        else:
+            self.model.adopt(mean)
+        self.run, self.run_total = 0, 0.0
