@@ -22,8 +22,8 @@ def event_id(fp: str, status: str, window_start: float) -> str:
 
 
 def describe(value: float, unit: str) -> str:
-    if unit == "":
-        return f"{value:.2%}"
+    if unit == "":  # a share: enough digits that a small usual rate is not shown as 0
+        return f"{value:.3%}" if 0 < value < 0.001 else f"{value:.2%}"
     if unit == "s":
         return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
     return f"{value:,.1f} {unit}"
