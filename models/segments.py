@@ -10,6 +10,7 @@ label cardinality (a tenant id sneaking into ``route`` must not take the worker 
 from __future__ import annotations
 
 import itertools
+import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -144,17 +145,36 @@ class Segmenter:
         """Vectorised ``key_for``: the segment id of each row (``keys[id]`` is its key).
 
         ``labels`` holds one column (a value per row, None when missing) per label dimension.
-        Bands come from ``searchsorted``; the label part of each row is a tuple looked up in a
-        cache, so the Python work per row is one tuple and one dict lookup. Ids are stable for
-        the segmenter's lifetime, so callers can index tables by them.
+        Bands come from ``searchsorted``; labels become integer codes per column, mixed into
+        one integer per row, so Python runs per distinct combination, not per row. Ids are
+        stable for the segmenter's lifetime, so callers can index tables by them.
         """
         prompt_band = np.searchsorted(self._prompt_edges, prompt, side="right")
         output_band = np.searchsorted(self._output_edges, output, side="right")
         label_dims = [d for d in self.dimensions if d not in ("prompt_band", "output_band")]
-        combos = zip(*(labels[d] for d in label_dims), prompt_band.tolist(), output_band.tolist(), strict=True)
-        local: dict[tuple[Any, ...], int] = {}
-        codes = np.array([local.setdefault(combo, len(local)) for combo in combos], dtype=np.int64)
-        ids = np.array([self._id_for_combo(label_dims, combo) for combo in local], dtype=np.int64)[codes]
+        # Each column to small integer codes (one dict probe per value, in C via map), a row's
+        # codes mixed into one integer, and Python work only per distinct combination.
+        n = len(prompt_band)
+        columns = [list(labels[dim]) for dim in label_dims]
+        distincts = [list(dict.fromkeys(column)) for column in columns]
+        radices = [len(d) for d in distincts] + [len(self._prompt_edges) + 1, len(self._output_edges) + 1]
+        if math.prod(radices) >= 2**62:  # would overflow int64: one tuple per row instead
+            rows = zip(*columns, prompt_band.tolist(), output_band.tolist(), strict=True)
+            local: dict[tuple[Any, ...], int] = {}
+            codes = np.array([local.setdefault(row, len(local)) for row in rows], dtype=np.int64)
+            ids = np.array([self._id_for_combo(label_dims, combo) for combo in local], dtype=np.int64)[codes]
+        else:
+            mixed = np.zeros(n, dtype=np.int64)
+            for column, distinct in zip(columns, distincts, strict=True):
+                code_of = {value: code for code, value in enumerate(distinct)}
+                mixed = mixed * len(distinct) + np.fromiter(map(code_of.__getitem__, column), np.int64, count=n)
+            mixed = (mixed * radices[-2] + prompt_band) * radices[-1] + output_band
+            _, first, inverse = np.unique(mixed, return_index=True, return_inverse=True)
+            combos = [
+                (*(column[row] for column in columns), int(prompt_band[row]), int(output_band[row]))
+                for row in first.tolist()
+            ]
+            ids = np.array([self._id_for_combo(label_dims, c) for c in combos], dtype=np.int64)[inverse.ravel()]
         if self._overflow_id is not None:
             self.overflowed += int(np.count_nonzero(ids == self._overflow_id))
         return ids

@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import orjson
+import pytest
 
 from models.batch import RowBatch
 from models.open_window import OpenWindow, aggregate_rows, fold_batch
@@ -236,3 +237,28 @@ def test_partitions_share_windows_that_close_when_the_slowest_has_passed() -> No
     assert [p.start for p in w.advance_idle(20.0, partition=1)] == [T0 + 10]  # silence moves it on
     w.forget({1})  # handed to another worker: no longer holds windows back
     assert w.watermark == T0 + 25
+
+
+@pytest.mark.parametrize("rows", [300, 12_000])  # 12,000 distinct rows overflow int64 mixing: the tuple path
+def test_vectorised_segment_ids_match_keys_row_by_row(rows: int) -> None:
+    rng = random.Random(rows)
+    dims = ("model", "route", "tenant", "instance", "engine", "prompt_band", "output_band")
+    seg, reference = Segmenter(dimensions=dims, max_segments=50_000), Segmenter(dimensions=dims, max_segments=50_000)
+    distinct = rows > 1000
+    labels = {
+        "model": [f"m{i}" if distinct else f"m{rng.randrange(3)}" for i in range(rows)],
+        "route": [f"r{i}" if distinct else rng.choice(["chat", "rag", None, " chat ", "a|b"]) for i in range(rows)],
+        "tenant": [f"t{i}" if distinct else rng.choice(["x", None]) for i in range(rows)],
+        "instance": [f"i{i}" if distinct else "10.0.0.1:8000" for i in range(rows)],
+        "engine": [f"e{i}" if distinct else rng.choice(["vllm", "sglang"]) for i in range(rows)],
+    }
+    prompt = np.array([rng.choice([10, 5000, 40000]) for _ in range(rows)])
+    output = np.array([rng.choice([10, 2000]) for _ in range(rows)])
+    ids = seg.ids_for_columns(labels, prompt, output)
+    for row in range(0, rows, max(rows // 300, 1)):
+        expected = reference.key_for(
+            model=labels["model"][row].strip(), route=(labels["route"][row] or "").strip() or None,
+            tenant=labels["tenant"][row], instance=labels["instance"][row], engine=labels["engine"][row],
+            prompt_tokens=int(prompt[row]), output_tokens=int(output[row]),
+        )  # fmt: skip
+        assert seg.keys[ids[row]] == expected
