@@ -341,6 +341,14 @@ class DetectorBank:
                     self.discarded += 1
         return detectors
 
+    def forget(self, which: Callable[[str], bool]) -> int:
+        """Drop the segments ``which(key)`` selects (e.g. of partitions handed to another
+        worker); ``restore`` brings them back if they return. Returns how many."""
+        gone = [key for key in self.detectors if which(key)]
+        for key in gone:
+            del self.detectors[key]
+        return len(gone)
+
     def states_to_save(self, every: int = 1) -> list[tuple[str, dict[str, Any]]]:
         """(key, state) of segments judged at least ``every`` windows since last saved."""
         due = []

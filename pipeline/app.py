@@ -27,7 +27,7 @@ from pipeline import metrics, tansu_transport
 from pipeline.decode import Source, internal_error
 from pipeline.evidence import KafkaMessageReader, resolve
 from pipeline.settings import Settings
-from pipeline.stages import StageOne, StageTwo
+from pipeline.stages import StageOne, StageTwo, partition_of
 from pipeline.topics import DETECTOR_STATE_TABLE, Topics, declare_topics
 from schemas.anomaly import AnomalyEvent
 
@@ -176,5 +176,16 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         mine = {tp.partition for tp in revoked if tp.topic == topics.requests.get_topic_name()}
         if mine:
             await send_partials_and_ack(stage_one.drop_partitions(mine))
+        judged_here = {tp.partition for tp in revoked if tp.topic == topics.partials.get_topic_name()}
+        if judged_here:
+            # Their state is in the table (written every window); whoever judges them next
+            # restores it, and so will this worker if they come back, rather than keep a
+            # copy that the other worker has since moved past.
+            try:
+                save_states()
+            except Exception as exc:
+                metrics.STATE_WRITE_FAILURES.inc()
+                logger.warning("detector state not stored on revocation (%s)", exc)
+            stage_two.bank.forget(lambda key: partition_of(key, partials_partitions) in judged_here)
 
     return app, topics

@@ -129,3 +129,16 @@ def test_a_new_latency_segment_borrows_its_models_response_to_load() -> None:
     assert new.warm and 1.6 < new.predict_one(flat).expected < 2.5
     assert new.score_one(flat, 20.0) > 8  # 10x its own level: pages already
     assert new.score_one(flat, 2.2) < 2
+
+
+def test_forgotten_segments_come_back_from_their_stored_state() -> None:
+    """A partition handed away and back: the segment is read from storage again, not kept stale."""
+    workload = Workload((Phase("normal", 200),), seed=9)
+    engine = Replay()
+    list(engine.run(batches(workload)))
+    bank = engine.stage_two.bank
+    stored = {key: json.loads(json.dumps(state)) for key, state in bank.states_to_save()}
+    key = next(iter(stored))
+    assert bank.forget(lambda k: k == key) == 1 and key not in bank.detectors
+    bank.restore = stored.get
+    assert bank.segment(key).state() == stored[key] and bank.restored == 1
