@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 import urllib.request
 from collections.abc import Sequence
@@ -12,6 +11,7 @@ from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
+from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.workload import Phase, Route, Workload
 
@@ -84,8 +84,7 @@ def metric(port: int, name: str) -> float:
             text = response.read().decode()
     except OSError:
         return 0.0
-    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+-]+)$", re.MULTILINE)
-    return sum(float(v) for v in pattern.findall(text))
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name)
 
 
 def peak_rss_kib(pid: int) -> int:

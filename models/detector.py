@@ -108,7 +108,6 @@ class SegmentDetectors:
         load = window.load()
         load.update(model_figures or {f"model_{name}": load[name] for name in MODEL_FIGURES})
         self._with_recent_load(load, window)
-        usual_before = Baseline(**{f.name: getattr(self.usual, f.name) for f in fields(Baseline)})
         demand_ratio = math.nan
         events: list[AnomalyEvent] = []
         any_page = False
@@ -139,7 +138,8 @@ class SegmentDetectors:
                 elif spec.kind == "latency":
                     self._borrow_or_lend(detector.model, pool_key, templates)
             adopted = detector.note_run(verdict.pages, reading, config.adopt_after)
-            event = self._transition(detector, window, reading, verdict, load, usual_before, demand_ratio, adopted)
+            # ``usual`` learns this window only after the loop: hints compare against the past.
+            event = self._transition(detector, window, reading, verdict, load, self.usual, demand_ratio, adopted)
             if adopted:
                 detector.adopt(reading)
             self.keep(detector)

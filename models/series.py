@@ -9,12 +9,12 @@ normal. Optional load columns condition latency signals the way the live detecto
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from models.signals import BY_SIGNAL, MODEL_FIGURES
+from models.signal_detector import DetectorConfig, SignalDetector
+from models.signals import BY_SIGNAL, MODEL_FIGURES, Reading
 from schemas.anomaly import Signal
 
 #: Load columns a series may carry (per second), and the model inputs they feed.
@@ -46,39 +46,31 @@ def score_series(
     """Score ``points`` (dicts with ``timestamp``, ``value`` and optional load or ``trials``)
     in order. For a rate signal ``value`` is the count of bad requests out of ``trials``.
 
+    The live detector's own ``SignalDetector`` judges, learns and adopts, so a series is
+    scored by exactly the rules a segment's windows are. A point explained by load keeps its
+    (high) score but is not an anomaly.
+
     >>> flat = [{"timestamp": t, "value": 0.5} for t in range(30)]
     >>> spike = [{"timestamp": 30, "value": 5.0}, {"timestamp": 31, "value": 0.5}]
     >>> [(p.timestamp, p.is_anomaly) for p in score_series(flat + spike)][-2:]
     [(30.0, True), (31.0, False)]
     """
     spec = BY_SIGNAL[signal]
-    model = spec.build(grace_windows)
-    run_total, run_length = 0.0, 0  # the current run of anomalous points
+    config = DetectorConfig(threshold=threshold, grace_windows=grace_windows, adopt_after=adopt_after)
+    detector = SignalDetector(spec, spec.build(grace_windows))
     for point in points:
         value, x = float(point["value"]), _inputs(point, spec.kind)
-        if spec.kind == "latency":
-            score = model.judge(x, value)[1] if value > 0 else 0.0
-        else:
-            score = model.score_one(x, value)
-        anomalous = score >= threshold
-        yield ScoredPoint(float(point["timestamp"]), value, round(score, 4), anomalous)
-        if not anomalous:
-            model.learn_one(x, value)
-            run_total, run_length = 0.0, 0
+        if spec.kind == "latency" and not value > 0:  # no latency to judge (a gap filled with 0)
+            yield ScoredPoint(float(point["timestamp"]), value, 0.0, False)
             continue
-        run_total, run_length = run_total + _adoptable(value, x, spec.kind), run_length + 1
-        if run_length >= adopt_after:  # a lasting change: the new normal
-            mean = run_total / run_length
-            if spec.kind == "latency":
-                model.adopt(x, math.exp(mean))
-            else:
-                model.adopt(mean)
-            run_total, run_length = 0.0, 0
-
-
-def _adoptable(value: float, x: Mapping[str, Any], kind: str) -> float:
-    if kind == "latency":
-        return math.log(max(value, 1e-9))
-    if kind == "rate":
-        return value / max(int(x["trials"]), 1)
-    return value
+        if spec.kind == "rate":
+            trials = int(x["trials"])
+            reading = Reading(value / max(trials, 1), trials, x, int(value))
+        else:
+            reading = Reading(value, int(x.get("trials", 1)), x)
+        verdict = detector.judge(reading, config)
+        yield ScoredPoint(float(point["timestamp"]), value, round(verdict.score, 4), verdict.pages)
+        if not verdict.pages:
+            detector.learn(reading)
+        if detector.note_run(verdict.pages, reading, adopt_after):  # a lasting change: the new normal
+            detector.adopt(reading)

@@ -116,7 +116,7 @@ def _decode_throughput(window: WindowStats, load: dict[str, float], _: float) ->
 
 def _rate(numerator: str, denominator: str) -> Callable[[WindowStats, dict[str, float], float], Reading | None]:
     def read(window: WindowStats, load: dict[str, float], _: float) -> Reading | None:
-        bad = window.truncated if numerator == "truncated" else int(getattr(window, numerator))
+        bad = int(getattr(window, numerator))
         trials = int(getattr(window, denominator))
         if trials <= 0:
             return None
