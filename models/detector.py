@@ -28,7 +28,7 @@ from models.hints import Baseline, latency_hints, signal_hints
 from models.lifecycle import Transition, fingerprint
 from models.rates import BetaBinomialRate
 from models.signal_detector import DetectorConfig, SignalDetector, Verdict
-from models.signals import BY_SIGNAL, MODEL_FIGURES, Reading, SignalSpec, model_load
+from models.signals import BY_SIGNAL, MODEL_FIGURES, Reading, SignalSpec
 from models.window import WindowStats
 from models.wording import describe, event_id, segment_phrase, window_summary
 from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
@@ -94,11 +94,9 @@ class SegmentDetectors:
         self,
         window: WindowStats,
         pooled: dict[tuple[str, Signal], BetaBinomialRate],
-        model_figures: dict[str, float] | None = None,
         templates: dict[tuple[str, Signal], Any] | None = None,
     ) -> list[AnomalyEvent]:
-        """Judge one window. ``model_figures``: its model's load in the same window
-        (``signals.model_load``); without it, the segment's own load stands in."""
+        """Judge one window (latency against its model's load, ``WindowStats.load``)."""
         if window.end <= self.last_window_end:
             return []  # already judged: a replayed window changes nothing (idempotent)
         self.last_window_end = window.end
@@ -106,7 +104,6 @@ class SegmentDetectors:
         templates = {} if templates is None else templates
         config = self.config
         load = window.load()
-        load.update(model_figures or {f"model_{name}": load[name] for name in MODEL_FIGURES})
         self._with_recent_load(load, window)
         demand_ratio = math.nan
         events: list[AnomalyEvent] = []
@@ -358,15 +355,11 @@ class DetectorBank:
                 due.append((key, detectors.state()))
         return due
 
-    def observe(self, window: WindowStats, model_figures: dict[str, float] | None = None) -> list[AnomalyEvent]:
+    def observe(self, window: WindowStats) -> list[AnomalyEvent]:
         detectors = self.segment(window.key)
         self.windows_judged += 1
-        return detectors.observe(window, self.pooled, model_figures, self.templates)
+        return detectors.observe(window, self.pooled, self.templates)
 
     def observe_all(self, windows: list[WindowStats]) -> list[AnomalyEvent]:
-        """Judge windows released together, each against its model's load among them."""
-        totals = model_load(windows)
-        events: list[AnomalyEvent] = []
-        for window in windows:
-            events.extend(self.observe(window, totals[(window.labels.get("model", "other"), window.start)]))
-        return events
+        """Judge windows released together."""
+        return [event for window in windows for event in self.observe(window)]

@@ -25,10 +25,10 @@ from typing import Any
 import numpy as np
 
 from models.batch import RowBatch, normalise_reason
-from models.segments import Segmenter
+from models.segments import Segmenter, parse_key
 from models.signal_columns import DEFAULT_REASONING_MARKERS, PrefixMemory, signal_columns
 from models.sketch import bucket_indices
-from models.window import REASONS, WindowBlock, WindowStats, pack_location
+from models.window import COLUMN_OF, REASONS, WindowBlock, WindowStats, pack_location
 
 _ERROR_CODES = np.array([REASONS.index("error"), REASONS.index("abort")])
 _LABEL_DIMENSIONS = ("model", "route", "tenant", "instance", "engine")
@@ -110,11 +110,26 @@ class OpenWindow:
         """One ``WindowStats`` per segment of the window (``keys``: the segmenter's, by id):
         handles on this window's rows, no copies (the tables live until the last is judged)."""
         sources = [(p, first, last) for p, (first, last) in sorted(self.offsets.items())]
+        self._set_model_load(keys)
         # ``sources`` is shared: a WindowStats replaces its sources, never mutates them.
         return [
             WindowStats(keys[segment_id], self.start, self.length, block=self.block, row=row, sources=sources)
             for row, segment_id in enumerate(self.segment_ids)
         ]
+
+    def _set_model_load(self, keys: Sequence[str]) -> None:
+        """Give every row its model's totals in this window (requests, prompt and output
+        tokens): latency is judged against the load of the engines a segment shares, which
+        only stage 1, seeing all segments of a window at once, can sum."""
+        n = len(self.segment_ids)
+        models = [parse_key(keys[segment_id]).get("model", "") for segment_id in self.segment_ids]
+        code_of = {name: code for code, name in enumerate(dict.fromkeys(models))}
+        codes = np.fromiter(map(code_of.__getitem__, models), dtype=np.intp, count=n)
+        sums = self.block.sums
+        own = sums[:n][:, [COLUMN_OF["requests"], COLUMN_OF["prompt_tokens"], COLUMN_OF["completion_tokens"]]]
+        totals = np.zeros((len(code_of), 3))
+        np.add.at(totals, codes, own)
+        sums[:n, COLUMN_OF["model_requests"] : COLUMN_OF["model_output_tokens"] + 1] = totals[codes]
 
 
 def fold_batch(

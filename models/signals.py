@@ -34,29 +34,8 @@ Kind = Literal["latency", "rate", "share"]
 # segment's own rate is a noisy proxy, and a surge on one route slows all of them.
 DECODE_DEMAND = ("model_requests_per_s", "model_output_tokens_per_s")
 PREFILL_DEMAND = ("model_requests_per_s", "model_prompt_tokens_per_s")
-#: Load figures summed over a model's segments in the same window (``model_load``).
+#: Load figures of a window's model (``WindowStats.load``: ``model_<figure>``).
 MODEL_FIGURES = ("requests_per_s", "prompt_tokens_per_s", "output_tokens_per_s")
-
-
-def model_load(windows: list[WindowStats]) -> dict[tuple[str, float], dict[str, float]]:
-    """Per (model, window start): the load of all the given windows of that model.
-
-    >>> from models.window import WindowStats
-    >>> a = WindowStats("model=m|route=a", 0.0, 10.0, requests=10, prompt_tokens=100)
-    >>> b = WindowStats("model=m|route=b", 0.0, 10.0, requests=30, prompt_tokens=900)
-    >>> model_load([a, b])[("m", 0.0)]["model_requests_per_s"]
-    4.0
-    """
-    totals: dict[tuple[str, float], dict[str, float]] = {}
-    for window in windows:
-        load = window.load()
-        mine = totals.setdefault(
-            (window.labels.get("model", "other"), window.start),
-            dict.fromkeys([f"model_{name}" for name in MODEL_FIGURES], 0.0),
-        )
-        for name in MODEL_FIGURES:
-            mine[f"model_{name}"] += load[name]
-    return totals
 
 
 @dataclass(frozen=True, slots=True)

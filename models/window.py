@@ -48,6 +48,9 @@ SUMS = (
     "queue_n", "queue_log", "queue_log2", "prefill_n", "prefill_log", "prefill_log2",
     "itl_n", "itl_log", "itl_log2", "e2e_n", "e2e_log", "e2e_log2",
     "decode_tokens", "decode_s", "prefill_tokens", "prefill_s",
+    # the load of the segment's whole model in the window (every segment of a model shares
+    # its engines), set by stage 1 when the window closes and summed over stage-1 workers
+    "model_requests", "model_prompt_tokens", "model_output_tokens",
 )  # fmt: skip
 INTEGER_SUMS = frozenset(name for name in SUMS if not name.endswith(("_sum", "_log", "_log2", "_s")))
 #: Timed phases whose log moments a window keeps (``WindowStats.phase``).
@@ -74,7 +77,7 @@ class PhaseStats(NamedTuple):
         return math.exp(self.mean_log) if self.n else math.nan
 
 
-_COLUMN = {name: column for column, name in enumerate(SUMS)}
+COLUMN_OF = {name: column for column, name in enumerate(SUMS)}
 
 
 def _add_range(ranges: list[tuple[int, int, int]], new: tuple[int, int, int]) -> list[tuple[int, int, int]]:
@@ -192,11 +195,11 @@ class WindowStats:
         self.sources = sources if sources is not None else []  # (partition, first, last offset)
         self.watermark = watermark  # the sending partition's watermark (transport metadata, not merged)
         for name, value in figures.items():
-            self.block.sums[row, _COLUMN[name]] = value
+            self.block.sums[row, COLUMN_OF[name]] = value
 
     def __getattr__(self, name: str) -> Any:
         # The summed figures (requests, prompt_tokens, ..., e2e_sum, ttft_sum), from the block.
-        column = _COLUMN.get(name)
+        column = COLUMN_OF.get(name)
         if column is not None:
             value = float(self.block.sums[self.row, column])
             return int(value) if name in INTEGER_SUMS else value
@@ -265,7 +268,7 @@ class WindowStats:
     def phase(self, name: str) -> PhaseStats:
         """Log-moment summary of ``name`` (one of ``PHASES``) over the requests that reported it."""
         n, total, squares = (
-            float(self.block.sums[self.row, _COLUMN[f"{name}{part}"]]) for part in ("_n", "_log", "_log2")
+            float(self.block.sums[self.row, COLUMN_OF[f"{name}{part}"]]) for part in ("_n", "_log", "_log2")
         )
         if n == 0:
             return PhaseStats(0, math.nan, math.nan)
@@ -293,6 +296,13 @@ class WindowStats:
             "output_tokens_per_s": completion * per_s,
             "concurrency": e2e * per_s,
         }
+        # The model's load, as stage 1 saw it; a window built on its own stands for itself.
+        model = self.model_requests, self.model_prompt_tokens, self.model_output_tokens
+        if model[0] <= 0:
+            model = requests, prompt, completion
+        figures["model_requests_per_s"] = model[0] * per_s
+        figures["model_prompt_tokens_per_s"] = model[1] * per_s
+        figures["model_output_tokens_per_s"] = model[2] * per_s
         if not math.isnan(hit := self.cache_hit_rate):
             figures["cache_hit_rate"] = hit
         # Engine throughput per request: tokens per second of prefill and of decode.
