@@ -63,6 +63,20 @@ class RowBatch:
             self.column("ttft_s") > self.column("e2e_s") + 1e-3
         )
 
+    @classmethod
+    def concat(cls, batches: Sequence[RowBatch]) -> RowBatch:
+        """One batch of several (e.g. the messages a worker folds in one pass), keeping each
+        row's position in its own message and the columns every part already extracted."""
+        if len(batches) == 1:
+            return batches[0]
+        rows: list[Any] = []
+        for part in batches:
+            rows.extend(part.rows)
+        joined = cls(rows, np.concatenate([part.positions for part in batches]))
+        shared = set.intersection(*(set(part._columns) for part in batches)) if batches else set()
+        joined._columns = {name: np.concatenate([part._columns[name] for part in batches]) for name in shared}
+        return joined
+
     def without(self, drop: np.ndarray) -> RowBatch:
         keep = np.flatnonzero(~drop)
         kept = RowBatch([self.rows[i] for i in keep.tolist()], self.positions[keep])

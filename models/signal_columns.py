@@ -59,13 +59,19 @@ class PrefixMemory:
         Per batch, not per record: a batch holds few distinct prefixes, so the memory is
         probed once per distinct hash and the rest is numpy.
         """
+        if not hashes:
+            return np.zeros(0, dtype=bool)
         distinct = list(dict.fromkeys(hashes))  # in order of first appearance
         code_of = {value: code for code, value in enumerate(distinct)}
         codes = np.fromiter(map(code_of.__getitem__, hashes), dtype=np.intp, count=len(hashes))
         seen = self._seen
         known = np.array([value is not None and value in seen for value in distinct], dtype=bool)
+        # Codes are numbered in order of first appearance, so a record is a hash's first in
+        # the batch exactly when its code exceeds every code before it (no sort needed).
+        running = np.maximum.accumulate(codes)
         later = np.ones(len(hashes), dtype=bool)
-        later[np.unique(codes, return_index=True)[1]] = False  # first appearance in the batch
+        later[0] = False
+        later[1:] = codes[1:] <= running[:-1]
         seen.update(dict.fromkeys(value for value in distinct if value is not None))
         if len(seen) > self.capacity:
             for stale in list(seen)[: len(seen) - self.capacity // 2]:

@@ -104,8 +104,8 @@ def _add_range(ranges: list[tuple[int, int, int]], new: tuple[int, int, int]) ->
 Location = tuple[int, int, int]
 
 
-def pack_location(partition: int, offset: int, index: Any) -> tuple[Any, Any]:
-    """A ``Location`` in two int64s: (offset, partition and index in one); ``index`` may be an array."""
+def pack_location(partition: Any, offset: Any, index: Any) -> tuple[Any, Any]:
+    """A ``Location`` in two int64s: (offset, partition and index in one); each may be an int64 array."""
     return offset, (partition << 32) | index
 
 

@@ -20,7 +20,7 @@ import orjson
 
 from pipeline.broker import BrokerError, EmbeddedBroker
 from pipeline.settings import Settings
-from pipeline.tuning import tune_process
+from pipeline.tuning import tune_gc, tune_process
 from schemas.dead_letter import DeadLetter
 
 logger = logging.getLogger("servewatch")
@@ -61,6 +61,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     with _broker(_settings(args)) as settings:
         asyncio.run(_ensure_topics(settings))  # creates only what is missing
         app, _ = create_app(settings)
+        tune_gc()  # again: Faust's app, topics and tables live as long as the process
         if settings.metrics_port is not None:
             from prometheus_client import start_http_server
 

@@ -88,10 +88,12 @@ class Replay:
         return self._reread(offset) if self._reread is not None else self._kept.get(offset)
 
     def _forget_unreferenced(self) -> None:
-        """Drop kept messages older than every open window: no evidence can point at them."""
+        """Drop kept messages older than every open window and unfolded message: no evidence can point at them."""
         if not self._kept:
             return
-        oldest = min((w.offsets.get(0, (0, 0))[0] for w in self.stage_one.windower.open.values()), default=None)
+        held = [w.offsets.get(0, (0, 0))[0] for w in self.stage_one.windower.open.values()]
+        held.extend(self.stage_one.oldest_pending_offset.values())  # decoded, not folded yet
+        oldest = min(held, default=None)
         for offset in [o for o in self._kept if oldest is None or o < oldest]:
             del self._kept[offset]
 

@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     idle_flush_s: float = Field(
         default=2.0, gt=0, description="Wall seconds of silence after which a partition's event time follows the clock."
     )
+    fold_records: int = Field(
+        default=4000,
+        ge=1,
+        description="Records decoded before stage 1 folds them into its windows in one pass (sooner when a "
+        "message moves a watermark into the next window, or after half a second). 1: fold every message.",
+    )
     segment_dimensions: tuple[str, ...] = DEFAULT_DIMENSIONS
     prompt_band_edges: tuple[int, ...] = (4096, 32768)
     output_band_edges: tuple[int, ...] = (1024,)

@@ -17,6 +17,7 @@ from typing import Any
 import orjson
 from aiokafka.partitioner import murmur2
 
+from models.batch import RowBatch
 from models.detector import DetectorBank
 from models.signal_columns import PrefixMemory
 from models.window import WindowStats
@@ -54,6 +55,9 @@ class StageOne:
     announced: dict[int, float] = field(default_factory=dict)  # partition -> last watermark broadcast
     # partition -> (token, latest window end it fed), in offset order: messages not yet safe to ack
     unacked: dict[int, deque[tuple[Any, float]]] = field(default_factory=dict)
+    # Decoded messages not yet folded, as (rows, partition, offset, token), in arrival order.
+    pending: list[tuple[RowBatch, int, int | None, Any]] = field(default_factory=list)
+    pending_records: int = 0
 
     def __post_init__(self) -> None:
         # One segmenter and one set of open windows for all partitions of this worker: the
@@ -79,16 +83,42 @@ class StageOne:
         """
         decoded = decode_message(raw, source, self.settings.max_message_bytes)
         partition = source.partition or 0
-        fed_until = self.windower.add(decoded.rows(), partition, source.offset)
-        if token is not None:
-            self.unacked.setdefault(partition, deque()).append((token, fed_until))
+        rows = decoded.rows()
+        self.pending.append((rows, partition, source.offset, token))
+        self.pending_records += len(rows)
         self.last_seen[partition] = time.monotonic() if now is None else now
         metrics.MESSAGES.inc()
         metrics.LAST_MESSAGE.set_to_current_time()
         metrics.RECORDS.inc(len(decoded.accepted))
         for letter in decoded.dead_letters:
             metrics.DEAD_LETTERS.labels(letter.reason).inc()
+        # Folding is batched across messages (its numpy calls cost per pass), but never past
+        # a message that moves a watermark into another window: what closes, and when, is
+        # what folding every message at once would give.
+        if self.pending_records >= self.settings.fold_records or (
+            len(rows) and self.windower.would_advance(partition, float(rows.column("timestamp").max()))
+        ):
+            self.fold_pending()
         return decoded.dead_letters, self.windower.close_due()
+
+    def fold_pending(self) -> None:
+        """Fold every decoded message still waiting; each becomes ackable once its windows are sent."""
+        if not self.pending:
+            return
+        pending, self.pending, self.pending_records = self.pending, [], 0
+        fed = self.windower.add_many([(rows, partition, offset) for rows, partition, offset, _ in pending])
+        for (_, partition, _, token), fed_until in zip(pending, fed, strict=True):
+            if token is not None:
+                self.unacked.setdefault(partition, deque()).append((token, fed_until))
+
+    @property
+    def oldest_pending_offset(self) -> dict[int, int]:
+        """Per partition, the first offset decoded but not yet folded."""
+        oldest: dict[int, int] = {}
+        for _, partition, offset, _ in self.pending:
+            if offset is not None:
+                oldest.setdefault(partition, offset)
+        return oldest
 
     def bundles(self, partials: list[WindowStats], partitions: int) -> list[tuple[int, bytes]]:
         """What to send to each partials partition: its partials, then every source's new
@@ -147,13 +177,15 @@ class StageOne:
         """Partials that silence completed: partitions quiet for ``idle_flush_s`` advance their
         event time with the wall clock (see ``Windower.advance_idle``)."""
         now = time.monotonic() if now is None else now
-        flushed: list[WindowStats] = []
+        self.fold_pending()
+        flushed: list[WindowStats] = self.windower.close_due()
         for partition, seen in self.last_seen.items():
             if now - seen >= self.settings.idle_flush_s and self.windower.open:
                 flushed.extend(self.windower.advance_idle(now - seen, partition))
         return flushed
 
     def flush_all(self) -> list[WindowStats]:
+        self.fold_pending()
         return self.windower.flush_all()
 
     def drop_partitions(self, partitions: set[int]) -> list[WindowStats]:
@@ -163,6 +195,7 @@ class StageOne:
         what they add later as further partials of the same windows, which stage 2 merges
         (or counts as late, if every source had already moved past them).
         """
+        self.fold_pending()
         flushed = self.windower.flush_all() if partitions & set(self.windower.max_event_time) else []
         self.windower.forget(partitions)
         for part in partitions:

@@ -162,6 +162,45 @@ def test_messages_are_acknowledged_only_after_their_windows_are_sent() -> None:
     assert one.safe_to_ack() == ["m2"]
 
 
+def _closed_windows(settings: Settings, messages: list[tuple[int, bytes]]) -> list[tuple[object, ...]]:
+    """Every partial stage 1 sends for ``messages`` (partition, raw), with when it was sent."""
+    one, offsets, out = StageOne(settings), collections.Counter[int](), []
+
+    def seen(step: int, partials: list[WindowStats]) -> list[tuple[object, ...]]:
+        return [
+            (step, p.start, p.key, p.requests, round(p.ttft_sum, 9), p.sources, p.evidence_records()) for p in partials
+        ]
+
+    for step, (partition, raw) in enumerate(messages):
+        _, partials = one.process(raw, Source("t", partition, offsets[partition]), now=float(step))
+        offsets[partition] += 1
+        out += seen(step, partials)
+    return out + seen(-1, one.flush_all())
+
+
+def test_folding_many_messages_at_once_sends_what_folding_each_would() -> None:
+    """Stage 1 folds decoded messages in one pass per few thousand records, yet every window
+    closes after the same message, with the same sums, sources and evidence."""
+    rng = random.Random(5)
+    messages = []
+    for _, batch in Workload((Phase("normal", 95),), seed=11).seconds():
+        for start in range(0, len(batch), 7):
+            messages.append((rng.randrange(3), orjson.dumps(batch[start : start + 7])))
+    assert len(messages) > 300
+    each = _closed_windows(Settings(fold_records=1, allowed_lateness_s=2), messages)
+    batched = _closed_windows(Settings(fold_records=400, allowed_lateness_s=2), messages)
+    assert len({row[1] for row in each}) >= 9 and batched == each
+
+
+def test_unfolded_messages_are_not_acknowledged() -> None:
+    one = StageOne(Settings(window_s=10, allowed_lateness_s=0, fold_records=100))
+    one.process(orjson.dumps([log(0, T0 + 1)]), Source("t", 0, 0), token="m0")  # first of its partition: folded
+    one.process(orjson.dumps([log(1, T0 + 2)]), Source("t", 0, 1), token="m1")  # same window: waits
+    assert one.pending_records == 1 and one.oldest_pending_offset == {0: 1}
+    one.process(orjson.dumps([log(2, T0 + 13)]), Source("t", 0, 2), token="m2")  # next window: folds, closes T0
+    assert one.pending_records == 0 and one.safe_to_ack() == ["m0", "m1"]
+
+
 def test_columnar_aggregation_counts_what_a_record_by_record_reading_would() -> None:
     rows = [
         log(0, T0 + 1, ttft=0.5, cached_tokens=60, finish_reason="STOP"),
