@@ -1,14 +1,17 @@
 """Throughput: the servewatch worker against a raw aiokafka consumer, side by side in one run.
 
-    python bench/throughput.py [--records 200000] [--batch 500] [--single 20000]
+    python bench/throughput.py [--records 200000] [--batch 500] [--single 20000] [--repeat 3]
 
 For each message shape (batched JSON arrays, then one record per message) it starts a fresh
-embedded broker, produces the same request logs, then measures
+embedded broker, produces the same request logs, then measures, ``--repeat`` times in turn,
   (a) a raw aiokafka consumer that only reads and JSON-decodes every record, and
   (b) one servewatch worker process end to end (decode, validate, segment, window, models,
       anomaly topic), timed from its first record to its last through its own metrics,
-and prints records/s of both, the ratio (b)/(a) and the worker's peak RSS. Then the same
-records through ``servewatch replay`` (file -> anomalies, no broker).
+and prints records/s of both, the ratio (b)/(a) of each round and their median, and the
+worker's peak RSS. Then the same records through ``servewatch replay`` (file -> anomalies,
+no broker), ``--repeat`` times. Rounds are paired (raw, then worker, on the same broker a
+moment apart) because this kind of machine's speed drifts by tens of percent within a
+minute; the median of the paired ratios is the figure to quote, the range shows the drift.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -99,29 +103,37 @@ def worker_rate(bootstrap: str, expected: int) -> tuple[float, int, float]:
     return rate, rss, settled
 
 
-def measure(records: list[dict], batch: int) -> tuple[float, float, int, float]:
+def measure(records: list[dict], batch: int, repeat: int) -> list[tuple[float, float, int, float]]:
+    """(raw records/s, worker records/s, worker peak RSS KiB, tail s) per round, on one broker."""
     messages = encode(records, batch)
+    rounds = []
     with EmbeddedBroker() as broker:
         asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS))
         asyncio.run(produce(broker.bootstrap, topics.REQUESTS, messages, PARTITIONS))
-        raw = asyncio.run(raw_consumer(broker.bootstrap, len(records)))
-        pipeline, rss, settled = worker_rate(broker.bootstrap, len(records))
-    return raw, pipeline, rss, settled
+        for _ in range(repeat):
+            raw = asyncio.run(raw_consumer(broker.bootstrap, len(records)))
+            pipeline, rss, settled = worker_rate(broker.bootstrap, len(records))  # a new consumer group each
+            rounds.append((raw, pipeline, rss, settled))
+    return rounds
 
 
-def replay_rate(records: list[dict]) -> float:
+def replay_rate(records: list[dict], repeat: int = 1) -> list[float]:
+    """Records/s of ``servewatch replay``'s engine over the records written as JSONL, per run."""
+    rates = []
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "requests.jsonl"
         path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
         tune_process()  # as `servewatch replay` does
-        chunks = JsonlChunks(str(path), REPLAY_CHUNK_LINES)
-        engine = Replay(reread=chunks.reread)
-        started = time.perf_counter()
-        for _ in engine.run(chunks):
-            pass
-        elapsed = time.perf_counter() - started
-        assert engine.stats.records == len(records), engine.stats
-    return len(records) / elapsed
+        for _ in range(repeat):
+            chunks = JsonlChunks(str(path), REPLAY_CHUNK_LINES)
+            engine = Replay(reread=chunks.reread)
+            started = time.perf_counter()
+            for _ in engine.run(chunks):
+                pass
+            elapsed = time.perf_counter() - started
+            assert engine.stats.records == len(records), engine.stats
+            rates.append(len(records) / elapsed)
+    return rates
 
 
 def main() -> None:
@@ -129,6 +141,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=500, help="records per message in the batched run")
     parser.add_argument("--single", type=int, default=20_000, help="records in the one-per-message run")
+    parser.add_argument("--repeat", type=int, default=3, help="paired rounds (and replay runs) to take the median of")
     parser.add_argument("--rate", type=float, default=PEAK_RATE, help="the fleet's requests/s in event time")
     args = parser.parse_args()
 
@@ -139,23 +152,34 @@ def main() -> None:
           flush=True)  # fmt: skip
 
     rows = []
-    for label, batch, subset in (
-        (f"batched ({args.batch}/msg)", args.batch, records),
-        ("one record per message", 1, records[: args.single]),
+    for label, batch, subset, repeat in (
+        (f"batched ({args.batch}/msg)", args.batch, records, args.repeat),
+        ("one record per message", 1, records[: args.single], 1),
     ):
-        raw, pipe, rss, settled = measure(subset, batch)
-        rows.append((label, len(subset), raw, pipe, rss, settled))
-        print(f"  measured {label}", flush=True)
-    replay = replay_rate(records)
+        rounds = measure(subset, batch, repeat)
+        rows.append((label, len(subset), rounds))
+        for i, (raw, pipe, _, _) in enumerate(rounds, 1):
+            print(f"  {label}, round {i}: raw {raw:,.0f}/s, servewatch {pipe:,.0f}/s, ratio {pipe / raw:.2f}",
+                  flush=True)  # fmt: skip
+    replays = replay_rate(records, args.repeat)
 
     print()
     header = ("messages", "records", "raw consumer", "servewatch", "ratio", "peak RSS", "tail")
-    print("{:26} {:>9} {:>14} {:>12} {:>6} {:>9} {:>6}".format(*header))
-    for label, n, raw, pipe, rss, settled in rows:
-        print(f"{label:26} {n:9,} {raw:12,.0f}/s {pipe:10,.0f}/s {pipe / raw:6.2f} {rss / 1024:7.0f}MB {settled:5.1f}s")
-    print(f"{'replay (file, no broker)':26} {len(records):9,} {'':>14} {replay:10,.0f}/s")
+    print("{:26} {:>9} {:>14} {:>12} {:>6} {:>9} {:>6}   {}".format(*header, "ratio per round"))
+    for label, n, rounds in rows:
+        ratios = [pipe / raw for raw, pipe, _, _ in rounds]
+        k = ratios.index(statistics.median_low(ratios))  # the round whose ratio is the median
+        raw, pipe, _, settled = rounds[k]
+        rss = max(r[2] for r in rounds)
+        spread = ", ".join(f"{r:.2f}" for r in ratios)
+        print(f"{label:26} {n:9,} {raw:12,.0f}/s {pipe:10,.0f}/s {pipe / raw:6.2f} {rss / 1024:7.0f}MB "
+              f"{settled:5.1f}s   {spread}")  # fmt: skip
+    median_replay = statistics.median(replays)
+    spread = ", ".join(f"{r:,.0f}" for r in replays)
+    print(f"{'replay (file, no broker)':26} {len(records):9,} {'':>14} {median_replay:10,.0f}/s {'':>24}   {spread}")
     print()
-    print("ratio = servewatch / raw consumer records/s, same records, same broker, measured in this run.")
+    print("ratio = servewatch / raw consumer records/s, same records, same broker, measured side by side;")
+    print("the row shows the round with the median ratio, replay its median run; peak RSS is the largest.")
     print("tail = seconds after the last record until stage 2 had judged every window (idle flush included).")
 
 

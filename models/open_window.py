@@ -82,8 +82,7 @@ class OpenWindow:
             first = len(self.segment_ids)
             self._row_of[new_ids] = np.arange(first, first + len(new_ids), dtype=np.int32)
             self.segment_ids.extend(new_ids.tolist())
-            if len(self.segment_ids) > len(self.block):
-                self.block.grow(max(len(self.segment_ids), 2 * len(self.block)))
+            self.block.make_room(len(self.segment_ids))
             rows = self._row_of[segment_ids]
         return rows
 
@@ -142,13 +141,15 @@ def fold_batch(
     offset: int | np.ndarray = 0,
     markers: Sequence[str] = DEFAULT_REASONING_MARKERS,
     prefixes: PrefixMemory | None = None,
+    rows_hint: int = 8,
 ) -> list[OpenWindow]:
     """Fold a batch (the records of message ``offset`` of ``partition``, or of several
     messages: then both are arrays, a value per record) into the open windows ``into``
     (keyed by start), creating them as needed. Returns the windows it touched.
 
     ``markers``: reasoning end markers that count as leaked when an answer contains one;
-    ``prefixes``: the worker's memory of prompt prefixes (None: shared prefixes not counted).
+    ``prefixes``: the worker's memory of prompt prefixes (None: shared prefixes not counted);
+    ``rows_hint``: segments a new window is expected to hold (its table is made that big).
     """
     n = len(batch)
     if n == 0:
@@ -187,7 +188,7 @@ def fold_batch(
         start = float(window_id * window_s)
         window = into.get(start)
         if window is None:
-            window = into[start] = OpenWindow(start, window_s, evidence_k)
+            window = into[start] = OpenWindow(start, window_s, evidence_k, capacity=rows_hint)
         _fold_into(
             window, batch, picked, segment_ids, values, buckets, reason_codes, ttft, has_ttft, partitions, offsets
         )

@@ -148,6 +148,13 @@ class WindowBlock:
             wider = next(t for t in (np.uint16, np.int32, np.int64) if requests <= np.iinfo(t).max)
             self.hist, self.reasons = self.hist.astype(wider), self.reasons.astype(wider)
 
+    def make_room(self, rows: int) -> None:
+        """Hold at least ``rows`` rows, growing by a quarter at a time: tables live for a window
+        and are sized from the previous one (see ``rows_hint``), so doubling would mostly
+        leave rows empty (up to half the table, at any number of segments)."""
+        if rows > len(self):
+            self.grow(max(rows, len(self) + len(self) // 4 + 8))
+
     def grow(self, rows: int) -> None:
         """Make room for ``rows`` rows (new rows empty)."""
         if rows <= len(self):

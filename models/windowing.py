@@ -59,6 +59,7 @@ class Windower:
     max_event_time: dict[int, float] = field(default_factory=dict)  # by partition
     # Watermark floors set by processing time while a partition is silent, by partition.
     idle_floor: dict[int, float] = field(default_factory=dict)
+    rows_hint: int = 0  # segments in the last window closed: the next one's table starts that big
 
     def watermark_of(self, partition: int) -> float:
         newest = self.max_event_time.get(partition, -math.inf)
@@ -110,7 +111,7 @@ class Windower:
         offsets = np.repeat(np.array([part[3] or 0 for part in parts], dtype=np.int64), lengths)
         fold_batch(
             batch, self.segmenter, self.window_s, self.open, self.evidence_k, partitions, offsets,
-            self.markers, self.prefixes,
+            self.markers, self.prefixes, rows_hint=max(self.rows_hint, 8),
         )  # fmt: skip
         times = batch.column("timestamp")
         window_ids = np.floor(times / self.window_s).astype(np.int64)
@@ -160,7 +161,9 @@ class Windower:
         """The partials of the given windows, in (start, key) order, stamped with the watermark."""
         closed = []
         for start in starts:
-            partials = self.open.pop(start).partials(self.segmenter.keys)
+            window = self.open.pop(start)
+            self.rows_hint = len(window)
+            partials = window.partials(self.segmenter.keys)
             for partial in sorted(partials, key=lambda p: p.key):
                 partial.watermark = watermark
                 closed.append(partial)
@@ -181,8 +184,7 @@ class _Pending:
         merged = self.by_segment.get(partial.key)
         if merged is None:
             row = len(self.by_segment)
-            if row >= len(self.block):
-                self.block.grow(2 * len(self.block))
+            self.block.make_room(row + 1)
             merged = self.by_segment[partial.key] = WindowStats(
                 partial.key, partial.start, partial.length, block=self.block, row=row, watermark=partial.watermark
             )
@@ -225,6 +227,7 @@ class WindowAssembler:
     duplicate_partials: int = 0
     _by_end: dict[int, list[tuple[float, float]]] = field(default_factory=dict, repr=False)  # via -> (end, start)
     _by_age: list[tuple[float, tuple[int, float]]] = field(default_factory=list, repr=False)
+    _rows_hint: dict[int, int] = field(default_factory=dict, repr=False)  # via -> segments of its last window
 
     def heartbeat(self, source: int, watermark: float, now: float, via: int = 0) -> None:
         self._expect_partitions(via, now)
@@ -249,7 +252,8 @@ class WindowAssembler:
         slot = (via, partial.start)
         pending = self.pending.get(slot)
         if pending is None:
-            pending = self.pending[slot] = _Pending(now, WindowBlock(8, partial.evidence_k))
+            rows = max(self._rows_hint.get(via, 0), 8)  # as many segments as its last window had
+            pending = self.pending[slot] = _Pending(now, WindowBlock(rows, partial.evidence_k))
             heapq.heappush(self._by_end.setdefault(via, []), (partial.end, partial.start))
             heapq.heappush(self._by_age, (now, slot))
         merged = pending.target(partial)
@@ -291,6 +295,7 @@ class WindowAssembler:
         released = []
         for via, start in sorted(slots, key=lambda slot: (slot[1], slot[0])):
             windows = self.pending.pop((via, start)).by_segment
+            self._rows_hint[via] = len(windows)
             for key in sorted(windows):
                 released.append(windows[key])
             end = start + windows[key].length

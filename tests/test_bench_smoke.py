@@ -27,5 +27,5 @@ def test_scale_benchmark_runs_and_the_cap_holds() -> None:
 
 @pytest.mark.integration
 def test_throughput_benchmark_runs() -> None:
-    out = run("bench/throughput.py", "--records", "3000", "--single", "300")
+    out = run("bench/throughput.py", "--records", "3000", "--single", "300", "--repeat", "1")
     assert "batched (500/msg)" in out and "one record per message" in out and "replay" in out
