@@ -18,8 +18,6 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-import numpy as np
-
 from pipeline.decode import Source
 from pipeline.evidence import fill, wanted
 from pipeline.settings import Settings
@@ -28,8 +26,6 @@ from schemas.anomaly import AnomalyEvent
 from schemas.dead_letter import DeadLetter
 
 logger = logging.getLogger(__name__)
-
-NEWLINE = ord("\n")
 
 
 @dataclass
@@ -117,13 +113,7 @@ class JsonlChunks:
     Iterating yields the chunks in order and notes where each starts; ``reread(n)`` reads
     chunk ``n`` again from there (``None`` for stdin, which cannot be re-read). Blank lines
     are kept, so positions map back to line numbers.
-
-    The input is read in large blocks and cut at every ``lines``-th newline, found by numpy:
-    reading it line by line cost about as much as validating the records.
     """
-
-    #: Bytes asked of the stream at a time (stdin gives what it has, up to this).
-    BLOCK_BYTES = 4 * 1024 * 1024
 
     def __init__(self, path: str, lines: int = 1000) -> None:
         self.path, self.lines = path, lines
@@ -136,20 +126,12 @@ class JsonlChunks:
     def __iter__(self) -> Iterator[bytes]:
         stream: BinaryIO = sys.stdin.buffer if self.path == "-" else open(self.path, "rb")  # noqa: SIM115
         try:
-            position, carry = 0, b""  # carry: the start of a chunk, short of lines
-            while block := stream.read1(self.BLOCK_BYTES):  # type: ignore[attr-defined]
-                data = carry + block
-                ends = np.flatnonzero(np.frombuffer(data, dtype=np.uint8) == NEWLINE) + 1
-                start = 0
-                for cut in ends[self.lines - 1 :: self.lines].tolist():  # data starts a chunk
-                    self._starts.append(position)
-                    position += cut - start
-                    yield data[start:cut]
-                    start = cut
-                carry = data[start:]
-            if carry:
+            position = 0
+            while chunk := list(itertools.islice(stream, self.lines)):
                 self._starts.append(position)
-                yield carry
+                raw = b"".join(chunk)
+                position += len(raw)
+                yield raw
         finally:
             if stream is not sys.stdin.buffer:
                 stream.close()

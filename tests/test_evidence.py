@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 
 from pipeline.decode import decode_message
 from pipeline.evidence import fill, wanted
@@ -71,23 +69,6 @@ def test_jsonl_chunks_reread_what_they_yielded(tmp_path: Path) -> None:
     assert len(yielded) == 3
     assert [chunks.reread(n) for n in range(3)] == yielded
     assert chunks.reread(3) is None
-
-
-@pytest.mark.parametrize("block_bytes", [1, 7, 64, 4 * 1024 * 1024])
-def test_jsonl_chunks_are_whole_lines_whatever_the_read_size(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, block_bytes: int
-) -> None:
-    """Read in blocks, cut at every n-th newline: the same chunks as reading line by line,
-    including blank lines and a last line without its newline."""
-    rng = random.Random(block_bytes)
-    body = b"".join(b"x" * rng.randrange(0, 30) + b"\n" for _ in range(57)) + b'{"last": "no newline"}'
-    path = tmp_path / "logs.jsonl"
-    path.write_bytes(body)
-    monkeypatch.setattr(JsonlChunks, "BLOCK_BYTES", block_bytes)
-    chunks = JsonlChunks(str(path), lines=5)
-    lines = body.splitlines(keepends=True)
-    assert list(chunks) == [b"".join(lines[i : i + 5]) for i in range(0, len(lines), 5)]
-    assert [chunks.reread(n) for n in range(12)] == [b"".join(lines[i : i + 5]) for i in range(0, 60, 5)]
 
 
 def test_replay_from_a_file_and_from_memory_give_the_same_events(tmp_path: Path) -> None:
