@@ -240,6 +240,80 @@ def cmd_backtest_series(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scrape(args: argparse.Namespace) -> int:
+    """Scrape engine /metrics; canonical intervals to the scrapes topic, or to --out as JSONL."""
+    from pipeline.scraper import parse_duration
+
+    try:
+        interval_s, timeout_s = parse_duration(args.interval), parse_duration(args.timeout)
+    except ValueError as exc:
+        print(f"servewatch scrape: bad duration ({exc})", file=sys.stderr)
+        return 2
+    if args.out:  # no Kafka needed
+        return asyncio.run(_scrape(args, interval_s, timeout_s, None))
+    with _broker(_settings(args)) as settings:
+        return asyncio.run(_scrape(args, interval_s, timeout_s, settings))
+
+
+async def _scrape(args: argparse.Namespace, interval_s: float, timeout_s: float, settings: Settings | None) -> int:
+    import signal
+
+    import httpx
+
+    from pipeline import topics
+    from pipeline.kafka import ensure_topics, producer
+    from pipeline.scraper import Scrape, Scraper, run_scrapes
+    from schemas.engine_interval import EngineInterval
+
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    kafka = None
+    if settings is not None and settings.bootstrap is not None:
+        await ensure_topics(settings.bootstrap, settings.topic_partitions, (topics.SCRAPES,))
+        kafka = producer(settings.bootstrap)
+        await kafka.start()
+    record = open(args.record, "ab") if args.record else None  # noqa: SIM115 - closed below
+    out = None if not args.out else sys.stdout.buffer if args.out == "-" else open(args.out, "ab")  # noqa: SIM115
+    sent = 0
+    try:
+        async with httpx.AsyncClient() as client:
+            scraper = Scraper(args.target, client, timeout_s)
+
+            async def on_round(n: int, scrapes: list[Scrape], intervals: list[EngineInterval]) -> None:
+                nonlocal sent
+                for scrape in scrapes:
+                    if record is not None:
+                        record.write(orjson.dumps(scrape.to_record()) + b"\n")
+                for item in intervals:
+                    data = item.model_dump_json().encode()
+                    if out is not None:
+                        out.write(data + b"\n")
+                    if kafka is not None:
+                        await kafka.send(topics.SCRAPES, data, key=f"{item.instance}|{item.model}".encode())
+                sent += len(intervals)
+                for handle in (record, out):
+                    if handle is not None:
+                        handle.flush()
+                up = sum(health.up for health in scraper.health.values())
+                print(f"\rround {n}: {up}/{len(scraper.health)} targets up, {sent:,} intervals sent",
+                      end="", file=sys.stderr, flush=True)  # fmt: skip
+
+            rounds = await run_scrapes(scraper, interval_s, on_round, args.count, stop)
+    finally:
+        if kafka is not None:
+            await kafka.stop()
+        for handle in (record, out):
+            if handle is not None and handle is not sys.stdout.buffer:
+                handle.close()
+    print(file=sys.stderr)
+    print(f"{rounds:,} rounds, {sent:,} intervals", file=sys.stderr)
+    for health in scraper.health.values():
+        state = "up" if health.up else f"down ({health.last_error})"
+        print(f"  {health.url}: {state}, {health.scrapes:,} scrapes", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="servewatch", description="Streaming anomaly detection for LLM serving.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -262,6 +336,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", required=True, help="JSONL file of RequestLog records ('-' for stdin)")
     p.add_argument("--out", default="-", help="where to write AnomalyEvent JSONL (default stdout)")
     p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("scrape", help="scrape vLLM/SGLang /metrics into canonical per-model intervals")
+    p.add_argument("--target", action="append", required=True, help="metrics URL, e.g. http://10.0.0.7:8000/metrics "
+                   "(repeat for more)")  # fmt: skip
+    p.add_argument("--interval", default="10s", help="time between scrapes: 10s, 500ms, 1m (default 10s)")
+    p.add_argument("--timeout", default="5s", help="per-scrape timeout (default 5s)")
+    p.add_argument("--count", type=int, default=None, help="stop after this many rounds (default: until Ctrl-C)")
+    p.add_argument("--record", help="append every good scrape to this JSONL file (timestamp, instance, body)")
+    p.add_argument("--out", help="write intervals as JSONL here ('-' for stdout) instead of to Kafka")
+    p.add_argument("--broker", help="Kafka bootstrap host:port (default: SERVEWATCH_BROKER, else embedded)")
+    p.set_defaults(func=cmd_scrape)
 
     p = sub.add_parser(
         "backtest-series", help="score one exported series (timestamp,value[,load columns]) with a signal's model"

@@ -15,11 +15,12 @@ REQUESTS = "servewatch.requests"  # RequestLog JSON: one object, an array, or ND
 PARTIALS = "servewatch.partials"  # internal: closed windows' partials (models/wire.py), by segment
 ANOMALIES = "servewatch.anomalies"  # AnomalyEvent JSON, keyed by fingerprint
 DEADLETTER = "servewatch.deadletter"  # DeadLetter JSON
+SCRAPES = "servewatch.scrapes"  # EngineInterval JSON from `servewatch scrape`, keyed by instance|model
 #: Faust table of detector state per segment (JSON, ``SegmentDetectors.state``); its
 #: changelog topic is ``<app id>-servewatch-detector-state-changelog``, created by Faust.
 DETECTOR_STATE_TABLE = "servewatch-detector-state"
 
-ALL = (REQUESTS, PARTIALS, ANOMALIES, DEADLETTER)
+ALL = (REQUESTS, PARTIALS, ANOMALIES, DEADLETTER, SCRAPES)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,183 @@
+"""The scraper: health, failures and restarts, against httpx.MockTransport and a real loopback server."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from pipeline import topics
+from pipeline.broker import EmbeddedBroker
+from pipeline.cli import main
+from pipeline.kafka import read_topic
+from pipeline.scraper import IntervalTracker, Scraper, instance_of, parse_duration, run_scrapes
+from schemas.engine_interval import EngineInterval
+from tests.test_exposition import sglang, vllm_v1
+
+
+def vllm(requests: int, hits: float = 0.0) -> str:
+    """vLLM V1 text after ``requests`` requests of 1,000 prompt tokens each."""
+    return vllm_v1([0.05] * requests, prompt=1000.0 * requests, hits=hits, queries=1000.0 * requests, stops=requests)
+
+
+def test_urls_durations_and_instances() -> None:
+    assert instance_of("http://10.0.0.7:8000/metrics") == "10.0.0.7:8000"
+    assert instance_of("localhost:30000/metrics") == "localhost:30000"
+    assert instance_of("https://gpu-3.internal/metrics") == "gpu-3.internal:443"
+    assert [parse_duration(t) for t in ("10s", "500ms", "2m", "3")] == [10.0, 0.5, 120.0, 3.0]
+    with pytest.raises(ValueError):
+        parse_duration("soon")
+
+
+def test_tracker_needs_two_scrapes_and_keeps_the_last_good_one() -> None:
+    tracker = IntervalTracker()
+    assert tracker.feed("a:1", 0.0, vllm(10)) == []
+    with pytest.raises(ValueError):
+        tracker.feed("a:1", 5.0, "<html>502 Bad Gateway</html>")
+    [got] = tracker.feed("a:1", 10.0, vllm(30))
+    assert got.start == 0.0 and got.prompt_tokens_per_s == pytest.approx(2000.0)
+    assert tracker.feed("a:1", 10.0, vllm(40)) == []  # no time passed: nothing new
+
+
+async def test_every_kind_of_failure_marks_the_target_down_and_the_next_good_scrape_covers_the_gap() -> None:
+    refused, slow = httpx.ConnectError("refused"), httpx.ReadTimeout("slow")
+    replies: list[object] = [vllm(10), refused, httpx.Response(503), "garbage line", slow, vllm(50)]
+
+    def respond(request: httpx.Request) -> httpx.Response:
+        reply = replies.pop(0)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply if isinstance(reply, httpx.Response) else httpx.Response(200, text=str(reply))
+
+    clock = iter(float(t) for t in range(0, 100, 10))
+    async with httpx.AsyncClient(transport=httpx.MockTransport(respond)) as client:
+        scraper = Scraper(["http://10.0.0.7:8000/metrics"], client, timeout_s=1.0, clock=lambda: next(clock))
+        health = scraper.health["http://10.0.0.7:8000/metrics"]
+        errors = []
+        for _ in range(5):
+            await scraper.round()
+            errors.append(None if health.up else health.last_error)
+        assert errors[0] is None and health.failures == 4
+        assert "ConnectError" in errors[1] and "503" in errors[2]  # type: ignore[operator]
+        assert "not a Prometheus exposition" in errors[3] and "timed out" in errors[4]  # type: ignore[operator]
+        scrapes, [got] = await scraper.round()
+        assert health.up and health.failures == 0 and len(scrapes) == 1
+        assert (got.start, got.end) == (0.0, 50.0) and got.prompt_tokens_per_s == pytest.approx(40_000 / 50)
+
+
+class Metrics(BaseHTTPRequestHandler):
+    body = ""
+
+    def do_GET(self) -> None:  # the stdlib's name
+        data = self.body.encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[ThreadingHTTPServer]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def serve(port: int) -> ThreadingHTTPServer:
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), Metrics)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
+async def test_a_real_server_that_goes_down_and_comes_back_restarted() -> None:
+    """Loopback HTTP: traffic, the server goes away (down), comes back with its counters reset."""
+    httpd = serve(0)
+    port = httpd.server_address[1]
+    url = f"http://127.0.0.1:{port}/metrics"
+    timeline = []
+    async with httpx.AsyncClient() as client:
+        scraper = Scraper([url], client, timeout_s=2.0)
+        Metrics.body = vllm(10, hits=9_000)
+        await scraper.round()
+        Metrics.body = vllm(30, hits=27_000)
+        _, first = await scraper.round()
+        timeline.append(("up", first[0].prefix_cache_hit_rate, first[0].counter_reset))
+        httpd.shutdown()
+        httpd.server_close()
+        await scraper.round()
+        timeline.append(("down", scraper.health[url].up, scraper.health[url].failures))
+        httpd = serve(port)  # the engine restarted: its counters start again
+        try:
+            Metrics.body = vllm(5, hits=0)
+            _, back = await scraper.round()
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
+        timeline.append(("back", back[0].prefix_cache_hit_rate, back[0].counter_reset))
+    assert timeline == [("up", pytest.approx(0.9), False), ("down", False, 1), ("back", 0.0, True)]
+
+
+async def test_rounds_stop_when_asked(server: ThreadingHTTPServer) -> None:
+    Metrics.body = sglang(1_000, 100, 4)
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    stop = asyncio.Event()
+    seen: list[int] = []
+
+    def on_round(n: int, scrapes: object, intervals: object) -> None:
+        seen.append(n)
+        if n == 3:
+            stop.set()
+
+    async with httpx.AsyncClient() as client:
+        done = await run_scrapes(Scraper([url], client), 0.05, on_round, rounds=None, stop=stop)
+    assert done == 3 and seen == [1, 2, 3]
+
+
+def test_scrape_command_writes_intervals_and_a_replayable_record(server: ThreadingHTTPServer, tmp_path: Path) -> None:
+    Metrics.body = sglang(1_000, 100, 4)
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    out, record = tmp_path / "intervals.jsonl", tmp_path / "scrapes.jsonl"
+    code = main(["scrape", "--target", url, "--interval", "100ms", "--count", "3",
+                 "--out", str(out), "--record", str(record)])  # fmt: skip
+    assert code == 0
+    intervals = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    recorded = [orjson.loads(line) for line in record.read_bytes().splitlines()]
+    assert len(intervals) == 2 and {i["model"] for i in intervals} == {"qwen"}
+    assert len(recorded) == 3 and {r["instance"] for r in recorded} == {f"127.0.0.1:{server.server_address[1]}"}
+    tracker = IntervalTracker()  # the record replays into the same intervals
+    replayed = [i for r in recorded for i in tracker.feed(r["instance"], r["timestamp"], r["body"])]
+    assert [i.model_dump(mode="json") for i in replayed] == intervals
+
+
+@pytest.mark.integration
+def test_scrape_command_publishes_intervals_to_kafka(server: ThreadingHTTPServer, broker: EmbeddedBroker) -> None:
+    Metrics.body = vllm(10, hits=5_000)
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    assert main(["scrape", "--target", url, "--interval", "100ms", "--count", "3", "--broker", broker.bootstrap]) == 0
+
+    async def first_two() -> list[bytes]:
+        values: list[bytes] = []
+        async for value in read_topic(broker.bootstrap, topics.SCRAPES):
+            values.append(value)
+            if len(values) == 2:
+                return values
+        return values
+
+    values = asyncio.run(asyncio.wait_for(first_two(), timeout=30))
+    intervals = [EngineInterval.model_validate_json(v) for v in values]
+    assert {(i.model, i.engine, i.cache_config.get("enable_prefix_caching")) for i in intervals} == {
+        ("llama", "vllm", "False")
+    }
