@@ -75,11 +75,12 @@ class StageOne:
     def process(
         self, raw: bytes | None, source: Source, now: float | None = None, token: Any = None
     ) -> tuple[list[DeadLetter], list[WindowStats]]:
-        """Decode one message, fold its records in, return dead letters and closed partials.
+        """Decode one message, fold its records in (with the messages before it, once enough
+        are pending: ``fold_pending``), return dead letters and closed partials.
 
-        ``token`` (the Faust event) is handed back by ``safe_to_ack`` once every window the
-        message fed has been released, so offsets are committed only for records whose
-        partials are on their way: a crash replays the rest (at-least-once).
+        ``token`` (the Faust event) is handed back by ``safe_to_ack`` once the message was
+        folded and every window it fed has been released, so offsets are committed only for
+        records whose partials are on their way: a crash replays the rest (at-least-once).
         """
         decoded = decode_message(raw, source, self.settings.max_message_bytes)
         partition = source.partition or 0
