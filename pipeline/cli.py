@@ -242,12 +242,17 @@ def cmd_backtest_series(args: argparse.Namespace) -> int:
 
 def cmd_scrape(args: argparse.Namespace) -> int:
     """Scrape engine /metrics; canonical intervals to the scrapes topic, or to --out as JSONL."""
-    from pipeline.scraper import parse_duration
+    from pipeline.scraper import check_targets, parse_duration
 
     try:
         interval_s, timeout_s = parse_duration(args.interval), parse_duration(args.timeout)
     except ValueError as exc:
         print(f"servewatch scrape: bad duration ({exc})", file=sys.stderr)
+        return 2
+    try:
+        check_targets(args.target)
+    except ValueError as exc:
+        print(f"servewatch scrape: {exc}", file=sys.stderr)
         return 2
     if args.out:  # no Kafka needed
         return asyncio.run(_scrape(args, interval_s, timeout_s, None))

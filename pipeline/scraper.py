@@ -44,6 +44,19 @@ def parse_duration(text: str) -> float:
     return float(text)
 
 
+def check_targets(targets: Sequence[str]) -> None:
+    """Raise ``ValueError`` with a clear message for a missing or malformed target URL."""
+    if not targets:
+        raise ValueError("at least one --target is needed")
+    for url in targets:
+        try:
+            scheme = httpx.URL(url).scheme
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"target {url!r} is not a URL: {exc}") from None
+        if scheme not in ("http", "https"):
+            raise ValueError(f"target {url!r} needs http:// or https://")
+
+
 @dataclass
 class IntervalTracker:
     """Last good scrape per instance -> intervals as new scrapes arrive."""
@@ -94,8 +107,7 @@ class Scraper:
         timeout_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        if not targets:
-            raise ValueError("at least one --target is needed")
+        check_targets(targets)
         self.client, self.timeout_s, self.clock = client, timeout_s, clock
         self.health = {url: TargetHealth(url, instance_of(url)) for url in targets}
         self.tracker = IntervalTracker()

@@ -16,7 +16,7 @@ from pipeline import topics
 from pipeline.broker import EmbeddedBroker
 from pipeline.cli import main
 from pipeline.kafka import read_topic
-from pipeline.scraper import IntervalTracker, Scraper, instance_of, parse_duration, run_scrapes
+from pipeline.scraper import IntervalTracker, Scraper, check_targets, instance_of, parse_duration, run_scrapes
 from schemas.engine_interval import EngineInterval
 from tests.test_exposition import sglang, vllm_v1
 
@@ -33,6 +33,10 @@ def test_urls_durations_and_instances() -> None:
     assert [parse_duration(t) for t in ("10s", "500ms", "2m", "3")] == [10.0, 0.5, 120.0, 3.0]
     with pytest.raises(ValueError):
         parse_duration("soon")
+    for bad in ([], ["10.0.0.7:8000/metrics"], ["http://[::1/metrics"]):
+        with pytest.raises(ValueError):
+            check_targets(bad)
+    assert main(["scrape", "--target", "ftp://x/metrics", "--out", "-"]) == 2
 
 
 def test_tracker_needs_two_scrapes_and_keeps_the_last_good_one() -> None:
