@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
-from prometheus_client.parser import text_string_to_metric_families
 
 from pipeline.workload import Phase, Route, Workload
 
@@ -75,16 +73,6 @@ async def produce(bootstrap: str, topic: str, values: list[bytes], partitions: i
         await asyncio.gather(*pending)
     finally:
         await producer.stop()
-
-
-def metric(port: int, name: str) -> float:
-    """Sum of a metric's samples on the worker's /metrics page (0 when absent or unreachable)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as response:
-            text = response.read().decode()
-    except OSError:
-        return 0.0
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name)
 
 
 def peak_rss_kib(pid: int) -> int:

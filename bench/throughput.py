@@ -31,12 +31,13 @@ from aiokafka import AIOKafkaConsumer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import PEAK_RATE, encode, fleet_records, metric, peak_rss_kib, produce, wait_for
+from bench.common import PEAK_RATE, encode, fleet_records, peak_rss_kib, produce, wait_for
 from pipeline import topics
 from pipeline.broker import EmbeddedBroker, free_loopback_port
 from pipeline.cli import REPLAY_CHUNK_LINES
 from pipeline.demo import start_worker, stop_worker
 from pipeline.kafka import ensure_topics
+from pipeline.metrics import served_value
 from pipeline.replay import JsonlChunks, Replay
 from pipeline.tuning import tune_process
 
@@ -82,18 +83,18 @@ def worker_rate(bootstrap: str, expected: int) -> tuple[float, int, float]:
     }
     worker = start_worker(bootstrap, env)
     try:
-        wait_for(lambda: metric(port, "servewatch_records_total") > 0, timeout_s=60, poll_s=0.05)
-        started, first = time.time(), metric(port, "servewatch_records_total")
+        wait_for(lambda: served_value(port, "servewatch_records_total") > 0, timeout_s=60, poll_s=0.05)
+        started, first = time.time(), served_value(port, "servewatch_records_total")
         # Poll slowly while it works (a scrape costs the worker CPU); the worker stamps
         # the time of its last message itself.
-        wait_for(lambda: metric(port, "servewatch_records_total") >= expected, timeout_s=600, poll_s=0.5)
-        finished = metric(port, "servewatch_last_message_timestamp_seconds")
+        wait_for(lambda: served_value(port, "servewatch_records_total") >= expected, timeout_s=600, poll_s=0.5)
+        finished = served_value(port, "servewatch_last_message_timestamp_seconds")
         rate = (expected - first) / (finished - started)
         # Stage 2 keeps judging windows; wait until it is quiet (the last windows close on idle flush).
-        last, quiet_since = metric(port, "servewatch_windows_total"), time.time()
+        last, quiet_since = served_value(port, "servewatch_windows_total"), time.time()
         while time.time() - quiet_since < 3.0:
             time.sleep(0.2)
-            now = metric(port, "servewatch_windows_total")
+            now = served_value(port, "servewatch_windows_total")
             if now != last:
                 last, quiet_since = now, time.time()
         settled = max(quiet_since - finished, 0.0)

@@ -213,10 +213,6 @@ class WindowStats:
         raise AttributeError(name)
 
     # -- building (rows are folded in by ``models.open_window``) ----------------------
-    def note_source(self, partition: int, offset: int) -> None:
-        """Record that messages up to ``offset`` of ``partition`` are folded in (one range per partition)."""
-        self.sources = _add_range(self.sources, (partition, offset, offset))
-
     def merge(self, other: WindowStats) -> None:
         if (other.key, other.start) != (self.key, self.start):
             raise ValueError("can only merge partials of the same segment and window")

@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from schemas.engine_interval import EngineInterval, LatencySummary
 
@@ -78,6 +79,16 @@ class Histogram:
     buckets: dict[float, float] = field(default_factory=dict)
     total: float = 0.0
     count: float = 0.0
+
+    def add(self, sample: Sample) -> None:
+        """One ``_bucket``, ``_sum`` or ``_count`` sample of the family (engines add up)."""
+        if sample.name.endswith("_bucket"):
+            le = float(sample.labels["le"])  # '+Inf' parses as inf
+            self.buckets[le] = self.buckets.get(le, 0.0) + sample.value
+        elif sample.name.endswith("_sum"):
+            self.total += sample.value
+        elif sample.name.endswith("_count"):
+            self.count += sample.value
 
     def minus(self, earlier: Histogram) -> tuple[Histogram, bool]:
         """The change since ``earlier``; (self, True) when a count went down (a restart)."""
@@ -169,7 +180,7 @@ def parse(text: str, instance: str, timestamp: float) -> Snapshot:
                 figures.counters.pop(canonical, None)
                 gauge_parts.pop((model, canonical), None)
             if kind == "histogram":
-                _add_histogram_sample(figures.histograms.setdefault(canonical, Histogram()), sample.name, sample)
+                figures.histograms.setdefault(canonical, Histogram()).add(sample)
             elif kind == "counter":
                 figures.counters[canonical] = figures.counters.get(canonical, 0.0) + sample.value
             else:
@@ -181,17 +192,6 @@ def parse(text: str, instance: str, timestamp: float) -> Snapshot:
         values = parts.values()
         snapshot.models[model].gauges[canonical] = max(values) if canonical == "kv_cache_usage" else sum(values)
     return snapshot
-
-
-def _add_histogram_sample(histogram: Histogram, sample_name: str, sample: object) -> None:
-    value = float(sample.value)  # type: ignore[attr-defined]
-    if sample_name.endswith("_bucket"):
-        le = float(sample.labels["le"])  # type: ignore[attr-defined]  # '+Inf' parses as inf
-        histogram.buckets[le] = histogram.buckets.get(le, 0.0) + value
-    elif sample_name.endswith("_sum"):
-        histogram.total += value
-    elif sample_name.endswith("_count"):
-        histogram.count += value
 
 
 def interval(earlier: Snapshot, later: Snapshot) -> list[EngineInterval]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import urllib.request
+
 from prometheus_client import Counter, Gauge
+from prometheus_client.parser import text_string_to_metric_families
 
 RECORDS = Counter("servewatch_records", "Request logs accepted.")
 MESSAGES = Counter("servewatch_messages", "Kafka messages read from the requests topic.")
@@ -24,3 +27,14 @@ DISCARDED_STATES = Gauge(
 STATE_WRITE_FAILURES = Counter(
     "servewatch_state_write_failures", "Times storing detector state in the state table failed (events still sent)."
 )
+
+
+def served_value(port: int, name: str) -> float:
+    """Sum of a metric's samples on a worker's /metrics page on this host (0 when absent or
+    not up yet): how the benchmarks and integration tests watch a worker from outside."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as response:
+            text = response.read().decode()
+    except OSError:
+        return 0.0
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name)

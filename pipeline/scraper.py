@@ -114,36 +114,30 @@ class Scraper:
 
     async def round(self) -> tuple[list[Scrape], list[EngineInterval]]:
         """Scrape all targets; the good scrapes and the intervals they complete."""
-        results = await asyncio.gather(*(self._scrape(url) for url in self.health))
-        scrapes = [scrape for scrape in results if scrape is not None]
-        intervals: list[EngineInterval] = []
-        for scrape in scrapes:
-            health = self.health_of(scrape.instance)
-            try:
-                intervals.extend(self.tracker.feed(scrape.instance, scrape.timestamp, scrape.body))
-            except ValueError as exc:
-                self._failed(health, f"not a Prometheus exposition: {exc}")
-                continue
-            health.up, health.failures, health.last_success = True, 0, scrape.timestamp
-        return [s for s in scrapes if self.health_of(s.instance).up], intervals
+        results = await asyncio.gather(*(self._scrape(health) for health in self.health.values()))
+        scrapes = [scrape for scrape, _ in results if scrape is not None]
+        return scrapes, [interval for _, intervals in results for interval in intervals]
 
-    def health_of(self, instance: str) -> TargetHealth:
-        return next(h for h in self.health.values() if h.instance == instance)
-
-    async def _scrape(self, url: str) -> Scrape | None:
-        health = self.health[url]
+    async def _scrape(self, health: TargetHealth) -> tuple[Scrape | None, list[EngineInterval]]:
+        """One target: fetched and read, or marked down with the reason (keeping its last good scrape)."""
         health.scrapes += 1
         timestamp = self.clock()
         try:
-            response = await self.client.get(url, timeout=self.timeout_s)
+            response = await self.client.get(health.url, timeout=self.timeout_s)
             response.raise_for_status()
         except httpx.TimeoutException:
             self._failed(health, f"timed out after {self.timeout_s:g} s")
-            return None
+            return None, []
         except httpx.HTTPError as exc:
             self._failed(health, f"{type(exc).__name__}: {exc}")
-            return None
-        return Scrape(timestamp, health.instance, response.text)
+            return None, []
+        try:
+            intervals = self.tracker.feed(health.instance, timestamp, response.text)
+        except ValueError as exc:
+            self._failed(health, f"not a Prometheus exposition: {exc}")
+            return None, []
+        health.up, health.failures, health.last_success = True, 0, timestamp
+        return Scrape(timestamp, health.instance, response.text), intervals
 
     @staticmethod
     def _failed(health: TargetHealth, error: str) -> None:

@@ -18,6 +18,7 @@ from pipeline import topics
 from pipeline.broker import EmbeddedBroker
 from pipeline.demo import play, start_worker, stop_worker
 from pipeline.kafka import ensure_topics, producer, read_topic
+from pipeline.metrics import served_value
 from pipeline.workload import Phase, Workload
 from schemas.anomaly import AnomalyEvent, Signal
 from schemas.dead_letter import DeadLetter
@@ -118,20 +119,6 @@ def test_embedded_broker_starts_and_stops_cleanly() -> None:
     assert not second.running
 
 
-def worker_metric(port: int, name: str) -> float:
-    """A metric's value on a worker's /metrics page (0 when absent or not up yet)."""
-    import urllib.request
-
-    from prometheus_client.parser import text_string_to_metric_families
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as response:
-            text = response.read().decode()
-    except OSError:
-        return 0.0
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name)
-
-
 def wait_until(predicate: Callable[[], bool], timeout_s: float) -> None:
     import time
 
@@ -170,7 +157,7 @@ def restart_and_judge(broker: EmbeddedBroker) -> None:
     first = run_worker(first_port)
     try:
         asyncio.run(play(broker.bootstrap, normal, speed=100.0))
-        wait_until(lambda: worker_metric(first_port, "servewatch_windows_total") >= 150, timeout_s=60)
+        wait_until(lambda: served_value(first_port, "servewatch_windows_total") >= 150, timeout_s=60)
     finally:
         stop_worker(first)
 
@@ -185,7 +172,7 @@ def restart_and_judge(broker: EmbeddedBroker) -> None:
             return event if mine else None
 
         event = asyncio.run(first_matching(broker.bootstrap, topics.ANOMALIES, paging_ttft, timeout_s=90))
-        restored = worker_metric(second_port, "servewatch_restored_segments")
+        restored = served_value(second_port, "servewatch_restored_segments")
     finally:
         stop_worker(second)
     assert restored >= 4, "the second worker restored the segments' state"
