@@ -23,6 +23,10 @@ def normalise_reason(raw: str) -> str:
     return lowered if lowered in REASONS else FinishReason.OTHER.value
 
 
+#: Finish reasons as logged -> index in ``REASONS``, for every spelling met so far.
+_REASON_CODES: dict[str, int] = {}
+
+
 class RowBatch:
     """Validated rows plus the columns the hot path reads, each extracted once.
 
@@ -54,8 +58,30 @@ class RowBatch:
     def column(self, name: str) -> np.ndarray:
         values = self._columns.get(name)
         if values is None:
-            values = self._columns[name] = np.array(self.values(name), dtype=np.float64)
+            values = self._columns[name] = self._read_column(name)
         return values
+
+    def _read_column(self, name: str) -> np.ndarray:
+        if self._by_attribute:
+            # Straight from the rows in C, no list in between; a missing value (None) stops
+            # it, usually at the first row (the field is not logged), and the list path,
+            # which reads None as NaN, takes over.
+            try:
+                return np.fromiter(map(attrgetter(name), self.rows), dtype=np.float64, count=len(self.rows))
+            except TypeError:
+                pass
+        return np.array(self.values(name), dtype=np.float64)
+
+    def reason_codes(self) -> np.ndarray:
+        """Each row's finish reason as its index in ``REASONS`` (normalised, see ``normalise_reason``)."""
+        raw = self.values("finish_reason")
+        try:
+            return np.fromiter(map(_REASON_CODES.__getitem__, raw), dtype=np.intp, count=len(raw))
+        except KeyError:  # spellings not met before
+            if len(_REASON_CODES) > 10_000:  # bounded: engines and gateways spell a handful
+                _REASON_CODES.clear()
+            _REASON_CODES.update({value: REASONS.index(normalise_reason(value)) for value in set(raw)})
+            return np.fromiter(map(_REASON_CODES.__getitem__, raw), dtype=np.intp, count=len(raw))
 
     def inconsistent(self) -> np.ndarray:
         """Rows breaking the cross-field rules of ``RequestLog`` (NaN compares False: missing is fine)."""

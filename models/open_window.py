@@ -2,8 +2,8 @@
 
 An ``OpenWindow`` holds one window of a worker's input partitions: a row per segment seen in it,
 with that segment's counters, TTFT histogram and finish-reason counts as rows of 2-D
-arrays. ``fold_batch`` maps a batch's records to (window, row) and adds them with
-```np.add.at``, so its cost grows with the records, not with the segments they touch: with
+arrays. ``fold_batch`` maps a batch's records to (window, row) and adds them with one weighted
+``np.bincount`` per column, so its cost grows with the records, not with the segments they touch: with
 500 records spread over 100 segments per message, a Python loop per (segment, window)
 cost more than parsing the message. Python runs per segment only when a window closes
 (``partials``).
@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 
-from models.batch import RowBatch, normalise_reason
+from models.batch import RowBatch
 from models.segments import Segmenter, parse_key
 from models.signal_columns import DEFAULT_REASONING_MARKERS, PrefixMemory, signal_columns
 from models.sketch import bucket_indices
-from models.window import COLUMN_OF, REASONS, WindowBlock, WindowStats, pack_location
+from models.window import COLUMN_OF, REASONS, SUMS, WindowBlock, WindowStats, pack_location
 
 _ERROR_CODES = np.array([REASONS.index("error"), REASONS.index("abort")])
 _LABEL_DIMENSIONS = ("model", "route", "tenant", "instance", "engine")
@@ -159,20 +159,20 @@ def fold_batch(
     labels = {dim: batch.values(dim) for dim in _LABEL_DIMENSIONS if dim in segmenter.dimensions}
     segment_ids = segmenter.ids_for_columns(labels, prompt, completion)
 
-    raw_reasons = batch.values("finish_reason")
-    code_of = {raw: REASONS.index(normalise_reason(raw)) for raw in set(raw_reasons)}
-    reason_codes = np.array([code_of[raw] for raw in raw_reasons], dtype=np.intp)
+    reason_codes = batch.reason_codes()
     # Same rule as RequestLog.is_error: error/abort finish, or a 5xx status.
     errors = np.isin(reason_codes, _ERROR_CODES) | (batch.column("status_code") >= 500)
     reported = ~np.isnan(cached)
     cached_known = np.where(reported, cached, 0.0)
     has_ttft = ~np.isnan(ttft)
     uncached = prompt - cached_known
-    values = np.column_stack((  # the columns of SUMS, in order
-        np.ones(n), prompt, completion, cached_known, uncached, np.where(reported, prompt, 0.0),
-        errors, batch.column("e2e_s"), np.where(has_ttft, ttft, 0.0),
-        signal_columns(batch, completion, uncached, markers, prefixes),
-    ))  # fmt: skip
+    # The columns of SUMS per record ("requests" is a count; columns left out are zeros).
+    columns = {
+        "prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached_known,
+        "uncached_prompt_tokens": uncached, "cache_reported_prompt_tokens": np.where(reported, prompt, 0.0),
+        "errors": errors, "e2e_sum": batch.column("e2e_s"), "ttft_sum": np.where(has_ttft, ttft, 0.0),
+        **signal_columns(batch, completion, uncached, markers, prefixes),
+    }  # fmt: skip
     buckets = bucket_indices(ttft)
     # Where each record came from, for evidence: (partition, message offset, position in it).
     partitions = np.broadcast_to(np.asarray(partition, dtype=np.int64), n)
@@ -190,7 +190,7 @@ def fold_batch(
         if window is None:
             window = into[start] = OpenWindow(start, window_s, evidence_k, capacity=rows_hint)
         _fold_into(
-            window, batch, picked, segment_ids, values, buckets, reason_codes, ttft, has_ttft, partitions, offsets
+            window, batch, picked, segment_ids, columns, buckets, reason_codes, ttft, has_ttft, partitions, offsets
         )
         touched.append(window)
     return touched
@@ -201,7 +201,7 @@ def _fold_into(
     batch: RowBatch,
     picked: Any,
     segment_ids: np.ndarray,
-    values: np.ndarray,
+    columns: dict[str, np.ndarray],
     buckets: np.ndarray,
     reason_codes: np.ndarray,
     ttft: np.ndarray,
@@ -211,22 +211,25 @@ def _fold_into(
 ) -> None:
     rows = window.rows_for(segment_ids[picked])
     block = window.block
-    # Sums per row: sort by row and add runs with one reduceat; np.add.at over a table of
-    # 30 columns was the most expensive call of a fold.
-    order = np.argsort(rows, kind="stable")
-    sorted_rows = rows[order]
-    first_of_run = np.concatenate(([True], sorted_rows[1:] != sorted_rows[:-1]))
-    starts = np.flatnonzero(first_of_run)
-    touched = sorted_rows[starts]
-    block.sums[touched] += np.add.reduceat(values[picked][order], starts, axis=0)
+    # Each record's slot among the rows this fold touches, without a sort: a sort of the
+    # records, or np.add.at into a table of 33 columns, cost more than all the adding.
+    present = np.zeros(len(window), dtype=bool)
+    present[rows] = True
+    touched = np.flatnonzero(present)
+    slot = (np.cumsum(present) - 1)[rows]
+    n_touched = len(touched)
+    # Sums per row: one weighted bincount per column (a pass over the records each).
+    added = np.zeros((len(SUMS), n_touched))
+    added[COLUMN_OF["requests"]] = np.bincount(slot, minlength=n_touched)
+    for name, values in columns.items():
+        added[COLUMN_OF[name]] = np.bincount(slot, weights=values[picked], minlength=n_touched)
+    block.sums[touched] += added.T
     block.fit(int(block.sums[touched, 0].max()))
     # Counts per (row, code) by one bincount over the touched rows' slots: np.add.at cost
     # ~0.1 µs per record and cell, the fold's largest cost after the sums.
-    slot = np.empty(len(rows), dtype=np.intp)
-    slot[order] = np.cumsum(first_of_run) - 1
-    block.reasons[touched] += _counts(slot, reason_codes[picked], len(touched), block.reasons)
+    block.reasons[touched] += _counts(slot, reason_codes[picked], n_touched, block.reasons)
     timed = has_ttft[picked]
-    block.hist[touched] += _counts(slot[timed], buckets[picked][timed], len(touched), block.hist)
+    block.hist[touched] += _counts(slot[timed], buckets[picked][timed], n_touched, block.hist)
     if window.evidence_k <= 0:
         return
     # Evidence: requests slower than their row's slowest-but-k-th kept one (-inf while fewer

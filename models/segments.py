@@ -57,6 +57,62 @@ def parse_key(key: str) -> dict[str, str]:
     return labels
 
 
+#: Largest lookup table of label combinations ``Segmenter.ids_for_columns`` keeps (8 bytes
+#: an entry); fleets with more distinct label combinations take the per-row path.
+_LOOKUP_MAX = 1 << 17
+
+
+class LabelCodes:
+    """Stable small integer codes for the values of each label dimension, kept across batches.
+
+    A column becomes codes with one dict probe per value in C (``map``); Python runs only
+    for values never seen before. Bounded: when a dimension has seen ``max_values`` distinct
+    values (a request id sneaking into a label), every dimension starts over, in a new
+    ``generation``: ``Segmenter``'s lookup table is keyed by it and by the radices.
+
+    >>> codes = LabelCodes(2)
+    >>> [c.tolist() for c in codes.encode([["m", "n", "m"], ["chat", None, "chat"]])]
+    [[0, 1, 0], [0, 1, 0]]
+    >>> codes.radices, codes.values_of([1, 0])
+    ((2, 2), ['n', 'chat'])
+    """
+
+    __slots__ = ("_codes", "_values", "generation", "max_values")
+
+    def __init__(self, dimensions: int, max_values: int = 65_536) -> None:
+        self.max_values = max_values
+        self.generation = 0  # how many times the codes started over: codes of another generation differ
+        self._codes: list[dict[Any, int]] = [{} for _ in range(dimensions)]
+        self._values: list[list[Any]] = [[] for _ in range(dimensions)]
+
+    @property
+    def radices(self) -> tuple[int, ...]:
+        """Distinct values seen per dimension (at least 1, so a mixed code is well defined)."""
+        return tuple(max(len(values), 1) for values in self._values)
+
+    def encode(self, columns: Sequence[Sequence[Any]]) -> list[np.ndarray]:
+        """One int64 code column per label column."""
+        if any(len(values) > self.max_values for values in self._values):
+            for code_of, values in zip(self._codes, self._values, strict=True):
+                code_of.clear()
+                values.clear()
+            self.generation += 1
+        out = []
+        for code_of, values, column in zip(self._codes, self._values, columns, strict=True):
+            try:
+                out.append(np.fromiter(map(code_of.__getitem__, column), np.int64, count=len(column)))
+            except KeyError:  # new values: learn them in order of first sight, then encode
+                for value in dict.fromkeys(column):
+                    if value not in code_of:
+                        code_of[value] = len(values)
+                        values.append(value)
+                out.append(np.fromiter(map(code_of.__getitem__, column), np.int64, count=len(column)))
+        return out
+
+    def values_of(self, codes: Sequence[int]) -> list[Any]:
+        return [values[code] for values, code in zip(self._values, codes, strict=True)]
+
+
 @dataclass
 class Segmenter:
     """Maps a request's labels and token counts to a bounded set of segment keys.
@@ -81,6 +137,9 @@ class Segmenter:
     _prompt_labels: list[str] = field(default_factory=list, init=False, repr=False)
     _output_labels: list[str] = field(default_factory=list, init=False, repr=False)
     _combo_ids: dict[tuple[Any, ...], int] = field(default_factory=dict, init=False, repr=False)
+    _label_codes: LabelCodes = field(init=False, repr=False)
+    _lookup: np.ndarray = field(init=False, repr=False)  # mixed label and band codes -> segment id (-1: unknown)
+    _lookup_of: tuple[int, tuple[int, ...]] = field(default=(0, ()), init=False, repr=False)  # codes it was built on
     _prompt_edges: np.ndarray = field(init=False, repr=False)
     _output_edges: np.ndarray = field(init=False, repr=False)
     overflowed: int = field(default=0, init=False)
@@ -95,6 +154,8 @@ class Segmenter:
         self._output_labels = band_labels(self.output_band_edges)
         self._prompt_edges = np.asarray(self.prompt_band_edges)
         self._output_edges = np.asarray(self.output_band_edges)
+        self._label_codes = LabelCodes(sum(d not in ("prompt_band", "output_band") for d in self.dimensions))
+        self._lookup = np.full(0, -1, dtype=np.int64)
 
     def key_for(
         self,
@@ -145,39 +206,56 @@ class Segmenter:
         """Vectorised ``key_for``: the segment id of each row (``keys[id]`` is its key).
 
         ``labels`` holds one column (a value per row, None when missing) per label dimension.
-        Bands come from ``searchsorted``; labels become integer codes per column, mixed into
-        one integer per row, so Python runs per distinct combination, not per row. Ids are
-        stable for the segmenter's lifetime, so callers can index tables by them.
+        Bands come from ``searchsorted``; labels become stable integer codes per dimension
+        (``LabelCodes``), mixed into one integer per row, which a lookup table kept across
+        batches maps to its segment id: Python runs per new combination, not per row or batch.
+        Ids are stable for the segmenter's lifetime, so callers can index tables by them.
         """
         prompt_band = np.searchsorted(self._prompt_edges, prompt, side="right")
         output_band = np.searchsorted(self._output_edges, output, side="right")
         label_dims = [d for d in self.dimensions if d not in ("prompt_band", "output_band")]
-        # Each column to small integer codes (one dict probe per value, in C via map), a row's
-        # codes mixed into one integer, and Python work only per distinct combination.
-        n = len(prompt_band)
-        columns = [list(labels[dim]) for dim in label_dims]
-        distincts = [list(dict.fromkeys(column)) for column in columns]
-        radices = [len(d) for d in distincts] + [len(self._prompt_edges) + 1, len(self._output_edges) + 1]
-        if math.prod(radices) >= 2**62:  # would overflow int64: one tuple per row instead
-            rows = zip(*columns, prompt_band.tolist(), output_band.tolist(), strict=True)
-            local: dict[tuple[Any, ...], int] = {}
-            codes = np.array([local.setdefault(row, len(local)) for row in rows], dtype=np.int64)
-            ids = np.array([self._id_for_combo(label_dims, combo) for combo in local], dtype=np.int64)[codes]
+        codes = self._label_codes.encode([labels[dim] for dim in label_dims])
+        radices = (*self._label_codes.radices, len(self._prompt_edges) + 1, len(self._output_edges) + 1)
+        if math.prod(radices) > _LOOKUP_MAX:  # too many combinations for a table: per distinct row
+            ids = self._ids_by_rows(label_dims, codes, prompt_band, output_band)
         else:
-            mixed = np.zeros(n, dtype=np.int64)
-            for column, distinct in zip(columns, distincts, strict=True):
-                code_of = {value: code for code, value in enumerate(distinct)}
-                mixed = mixed * len(distinct) + np.fromiter(map(code_of.__getitem__, column), np.int64, count=n)
+            mixed = np.zeros(len(prompt_band), dtype=np.int64)
+            for column, radix in zip(codes, radices[:-2], strict=True):
+                mixed = mixed * radix + column
             mixed = (mixed * radices[-2] + prompt_band) * radices[-1] + output_band
-            _, first, inverse = np.unique(mixed, return_index=True, return_inverse=True)
-            combos = [
-                (*(column[row] for column in columns), int(prompt_band[row]), int(output_band[row]))
-                for row in first.tolist()
-            ]
-            ids = np.array([self._id_for_combo(label_dims, c) for c in combos], dtype=np.int64)[inverse.ravel()]
+            if self._lookup_of != (self._label_codes.generation, radices):  # new label values: a new table
+                self._lookup = np.full(math.prod(radices), -1, dtype=np.int64)
+                self._lookup_of = (self._label_codes.generation, radices)
+            ids = self._lookup[mixed]
+            unknown = ids < 0
+            if unknown.any():
+                for code in np.unique(mixed[unknown]).tolist():
+                    self._lookup[code] = self._id_for_combo(label_dims, self._combo_of(code, radices))
+                ids = self._lookup[mixed]
         if self._overflow_id is not None:
             self.overflowed += int(np.count_nonzero(ids == self._overflow_id))
         return ids
+
+    def _combo_of(self, mixed: int, radices: tuple[int, ...]) -> tuple[Any, ...]:
+        """The (labels..., prompt band, output band) a mixed code stands for."""
+        digits = []
+        for radix in reversed(radices):
+            mixed, digit = divmod(mixed, radix)
+            digits.append(digit)
+        digits.reverse()
+        return (*self._label_codes.values_of(digits[:-2]), digits[-2], digits[-1])
+
+    def _ids_by_rows(
+        self, label_dims: list[str], codes: list[np.ndarray], prompt_band: np.ndarray, output_band: np.ndarray
+    ) -> np.ndarray:
+        """``ids_for_columns`` without a lookup table: one combination per distinct row."""
+        rows = np.column_stack((*codes, prompt_band, output_band))
+        distinct, inverse = np.unique(rows, axis=0, return_inverse=True)
+        ids = [
+            self._id_for_combo(label_dims, (*self._label_codes.values_of(row[:-2]), row[-2], row[-1]))
+            for row in distinct.tolist()
+        ]
+        return np.array(ids, dtype=np.int64)[inverse.ravel()]
 
     def _id_for_combo(self, label_dims: list[str], combo: tuple[Any, ...]) -> int:
         cached = self._combo_ids.get(combo)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from models.batch import RowBatch
-from models.window import LOG_FLOOR_S, SUMS, log_seconds
+from models.window import LOG_FLOOR_S, PHASES, SUMS, log_seconds
 
 #: What reasoning models print between their reasoning and their answer. Seen in the
 #: answer text, it means the engine's reasoning parser did not split the output.
@@ -92,43 +92,48 @@ def signal_columns(
     uncached: np.ndarray,
     markers: Sequence[str] = DEFAULT_REASONING_MARKERS,
     prefixes: PrefixMemory | None = None,
-) -> np.ndarray:
-    """An (n, len(COLUMNS)) table for ``batch``: the figures of ``COLUMNS`` per record."""
+) -> dict[str, np.ndarray]:
+    """The figures of ``COLUMNS`` per record of ``batch``, a column each; a column left out is
+    all zeros (e.g. no answer text or prefix hash logged), so folding can skip it."""
     n = len(batch)
-    reported, leaks, empty = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
+    out: dict[str, np.ndarray] = {}
     contents: list[Any] = batch.values("content")
     reasonings: list[Any] = batch.values("reasoning_content")
     # Most fleets log no answer text: then this is two C-level counts, not a loop.
     if contents.count(None) < n or reasonings.count(None) < n:
+        reported, leaks, empty = np.zeros(n, dtype=bool), np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
         for i, (content, reasoning) in enumerate(zip(contents, reasonings, strict=True)):
             if content is None and reasoning is None:
                 continue
             reported[i] = True
             leaks[i] = leaked(content, markers)
             empty[i] = bool(reasoning and reasoning.strip()) and not (content and content.strip())
+        out.update(content_reported=reported, reasoning_leaks=leaks, empty_answers=empty)
     hashes: list[Any] = batch.values("prefix_hash")
     missing = hashes.count(None)
-    hashed = np.ones(n, dtype=bool) if missing == 0 else np.array([value is not None for value in hashes], dtype=bool)
-    shared = np.zeros(n, dtype=bool)
-    if prefixes is not None and missing < n:
-        shared = prefixes.seen_before(hashes)
-    out = np.zeros((n, len(COLUMNS)))
-    out[:, 0], out[:, 1], out[:, 2], out[:, 3], out[:, 4] = reported, leaks, empty, hashed, shared
+    if missing < n:
+        out["prefix_reported"] = (
+            np.ones(n, dtype=bool) if missing == 0 else np.array([value is not None for value in hashes], dtype=bool)
+        )
+        if prefixes is not None:
+            out["prefix_shared"] = prefixes.seen_before(hashes)
     queue, prefill, decode = batch.column("queue_s"), batch.column("prefill_s"), batch.column("decode_s")
     decode_tokens = np.maximum(completion - 1.0, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         itl = decode / decode_tokens  # NaN or inf where there is no decode to speak of
     itl[decode_tokens <= 0] = np.nan
-    column = 5
-    for seconds in (queue, prefill, itl, batch.column("e2e_s")):
+    for phase, seconds in zip(PHASES, (queue, prefill, itl, batch.column("e2e_s")), strict=True):
         known = ~np.isnan(seconds)
+        if not known.any():
+            continue
         logs = log_seconds(np.where(known, seconds, LOG_FLOOR_S))  # 0 where unknown
-        out[:, column], out[:, column + 1], out[:, column + 2] = known, logs, logs * logs
-        column += 3
+        out[f"{phase}_n"], out[f"{phase}_log"], out[f"{phase}_log2"] = known, logs, logs * logs
     timed_decode = ~np.isnan(decode) & (decode_tokens > 0)
+    if timed_decode.any():
+        out["decode_tokens"] = np.where(timed_decode, decode_tokens, 0.0)
+        out["decode_s"] = np.where(timed_decode, decode, 0.0)
     timed_prefill = ~np.isnan(prefill)
-    out[:, column] = np.where(timed_decode, decode_tokens, 0.0)
-    out[:, column + 1] = np.where(timed_decode, decode, 0.0)
-    out[:, column + 2] = np.where(timed_prefill, uncached, 0.0)
-    out[:, column + 3] = np.where(timed_prefill, prefill, 0.0)
+    if timed_prefill.any():
+        out["prefill_tokens"] = np.where(timed_prefill, uncached, 0.0)
+        out["prefill_s"] = np.where(timed_prefill, prefill, 0.0)
     return out

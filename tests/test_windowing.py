@@ -301,3 +301,29 @@ def test_vectorised_segment_ids_match_keys_row_by_row(rows: int) -> None:
             prompt_tokens=int(prompt[row]), output_tokens=int(output[row]),
         )  # fmt: skip
         assert seg.keys[ids[row]] == expected
+
+
+def test_segment_ids_stay_right_across_batches_as_label_values_arrive_and_codes_start_over() -> None:
+    """The lookup table of label combinations is kept between batches: it must follow new
+    label values (new radices) and a start-over of the label codes (a new generation)."""
+    rng = random.Random(5)
+    seg, reference = Segmenter(max_segments=10_000), Segmenter(max_segments=10_000)
+    seg._label_codes.max_values = 8  # start over often
+    generations = set()
+    for batch in range(40):
+        n = 50
+        labels = {
+            "model": [f"m{rng.randrange(batch // 4 + 1)}" for _ in range(n)],
+            "route": [rng.choice(["chat", "rag", None, f"r{batch % 5}"]) for _ in range(n)],
+        }
+        prompt = np.array([rng.choice([10, 5000, 40000]) for _ in range(n)])
+        output = np.array([rng.choice([10, 2000]) for _ in range(n)])
+        ids = seg.ids_for_columns(labels, prompt, output)
+        generations.add(seg._label_codes.generation)
+        expected = [
+            reference.key_for(model=labels["model"][i], route=labels["route"][i],
+                              prompt_tokens=int(prompt[i]), output_tokens=int(output[i]))
+            for i in range(n)
+        ]  # fmt: skip
+        assert [seg.keys[i] for i in ids] == expected
+    assert len(generations) > 1
