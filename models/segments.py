@@ -57,9 +57,9 @@ def parse_key(key: str) -> dict[str, str]:
     return labels
 
 
-#: Largest lookup table of label combinations ``Segmenter.ids_for_columns`` keeps (8 bytes
+#: Largest lookup table of label combinations ``Segmenter.ids_for_columns`` keeps (4 bytes
 #: an entry); fleets with more distinct label combinations take the per-row path.
-_LOOKUP_MAX = 1 << 17
+_LOOKUP_MAX = 1 << 20
 
 
 class LabelCodes:
@@ -68,12 +68,12 @@ class LabelCodes:
     A column becomes codes with one dict probe per value in C (``map``); Python runs only
     for values never seen before. Bounded: when a dimension has seen ``max_values`` distinct
     values (a request id sneaking into a label), every dimension starts over, in a new
-    ``generation``: ``Segmenter``'s lookup table is keyed by it and by the radices.
+    ``generation``: ``Segmenter``'s lookup table is keyed by it.
 
     >>> codes = LabelCodes(2)
     >>> [c.tolist() for c in codes.encode([["m", "n", "m"], ["chat", None, "chat"]])]
     [[0, 1, 0], [0, 1, 0]]
-    >>> codes.radices, codes.values_of([1, 0])
+    >>> codes.counts, codes.values_of([1, 0])
     ((2, 2), ['n', 'chat'])
     """
 
@@ -86,9 +86,9 @@ class LabelCodes:
         self._values: list[list[Any]] = [[] for _ in range(dimensions)]
 
     @property
-    def radices(self) -> tuple[int, ...]:
-        """Distinct values seen per dimension (at least 1, so a mixed code is well defined)."""
-        return tuple(max(len(values), 1) for values in self._values)
+    def counts(self) -> tuple[int, ...]:
+        """Distinct values seen per dimension."""
+        return tuple(len(values) for values in self._values)
 
     def encode(self, columns: Sequence[Sequence[Any]]) -> list[np.ndarray]:
         """One int64 code column per label column."""
@@ -104,6 +104,8 @@ class LabelCodes:
             except KeyError:  # new values: learn them in order of first sight, then encode
                 for value in dict.fromkeys(column):
                     if value not in code_of:
+                        # Interned: the segment keys and detectors share the label strings.
+                        value = sys.intern(value) if type(value) is str else value
                         code_of[value] = len(values)
                         values.append(value)
                 out.append(np.fromiter(map(code_of.__getitem__, column), np.int64, count=len(column)))
@@ -136,10 +138,12 @@ class Segmenter:
     _overflow_id: int | None = field(default=None, init=False, repr=False)
     _prompt_labels: list[str] = field(default_factory=list, init=False, repr=False)
     _output_labels: list[str] = field(default_factory=list, init=False, repr=False)
-    _combo_ids: dict[tuple[Any, ...], int] = field(default_factory=dict, init=False, repr=False)
     _label_codes: LabelCodes = field(init=False, repr=False)
     _lookup: np.ndarray = field(init=False, repr=False)  # mixed label and band codes -> segment id (-1: unknown)
     _lookup_of: tuple[int, tuple[int, ...]] = field(default=(0, ()), init=False, repr=False)  # codes it was built on
+    # Without a table (too many label combinations): segment id per row of codes, one generation's.
+    _row_ids: dict[tuple[int, ...], int] = field(default_factory=dict, init=False, repr=False)
+    _row_ids_generation: int = field(default=0, init=False, repr=False)
     _prompt_edges: np.ndarray = field(init=False, repr=False)
     _output_edges: np.ndarray = field(init=False, repr=False)
     overflowed: int = field(default=0, init=False)
@@ -155,7 +159,7 @@ class Segmenter:
         self._prompt_edges = np.asarray(self.prompt_band_edges)
         self._output_edges = np.asarray(self.output_band_edges)
         self._label_codes = LabelCodes(sum(d not in ("prompt_band", "output_band") for d in self.dimensions))
-        self._lookup = np.full(0, -1, dtype=np.int64)
+        self._lookup = np.full(0, -1, dtype=np.int32)
 
     def key_for(
         self,
@@ -215,7 +219,13 @@ class Segmenter:
         output_band = np.searchsorted(self._output_edges, output, side="right")
         label_dims = [d for d in self.dimensions if d not in ("prompt_band", "output_band")]
         codes = self._label_codes.encode([labels[dim] for dim in label_dims])
-        radices = (*self._label_codes.radices, len(self._prompt_edges) + 1, len(self._output_edges) + 1)
+        # Room for twice the label values seen so far (powers of two), so that the table
+        # survives new values until a dimension doubles.
+        radices = (
+            *(1 << (2 * count - 1).bit_length() for count in self._label_codes.counts),
+            len(self._prompt_edges) + 1,
+            len(self._output_edges) + 1,
+        )
         if math.prod(radices) > _LOOKUP_MAX:  # too many combinations for a table: per distinct row
             ids = self._ids_by_rows(label_dims, codes, prompt_band, output_band)
         else:
@@ -223,45 +233,50 @@ class Segmenter:
             for column, radix in zip(codes, radices[:-2], strict=True):
                 mixed = mixed * radix + column
             mixed = (mixed * radices[-2] + prompt_band) * radices[-1] + output_band
-            if self._lookup_of != (self._label_codes.generation, radices):  # new label values: a new table
-                self._lookup = np.full(math.prod(radices), -1, dtype=np.int64)
-                self._lookup_of = (self._label_codes.generation, radices)
+            built_on = (self._label_codes.generation, radices)
+            if self._lookup_of != built_on:
+                self._lookup = np.full(math.prod(radices), -1, dtype=np.int32)
+                self._lookup_of = built_on
             ids = self._lookup[mixed]
             unknown = ids < 0
             if unknown.any():
                 for code in np.unique(mixed[unknown]).tolist():
-                    self._lookup[code] = self._id_for_combo(label_dims, self._combo_of(code, radices))
+                    self._lookup[code] = self._id_for(label_dims, self._digits(code, radices))
                 ids = self._lookup[mixed]
         if self._overflow_id is not None:
             self.overflowed += int(np.count_nonzero(ids == self._overflow_id))
         return ids
 
-    def _combo_of(self, mixed: int, radices: tuple[int, ...]) -> tuple[Any, ...]:
-        """The (labels..., prompt band, output band) a mixed code stands for."""
+    @staticmethod
+    def _digits(mixed: int, radices: tuple[int, ...]) -> tuple[int, ...]:
+        """The (label codes..., prompt band, output band) a mixed code stands for."""
         digits = []
         for radix in reversed(radices):
             mixed, digit = divmod(mixed, radix)
             digits.append(digit)
-        digits.reverse()
-        return (*self._label_codes.values_of(digits[:-2]), digits[-2], digits[-1])
+        return tuple(reversed(digits))
 
     def _ids_by_rows(
         self, label_dims: list[str], codes: list[np.ndarray], prompt_band: np.ndarray, output_band: np.ndarray
     ) -> np.ndarray:
-        """``ids_for_columns`` without a lookup table: one combination per distinct row."""
-        rows = np.column_stack((*codes, prompt_band, output_band))
-        distinct, inverse = np.unique(rows, axis=0, return_inverse=True)
-        ids = [
-            self._id_for_combo(label_dims, (*self._label_codes.values_of(row[:-2]), row[-2], row[-1]))
-            for row in distinct.tolist()
-        ]
+        """``ids_for_columns`` without a lookup table: a dict probe per distinct row."""
+        if self._row_ids_generation != self._label_codes.generation:
+            self._row_ids.clear()
+            self._row_ids_generation = self._label_codes.generation
+        distinct, inverse = np.unique(np.column_stack((*codes, prompt_band, output_band)), axis=0, return_inverse=True)
+        ids = []
+        for row in map(tuple, distinct.tolist()):
+            found = self._row_ids.get(row)
+            if found is None:
+                found = self._id_for(label_dims, row)
+                if len(self._row_ids) < 4 * self.max_segments:  # bounded: a few combinations per segment
+                    self._row_ids[row] = found
+            ids.append(found)
         return np.array(ids, dtype=np.int64)[inverse.ravel()]
 
-    def _id_for_combo(self, label_dims: list[str], combo: tuple[Any, ...]) -> int:
-        cached = self._combo_ids.get(combo)
-        if cached is not None:
-            return cached
-        labels = dict(zip(label_dims, combo[:-2], strict=True))
+    def _id_for(self, label_dims: list[str], digits: tuple[int, ...]) -> int:
+        """The segment id of one combination of label codes and bands (``key_for``'s)."""
+        labels = dict(zip(label_dims, self._label_codes.values_of(digits[:-2]), strict=True))
         overflowed = self.overflowed
         key = self.key_for(
             model=_clean(labels.get("model")) or UNSET,
@@ -269,17 +284,11 @@ class Segmenter:
             tenant=_clean(labels.get("tenant")),
             instance=_clean(labels.get("instance")),
             engine=_clean(labels.get("engine")),
-            prompt_tokens=self._band_floor(self.prompt_band_edges, combo[-2]),
-            output_tokens=self._band_floor(self.output_band_edges, combo[-1]),
+            prompt_tokens=self._band_floor(self.prompt_band_edges, digits[-2]),
+            output_tokens=self._band_floor(self.output_band_edges, digits[-1]),
         )
         self.overflowed = overflowed  # counted per row by the caller
-        segment_id = self._ids[key]
-        if key != OVERFLOW_KEY and len(self._combo_ids) < 4 * self.max_segments:
-            # Bounded: never more combos than a few per segment. Interned, so the model
-            # name a thousand segments share is one string, not a copy per segment.
-            combo = tuple(sys.intern(v) if isinstance(v, str) else v for v in combo)
-            self._combo_ids[combo] = segment_id
-        return segment_id
+        return self._ids[key]
 
     @staticmethod
     def _band_floor(edges: tuple[int, ...], band: int) -> int:
