@@ -17,11 +17,12 @@ Here: a segment's detectors and the bank of all segments. One signal's judgement
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from array import array
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from models.hints import Baseline, latency_hints, signal_hints
@@ -42,8 +43,48 @@ LOAD_MEMORY = 2
 STATE_VERSION = 1
 
 
-def _finite_or_none(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Which signals' models a segment's buffer holds, and where each one's numbers start.
+
+    Segments whose signals showed up in the same order share one (``extended`` is cached),
+    so a segment pays a reference for it, not a dict of models.
+    """
+
+    signals: tuple[Signal, ...] = ()
+    offsets: tuple[int, ...] = ()
+    size: int = 0
+
+    def offset(self, signal: Signal) -> int | None:
+        for known, at in zip(self.signals, self.offsets, strict=True):
+            if known is signal:
+                return at
+        return None
+
+    def extended(self, signal: Signal, size: int) -> Layout:
+        return _extended(self, signal, size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _extended(layout: Layout, signal: Signal, size: int) -> Layout:
+    return Layout((*layout.signals, signal), (*layout.offsets, layout.size), layout.size + size)
+
+
+#: A segment's buffer starts with its recent model load (``LOAD_MEMORY`` runs of window
+#: end and ``MODEL_FIGURES``; an end of -inf is an empty run), then its ``Baseline``; its
+#: models' numbers follow, where its ``Layout`` says.
+_LOAD_RUN = 1 + len(MODEL_FIGURES)
+_USUAL_AT = LOAD_MEMORY * _LOAD_RUN
+_NO_LOAD = [-math.inf] + [0.0] * len(MODEL_FIGURES)
+_BASELINE = Baseline()
+_FRESH = array("d", _NO_LOAD * LOAD_MEMORY + _BASELINE.numbers)
+_NO_MODELS = Layout(size=len(_FRESH))
+
+
+@functools.lru_cache(maxsize=256)
+def _template(signal: Signal, grace_windows: int) -> Any:
+    """A model of ``signal`` whose constructor arguments every segment's views share."""
+    return BY_SIGNAL[signal].build(grace_windows)
 
 
 @dataclass(slots=True)
@@ -52,28 +93,48 @@ class SegmentDetectors:
 
     key: str
     config: DetectorConfig = field(default_factory=DetectorConfig)
-    models: dict[Signal, Any] = field(default_factory=dict)
+    # Recent load, the baseline and every model's learned numbers, one after another
+    # (``_FRESH``, ``models.compact``); models are made as views when a window is judged.
+    # The load is kept for ``LOAD_MEMORY`` windows: a request finishing now was queued and
+    # prefilled up to a few windows ago, under the load of then; judged against the load of
+    # now alone, the end of a surge looks like a fault.
+    numbers: array[float] = field(default_factory=lambda: array("d", _FRESH))
+    layout: Layout = _NO_MODELS
     # Signals with an incident in progress or a run of anomalous windows: few at any time,
     # so their lifecycle costs nothing per segment the rest of the time.
     active: dict[Signal, SignalDetector] | None = None
-    usual: Baseline = field(default_factory=Baseline)
     last_window_end: float = -math.inf
-    # The model's load in the last ``LOAD_MEMORY`` windows, as (window end, *figures) runs
-    # of doubles, oldest first: a request finishing now was queued and prefilled up to a few
-    # windows ago, under the load of then; judged against the load of now alone, the end of
-    # a surge looks like a fault.
-    recent_load: array[float] = field(default_factory=lambda: array("d"))
     unsaved: int = 0  # windows judged since ``state()`` was last taken for storage
 
+    @property
+    def usual(self) -> Baseline:
+        """The segment's normal figures (a view on ``numbers``)."""
+        return _BASELINE.view(self.numbers, _USUAL_AT)
+
+    @property
+    def recent_load(self) -> list[list[float]]:
+        """The model load of recent windows, oldest first, as [window end, *MODEL_FIGURES]."""
+        runs = [self.numbers[i : i + _LOAD_RUN].tolist() for i in range(0, _USUAL_AT, _LOAD_RUN)]
+        return [run for run in runs if run[0] > -math.inf]
+
+    def _keep_load(self, runs: list[list[float]]) -> None:
+        runs = runs[-LOAD_MEMORY:]
+        padded = [_NO_LOAD] * (LOAD_MEMORY - len(runs)) + runs
+        self.numbers[0:_USUAL_AT] = array("d", [value for run in padded for value in run])
+
     def model(self, spec: SignalSpec, borrow: BetaBinomialRate | None = None) -> Any:
-        """The segment's model of ``spec``'s signal, built the first time the signal shows data."""
-        found = self.models.get(spec.signal)
-        if found is None:
-            found = self.models[spec.signal] = spec.build(self.config.grace_windows)
-            if borrow is not None and isinstance(found, BetaBinomialRate) and borrow.n_learned >= found.grace_windows:
-                # Cold start: a new segment starts from its model's rate, not a generic prior.
-                found.borrow(borrow.expected_rate, min(borrow.alpha + borrow.beta, 200.0))
-        return found
+        """The segment's model of ``spec``'s signal (a view on ``numbers``), built the first
+        time the signal shows data."""
+        at = self.layout.offset(spec.signal)
+        if at is not None:
+            return _template(spec.signal, self.config.grace_windows).view(self.numbers, at)
+        fresh = spec.build(self.config.grace_windows)
+        if borrow is not None and isinstance(fresh, BetaBinomialRate) and borrow.n_learned >= fresh.grace_windows:
+            # Cold start: a new segment starts from its model's rate, not a generic prior.
+            fresh.borrow(borrow.expected_rate, min(borrow.alpha + borrow.beta, 200.0))
+        at = fresh.append_to(self.numbers)
+        self.layout = self.layout.extended(spec.signal, fresh.STATE_SIZE)
+        return fresh.view(self.numbers, at)
 
     def detector(self, spec: SignalSpec, borrow: BetaBinomialRate | None = None) -> SignalDetector:
         """The signal in judgement: its active state if it has one, else a fresh, idle one."""
@@ -160,19 +221,13 @@ class SegmentDetectors:
     def _with_recent_load(self, load: dict[str, float], window: WindowStats) -> None:
         """Set ``load``'s model figures to their peak over this window and the recent ones."""
         names = [f"model_{name}" for name in MODEL_FIGURES]
-        width = len(names) + 1
         horizon = window.start - LOAD_MEMORY * window.length
-        kept = [
-            self.recent_load[i : i + width].tolist()
-            for i in range(0, len(self.recent_load), width)
-            if self.recent_load[i] > horizon
-        ]
+        kept = [run for run in self.recent_load if run[0] > horizon]
         now = [load[name] for name in names]
         for _end, *figures in kept:
             for name, value in zip(names, figures, strict=True):
                 load[name] = max(load[name], value)
-        kept = [*kept, [window.end, *now]][-LOAD_MEMORY:]
-        self.recent_load = array("d", [value for item in kept for value in item])
+        self._keep_load([*kept, [window.end, *now]])
 
     def _transition(
         self,
@@ -264,12 +319,13 @@ class SegmentDetectors:
     # -- compact state -------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """JSON-ready, versioned: what a changelog-backed table keeps per segment."""
+        models = {signal: self.model(BY_SIGNAL[signal]) for signal in self.layout.signals}
         return {
             "v": STATE_VERSION,
             "last_window_end": self.last_window_end if math.isfinite(self.last_window_end) else None,
             # NaN (not seen yet) as null: strict JSON, as Kafka tooling expects
-            "usual": {f.name: _finite_or_none(getattr(self.usual, f.name)) for f in fields(Baseline)},
-            "recent_load": self.recent_load.tolist(),
+            "usual": self.usual.state(),
+            "recent_load": [value for run in self.recent_load for value in run],
             "signals": {
                 signal.value: {
                     "model": model.state(),
@@ -278,7 +334,7 @@ class SegmentDetectors:
                     else d.tracker.state(),
                     "run": [d.run, d.run_total] if d is not None else [0, 0.0],
                 }
-                for signal, model in self.models.items()
+                for signal, model in models.items()
             },
         }
 
@@ -287,9 +343,11 @@ class SegmentDetectors:
             raise ValueError(f"detector state version {state.get('v')!r}, this build reads {STATE_VERSION}")
         end = state["last_window_end"]
         self.last_window_end = -math.inf if end is None else float(end)
-        usual: dict[str, Any] = {k: math.nan if v is None else v for k, v in state["usual"].items()}
-        self.usual = Baseline(**usual)
-        self.recent_load = array("d", map(float, state["recent_load"]))
+        self.usual.load_state(state["usual"])
+        flat = [float(value) for value in state["recent_load"]]
+        if len(flat) % _LOAD_RUN or len(flat) > _USUAL_AT:
+            raise ValueError(f"recent load of {len(flat)} numbers")
+        self._keep_load([flat[i : i + _LOAD_RUN] for i in range(0, len(flat), _LOAD_RUN)])
         for name, saved in state["signals"].items():
             spec = BY_SIGNAL[Signal(name)]
             detector = self.detector(spec)

@@ -8,21 +8,59 @@ moved, so the first hint is the best guess. Codes are a documented, stable set.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
+from models.compact import CompactState, count, number
 from models.window import WindowStats
 from schemas.anomaly import Hint, Signal
 
 
-@dataclass(slots=True)
-class Baseline:
-    """Exponentially weighted figures of a segment's normal windows (cheap, O(1))."""
+class Baseline(CompactState):
+    """Exponentially weighted figures of a segment's normal windows (cheap, O(1)).
 
-    halflife: float = 30.0
-    cache_hit_rate: float = math.nan
-    uncached_tokens_per_request: float = math.nan
-    requests_per_s: float = math.nan
-    windows: int = 0
+    Four doubles, alone or in the segment's buffer (``models.compact``); ``halflife`` is
+    its only constructor argument.
+
+    >>> usual = Baseline()
+    >>> usual.learn({"requests_per_s": 2.0, "uncached_prompt_tokens_per_s": 500.0, "cache_hit_rate": 0.8})
+    >>> usual.requests_per_s, usual.uncached_tokens_per_request, usual.windows
+    (2.0, 250.0, 1)
+    """
+
+    __slots__ = ()
+    STATE_SIZE = 4
+    FIGURES = ("cache_hit_rate", "uncached_tokens_per_request", "requests_per_s")
+    cache_hit_rate = number(0)
+    uncached_tokens_per_request = number(1)
+    requests_per_s = number(2)
+    windows = count(3)
+
+    def __init__(
+        self,
+        halflife: float = 30.0,
+        cache_hit_rate: float = math.nan,
+        uncached_tokens_per_request: float = math.nan,
+        requests_per_s: float = math.nan,
+        windows: int = 0,
+    ) -> None:
+        self._params = float(halflife)
+        self._own([cache_hit_rate, uncached_tokens_per_request, requests_per_s, float(windows)])
+
+    @property
+    def halflife(self) -> float:
+        return float(self._params)
+
+    def state(self) -> dict[str, float | None]:
+        """Strict JSON: NaN (not seen yet) as null."""
+        figures = {name: getattr(self, name) for name in self.FIGURES}
+        return {
+            "halflife": self.halflife,
+            **{name: None if math.isnan(value) else value for name, value in figures.items()},
+            "windows": self.windows,
+        }
+
+    def load_state(self, state: dict[str, float | None]) -> None:
+        figures = [math.nan if (value := state.get(name)) is None else float(value) for name in self.FIGURES]
+        self._set_numbers(0, [*figures, float(int(state.get("windows") or 0))])
 
     def learn(self, load: dict[str, float]) -> None:
         alpha = max(1.0 - 0.5 ** (1.0 / self.halflife), 1.0 / (self.windows + 1))

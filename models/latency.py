@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import functools
 import math
-from array import array
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from river import base
 
+from models.compact import CompactState, count
 from models.params import param, shared
 
 _LN10 = math.log(10.0)
@@ -131,13 +131,13 @@ class _Params(NamedTuple):
     tail: str
 
 
-#: Layout of ``LoadConditionedLatency._state``: reference log demand (2), regression
-#: weights (3), their covariance (3x3, row-major), noise variance and weight, load-blind
-#: level mean and variance.
+#: Layout of ``LoadConditionedLatency``'s learned numbers: reference log demand (2),
+#: regression weights (3), their covariance (3x3, row-major), noise variance and weight,
+#: load-blind level mean and variance; the windows learned follow.
 _STATE_SIZE = 18
 
 
-class LoadConditionedLatency(base.SupervisedAnomalyDetector):
+class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
     """Latency of a window given its demand; ``y`` is a latency in seconds (e.g. TTFT p95).
 
     ``x`` holds the window's ``requests_per_s`` and ``prompt_tokens_per_s``, and optionally
@@ -193,11 +193,13 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
     True
     """
 
-    # Thousands of segments each hold one: slots, and the whole learned state in one flat
-    # array of doubles (``_state``, see ``_STATE_SIZE``) rather than a dozen small objects.
+    # Thousands of segments each hold several: the whole learned state is a run of doubles
+    # (``_STATE_SIZE`` and the count), alone or in the segment's buffer (``models.compact``).
     # The constructor arguments live in one ``_Params`` shared by every model built with
     # the same ones (they are read through the properties below, as river expects).
-    __slots__ = ("_params", "_state", "n_learned")
+    __slots__ = ()
+    STATE_SIZE = _STATE_SIZE + 1  # and the windows learned
+    n_learned = count(_STATE_SIZE)
     elasticity = param("elasticity")
     surge_ratio = param("surge_ratio")
     surge_elasticity = param("surge_elasticity")
@@ -233,16 +235,15 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
             elasticity, surge_ratio, surge_elasticity, elasticity_sd, level_drift_sd, noise_sd, noise_halflife,
             grace_windows, min_noise_sd, tuple(features), tail,
         )  # fmt: skip
-        self.n_learned = 0
         prior_var = elasticity_sd**2
-        self._state = array(
-            "d",
+        self._own(
             [
                 0.0, 0.0,  # reference log demand: set over the grace windows
                 0.0, elasticity, surge_elasticity,  # weights: level, slope, surge slope
                 100.0, 0.0, 0.0, 0.0, prior_var, 0.0, 0.0, 0.0, prior_var,  # covariance
                 noise_sd**2, 2.0,  # noise variance, and the pseudo-windows behind that prior
                 0.0, noise_sd**2,  # load-blind level: EW mean and variance of log latency
+                0.0,  # windows learned
             ],
         )  # fmt: skip
 
@@ -256,7 +257,7 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
         """Mean log ratio of demand to the reference: 0 is usual, log(3) is three times."""
         if self.n_learned == 0:
             return 0.0
-        reference = self._state[0:2].tolist()
+        reference = self.numbers[0:2]
         return sum(now - usual for now, usual in zip(self._log_demand(x), reference, strict=True)) / 2
 
     def _phi(self, x: dict[Hashable, Any]) -> tuple[float, float, float]:
@@ -273,7 +274,7 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
         if not (y > 0 and math.isfinite(y)):
             return
         log_y = math.log(y)
-        state = self._state.tolist()
+        state = self.numbers
         reference, weights, cov = state[0:2], state[2:5], state[5:14]
         noise_var, noise_weight, level_mean, level_var = state[14:18]
         n = self.n_learned
@@ -284,7 +285,7 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
             now = self._log_demand(x)
             weight = 1.0 if n <= 1 else 1.0 / n
             reference = [r + (d - r) * weight for r, d in zip(reference, now, strict=True)]
-            self._state[0:2] = array("d", reference)
+            self._set_numbers(0, reference)
         if n == 0:
             weights[0] = level_mean = log_y
         phi = self._phi(x)
@@ -311,12 +312,11 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
         delta = log_y - level_mean
         level_mean += alpha * delta
         level_var = (1.0 - alpha) * (level_var + alpha * delta * delta)
-        self._state[2:18] = array("d", [*weights, *cov, noise_var, noise_weight, level_mean, level_var])
-        self.n_learned = n + 1
+        self._set_numbers(2, [*weights, *cov, noise_var, noise_weight, level_mean, level_var, float(n + 1)])
 
     def predict_one(self, x: dict[Hashable, Any]) -> Prediction:
         phi = self._phi(x)
-        state = self._state.tolist()
+        state = self.numbers
         noise_var, _, level_mean, level_var = state[14:18]
         sampling_var = float(x.get("sampling_var", 0.0))
         floor = self.min_noise_sd**2
@@ -365,7 +365,7 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
         """
         if self.n_learned != 1 or not other.warm:
             return
-        mine, theirs = self._state, other._state
+        mine, theirs = self.numbers, other.numbers
         mine[0:2] = theirs[0:2]  # reference demand
         mine[3:5] = theirs[3:5]  # slopes
         for i in (1, 2):  # their slopes' (co)variances, and none with our level
@@ -373,7 +373,8 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
                 mine[5 + 3 * i + j] = theirs[5 + 3 * i + j]
             mine[5 + 3 * i] = mine[5 + i] = 0.0
         mine[14] = theirs[14]  # noise variance
-        self.n_learned = max(self.n_learned, self.grace_windows - 1)
+        mine[_STATE_SIZE] = max(self.n_learned, self.grace_windows - 1)
+        self._set_numbers(0, mine)
 
     def adopt(self, x: dict[Hashable, Any], y: float) -> None:
         """A lasting change was accepted as the new normal: re-level so that the prediction
@@ -381,14 +382,15 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
         if not (y > 0 and math.isfinite(y)) or self.n_learned == 0:
             return
         log_y = math.log(y)
-        state = self._state
-        state[2] += log_y - _dot(self._phi(x), state[2:5].tolist())
+        state = self.numbers
+        state[2] += log_y - _dot(self._phi(x), state[2:5])
         state[5] = max(state[5], 0.1)  # level variance
         state[16] = log_y  # load-blind level
+        self._set_numbers(0, state)
 
     # -- compact state (no pickled river objects) ------------------------------------
     def state(self) -> dict[str, Any]:
-        s = self._state.tolist()
+        s = self.numbers
         return {
             "n_learned": self.n_learned,
             "reference": s[0:2],
@@ -405,5 +407,4 @@ class LoadConditionedLatency(base.SupervisedAnomalyDetector):
         ]  # fmt: skip
         if len(values) != _STATE_SIZE:
             raise ValueError(f"latency model state has {len(values)} numbers, expected {_STATE_SIZE}")
-        self._state = array("d", map(float, values))
-        self.n_learned = int(state["n_learned"])
+        self._set_numbers(0, [*map(float, values), float(int(state["n_learned"]))])

@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from river import base
 
+from models.compact import CompactState, count, number
 from models.params import param, shared
 
 _LN10 = math.log(10.0)
@@ -65,7 +66,7 @@ class _RateParams(NamedTuple):
     grace_windows: int
 
 
-class BetaBinomialRate(base.SupervisedAnomalyDetector):
+class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
     """Share of requests with a bad outcome. ``x["trials"]`` is the window's requests (the
     denominator), ``y`` the bad ones among them.
 
@@ -99,8 +100,13 @@ class BetaBinomialRate(base.SupervisedAnomalyDetector):
     0.0007
     """
 
-    # Learned state in slots; constructor arguments shared (``models.params``).
-    __slots__ = ("_params", "alpha", "beta", "n_learned")
+    # Learned state: three doubles, alone or in a segment's buffer (``models.compact``);
+    # constructor arguments shared (``models.params``).
+    __slots__ = ()
+    STATE_SIZE = 3
+    alpha = number(0)
+    beta = number(1)
+    n_learned = count(2)
     prior_rate = param("prior_rate")
     prior_strength = param("prior_strength")
     halflife = param("halflife")
@@ -118,9 +124,7 @@ class BetaBinomialRate(base.SupervisedAnomalyDetector):
         if not 0.0 < prior_rate < 1.0:
             raise ValueError("prior_rate must be in (0, 1)")
         self._params = shared(_RateParams, prior_rate, prior_strength, halflife, max_strength, grace_windows)
-        self.alpha = prior_rate * prior_strength
-        self.beta = (1.0 - prior_rate) * prior_strength
-        self.n_learned = 0
+        self._own([prior_rate * prior_strength, (1.0 - prior_rate) * prior_strength, 0.0])
 
     @property
     def expected_rate(self) -> float:
@@ -159,5 +163,4 @@ class BetaBinomialRate(base.SupervisedAnomalyDetector):
         return {"alpha": self.alpha, "beta": self.beta, "n_learned": self.n_learned}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.alpha, self.beta = float(state["alpha"]), float(state["beta"])
-        self.n_learned = int(state["n_learned"])
+        self._set_numbers(0, [float(state["alpha"]), float(state["beta"]), float(int(state["n_learned"]))])

@@ -15,6 +15,7 @@ from typing import Any, Literal, NamedTuple
 
 from river import base
 
+from models.compact import CompactState, count, number
 from models.latency import upper_tail_surprise
 from models.params import param, shared
 
@@ -47,7 +48,7 @@ class _ShareParams(NamedTuple):
     grace_windows: int
 
 
-class ShareLevel(base.SupervisedAnomalyDetector):
+class ShareLevel(CompactState, base.SupervisedAnomalyDetector):
     """A share in [0, 1]; ``x["trials"]`` is the requests behind it (its sampling noise).
 
     Parameters
@@ -76,8 +77,13 @@ class ShareLevel(base.SupervisedAnomalyDetector):
     0.0
     """
 
-    # Learned state in slots; constructor arguments shared (``models.params``).
-    __slots__ = ("_params", "mean", "n_learned", "var")
+    # Learned state: three doubles, alone or in a segment's buffer (``models.compact``);
+    # constructor arguments shared (``models.params``).
+    __slots__ = ()
+    STATE_SIZE = 3
+    mean = number(0)
+    var = number(1)
+    n_learned = count(2)
     tail = param("tail")
     halflife = param("halflife")
     min_spread = param("min_spread")
@@ -93,9 +99,7 @@ class ShareLevel(base.SupervisedAnomalyDetector):
         if tail not in ("lower", "upper"):
             raise ValueError("tail must be 'lower' or 'upper'")
         self._params = shared(_ShareParams, tail, halflife, min_spread, grace_windows)
-        self.mean = 0.0
-        self.var = min_spread**2
-        self.n_learned = 0
+        self._own([0.0, min_spread**2, 0.0])
 
     @property
     def expected(self) -> float:
@@ -132,4 +136,4 @@ class ShareLevel(base.SupervisedAnomalyDetector):
         return {"mean": self.mean, "var": self.var, "n_learned": self.n_learned}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.mean, self.var, self.n_learned = float(state["mean"]), float(state["var"]), int(state["n_learned"])
+        self._set_numbers(0, [float(state["mean"]), float(state["var"]), float(int(state["n_learned"]))])

@@ -128,3 +128,19 @@ def test_clone_keeps_config(model_cls: type, stream: Any) -> None:
     fresh = model.clone()
     assert fresh._get_params() == model._get_params()
     assert scores(fresh, stream(7, 10))[0] == 0.0
+
+
+def test_a_view_in_a_shared_buffer_learns_like_the_model_alone(model_cls: type, stream: Any) -> None:
+    """Segments keep every model's numbers in one buffer (``models.compact``): a view there
+    must score exactly as the model alone, and write only its own numbers."""
+    from array import array
+
+    alone, template = model_cls(), model_cls()
+    buffer = array("d", [1.5, -2.5])  # someone else's numbers before it...
+    at = template.append_to(buffer)
+    buffer.extend([3.5])  # ...and after it
+    data = stream(8, 120)
+    assert scores(template.view(buffer, at), data) == scores(alone, data)
+    assert buffer[:2].tolist() == [1.5, -2.5] and buffer[-1] == 3.5
+    assert template.view(buffer, at).state() == alone.state()
+    assert template.n_learned == 0  # the template itself learned nothing
