@@ -50,7 +50,12 @@ def rss_kib() -> int:
     return 0
 
 
-def batches(segments: int, windows: int, partitions: int = 1) -> Iterator[tuple[int, bytes]]:
+#: What ``--records full`` adds to each request log: every phase timing, a prefix hash and
+#: the answer text, so that all eleven request-log signals of a segment have a model.
+FULL_FIELDS = {"queue_s": 0.01, "prefill_s": 0.15, "decode_s": 0.8, "prefix_hash": "sys-v1", "content": "ok"}
+
+
+def batches(segments: int, windows: int, partitions: int = 1, full: bool = False) -> Iterator[tuple[int, bytes]]:
     """Per window, PER_SEGMENT_PER_WINDOW requests for each segment, in messages of 500.
 
     Built one message at a time: a whole window of rows held at once would be the largest
@@ -60,7 +65,7 @@ def batches(segments: int, windows: int, partitions: int = 1) -> Iterator[tuple[
         rows = (
             {"request_id": f"{w}-{s}-{i}", "timestamp": T0 + w * 10 + i, "model": "m", "route": f"r{s}",
              "prompt_tokens": 800, "completion_tokens": 100, "e2e_s": 1.0, "ttft_s": 0.2 + 0.01 * i,
-             "cached_tokens": 400, "finish_reason": "stop"}
+             "cached_tokens": 400, "finish_reason": "stop", **(FULL_FIELDS if full else {})}
             for s in range(segments) for i in range(PER_SEGMENT_PER_WINDOW)
         )  # fmt: skip
         while chunk := list(itertools.islice(rows, 500 * partitions)):  # shipper-sized messages
@@ -70,7 +75,7 @@ def batches(segments: int, windows: int, partitions: int = 1) -> Iterator[tuple[
                 yield partition, orjson.dumps(chunk[partition::partitions])
 
 
-def child(segments: int, windows: int, partitions: int, max_segments: int) -> dict[str, float]:
+def child(segments: int, windows: int, partitions: int, max_segments: int, full: bool) -> dict[str, float]:
     from pipeline.decode import Source
     from pipeline.stages import StageOne, StageTwo
     from pipeline.tuning import tune_process
@@ -83,7 +88,7 @@ def child(segments: int, windows: int, partitions: int, max_segments: int) -> di
     gc.collect()
     base = rss_kib()
     stage_two_cpu = 0.0
-    for offset, (partition, raw) in enumerate(batches(segments, windows, partitions)):
+    for offset, (partition, raw) in enumerate(batches(segments, windows, partitions, full)):
         _, partials = one.process(raw, Source("bench", partition, offset), now=0.0)
         # As in the worker: bundles of partials per partials partition, watermarks last.
         bundles = one.bundles(partials, partitions)
@@ -106,13 +111,14 @@ def child(segments: int, windows: int, partitions: int, max_segments: int) -> di
         "kib_per_live_segment": grown / max(live, 1),
         "stage_two_us_per_segment_window": stage_two_cpu / max(two.bank.windows_judged, 1) * 1e6,
         "late_partials": two.assembler.late_partials,
+        "signals_per_segment": sum(len(d.layout.signals) for d in two.bank.detectors.values()) / max(live, 1),
     }
 
 
-def run_child(segments: int, windows: int, partitions: int, max_segments: int) -> dict[str, float]:
+def run_child(segments: int, windows: int, partitions: int, max_segments: int, records: str) -> dict[str, float]:
     out = subprocess.run(
         [sys.executable, __file__, "--child", str(segments), "--windows", str(windows),
-         "--partitions", str(partitions), "--max-segments", str(max_segments)],
+         "--partitions", str(partitions), "--max-segments", str(max_segments), "--records", records],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -139,19 +145,22 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=30)
     parser.add_argument("--partitions", type=int, default=4, help="input partitions the worker reads (its default: 4)")
     parser.add_argument("--max-segments", type=int, default=20_000, help="cap for the memory rows")
+    parser.add_argument("--records", choices=("lean", "full"), default="lean",
+                        help="lean: TTFT, e2e, tokens, cached tokens, finish reason (6 signals with a model); "
+                             "full: every phase timing, prefix hash and answer text too (all 11)")  # fmt: skip
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
-        print(json.dumps(child(args.child, args.windows, args.partitions, args.max_segments)))
+        print(json.dumps(child(args.child, args.windows, args.partitions, args.max_segments, args.records == "full")))
         return
     default_cap = Settings.model_fields["max_segments"].default
     print(f"{'segments':>9} {'live':>6} {'overflowed':>11} {'RSS growth':>11} {'growth / live':>15} "
           f"{'stage-2 CPU / segment window':>29}")  # fmt: skip
     rows = []
     for n in args.segments:
-        rows.append(run_child(n, args.windows, args.partitions, args.max_segments))
+        rows.append(run_child(n, args.windows, args.partitions, args.max_segments, args.records))
         print_row(rows[-1], f"cap {args.max_segments:,}")
-    capped = run_child(2 * default_cap, args.windows, args.partitions, default_cap)
+    capped = run_child(2 * default_cap, args.windows, args.partitions, default_cap, args.records)
     held = capped["live"] <= default_cap + 1  # the cap's segments plus the overflow segment
     print_row(capped, f"cap {default_cap:,} (the default): {'capped' if held else 'NOT CAPPED'}")
     print()
@@ -162,7 +171,9 @@ def main() -> None:
     print("RSS growth: over a baseline taken after imports and a warm-up; it includes the segmenter, the")
     print("windows in flight and the detectors. Small rows are dominated by fixed costs (bundles of at most")
     print("256 segments, 1 MiB allocator arenas): the slope is the cost of one more live segment.")
-    print(f"Input partitions: {args.partitions}, every segment's traffic spread over all of them. Stage-2 CPU:")
+    signals = rows[-1]["signals_per_segment"]
+    print(f"Input partitions: {args.partitions}, every segment's traffic spread over all of them. Records: "
+          f"{args.records}, {signals:.0f} signals with a model per segment. Stage-2 CPU:")  # fmt: skip
     print("decoding bundles of partials, merging them and judging, per segment window.")
 
 
