@@ -1,6 +1,6 @@
 """Throughput: the servewatch worker against a raw aiokafka consumer, side by side in one run.
 
-    python bench/throughput.py [--records 200000] [--batch 500] [--single 20000] [--repeat 3]
+    python bench/throughput.py [--records 200000] [--batch 500] [--single 20000] [--repeat 5]
 
 For each message shape (batched JSON arrays, then one record per message) it starts a fresh
 embedded broker, produces the same request logs, then measures, ``--repeat`` times in turn,
@@ -142,7 +142,7 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=500, help="records per message in the batched run")
     parser.add_argument("--single", type=int, default=20_000, help="records in the one-per-message run")
-    parser.add_argument("--repeat", type=int, default=3, help="paired rounds (and replay runs) to take the median of")
+    parser.add_argument("--repeat", type=int, default=5, help="paired rounds (and replay runs) to take the median of")
     parser.add_argument("--rate", type=float, default=PEAK_RATE, help="the fleet's requests/s in event time")
     args = parser.parse_args()
 
