@@ -132,21 +132,30 @@ def measure(records: list[dict], batch: int, repeat: int) -> list[tuple[float, f
 
 
 def replay_rate(records: list[dict], repeat: int = 1) -> list[float]:
-    """Records/s of ``servewatch replay``'s engine over the records written as JSONL, per run."""
-    rates = []
+    """Records/s of ``servewatch replay``'s engine over the records written as JSONL, per run,
+    in a process of its own (see ``raw_rate``)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "requests.jsonl"
         path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
-        tune_process()  # as `servewatch replay` does
-        for _ in range(repeat):
-            chunks = JsonlChunks(str(path), REPLAY_CHUNK_LINES)
-            engine = Replay(reread=chunks.reread)
-            started = time.perf_counter()
-            for _ in engine.run(chunks):
-                pass
-            elapsed = time.perf_counter() - started
-            assert engine.stats.records == len(records), engine.stats
-            rates.append(len(records) / elapsed)
+        out = subprocess.run(
+            [sys.executable, __file__, "--replay-child", str(path), str(len(records)), str(repeat)],
+            capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    return [float(rate) for rate in out.stdout.split()]
+
+
+def replay_child(path: str, expected: int, repeat: int) -> list[float]:
+    tune_process()  # as `servewatch replay` does
+    rates = []
+    for _ in range(repeat):
+        chunks = JsonlChunks(path, REPLAY_CHUNK_LINES)
+        engine = Replay(reread=chunks.reread)
+        started = time.perf_counter()
+        for _ in engine.run(chunks):
+            pass
+        elapsed = time.perf_counter() - started
+        assert engine.stats.records == expected, engine.stats
+        rates.append(expected / elapsed)
     return rates
 
 
@@ -158,9 +167,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="paired rounds (and replay runs) to take the median of")
     parser.add_argument("--rate", type=float, default=PEAK_RATE, help="the fleet's requests/s in event time")
     parser.add_argument("--raw-child", nargs=2, metavar=("BOOTSTRAP", "RECORDS"), help=argparse.SUPPRESS)
+    parser.add_argument("--replay-child", nargs=3, metavar=("PATH", "RECORDS", "REPEAT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.raw_child:
         print(asyncio.run(raw_consumer(args.raw_child[0], int(args.raw_child[1]))))
+        return
+    if args.replay_child:
+        path, expected, repeat = args.replay_child
+        print(" ".join(str(rate) for rate in replay_child(path, int(expected), int(repeat))))
         return
 
     print(f"machine: {os.cpu_count()} cores; broker, producer, consumer and worker share them", flush=True)
