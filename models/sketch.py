@@ -19,8 +19,9 @@ _LOG_LOWEST = np.log10(LOWEST_S)
 
 
 def bucket_indices(values: npt.NDArray[np.float64]) -> npt.NDArray[np.intp]:
-    """Bucket of each value: 0 is underflow (< 0.1 ms), the last is overflow."""
-    with np.errstate(divide="ignore"):
+    """Bucket of each value: 0 is underflow (< 0.1 ms), the last is overflow. NaN (a request
+    that did not report the value) lands in 0 too: callers count only the values they have."""
+    with np.errstate(divide="ignore", invalid="ignore"):
         pos = np.floor((np.log10(np.maximum(values, 1e-300)) - _LOG_LOWEST) * PER_DECADE).astype(np.intp) + 1
     return np.clip(pos, 0, N_BUCKETS - 1)
 
