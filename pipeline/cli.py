@@ -377,9 +377,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    environment = Settings()
     if args.command in ("worker", "replay"):
-        tune_process()
-    level = "DEBUG" if args.verbose else Settings().log_level
+        tune_process(environment.mmap_threshold_bytes)
+    level = "DEBUG" if args.verbose else environment.log_level
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not args.verbose:
         # The Kafka client narrates every (re)connection at INFO; keep the operator's view clean.

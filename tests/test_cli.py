@@ -49,3 +49,13 @@ def test_process_tuning_pins_the_allocator_and_the_collector() -> None:
     finally:
         gc.unfreeze()
         gc.set_threshold(*thresholds)
+
+
+def test_the_allocator_pin_is_a_setting_and_zero_leaves_glibc_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pipeline.settings import Settings
+    from pipeline.tuning import MMAP_THRESHOLD_BYTES, tune_malloc
+
+    assert Settings().mmap_threshold_bytes == MMAP_THRESHOLD_BYTES
+    monkeypatch.setenv("SERVEWATCH_MMAP_THRESHOLD_BYTES", "0")
+    assert Settings().mmap_threshold_bytes == 0
+    assert tune_malloc(0) is False  # nothing pinned: glibc keeps its dynamic threshold
