@@ -77,11 +77,15 @@ def raw_rate(bootstrap: str, expected: int) -> float:
     """``raw_consumer`` in a fresh process, as the worker runs: a process holding the bench's
     records (hundreds of MB of dicts) decodes JSON markedly slower, which would flatter the
     worker (measured: 323-336k against 553k records/s over 1,000,000 records)."""
+    return float(run_self("--raw-child", bootstrap, str(expected)).strip().splitlines()[-1])
+
+
+def run_self(*args: str) -> str:
+    """This script in a fresh process (one of its ``--*-child`` modes); its standard output."""
     out = subprocess.run(
-        [sys.executable, __file__, "--raw-child", bootstrap, str(expected)],
-        capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    return float(out.stdout.strip().splitlines()[-1])
+        [sys.executable, __file__, *args], capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL
+    )
+    return out.stdout
 
 
 def worker_rate(bootstrap: str, expected: int) -> tuple[float, int, float]:
@@ -137,11 +141,8 @@ def replay_rate(records: list[dict], repeat: int = 1) -> list[float]:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "requests.jsonl"
         path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in records))
-        out = subprocess.run(
-            [sys.executable, __file__, "--replay-child", str(path), str(len(records)), str(repeat)],
-            capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-    return [float(rate) for rate in out.stdout.split()]
+        out = run_self("--replay-child", str(path), str(len(records)), str(repeat))
+    return [float(rate) for rate in out.split()]
 
 
 def replay_child(path: str, expected: int, repeat: int) -> list[float]:

@@ -170,10 +170,9 @@ class SegmentDetectors:
         events: list[AnomalyEvent] = []
         any_page = False
         model_name = window.labels.get("model", "other")
-        usual_requests = self.usual.requests_per_s * window.length
-        sparse = (
-            self.usual.windows >= config.grace_windows and window.requests < config.min_share_of_usual * usual_requests
-        )
+        usual = self.usual  # one view for the whole window
+        usual_requests = usual.requests_per_s * window.length
+        sparse = usual.windows >= config.grace_windows and window.requests < config.min_share_of_usual * usual_requests
         for name in config.signals:
             spec = BY_SIGNAL[Signal(name)]
             if sparse and spec.kind == "latency":
@@ -197,14 +196,14 @@ class SegmentDetectors:
                     self._borrow_or_lend(detector.model, pool_key, templates)
             adopted = detector.note_run(verdict.pages, reading, config.adopt_after)
             # ``usual`` learns this window only after the loop: hints compare against the past.
-            event = self._transition(detector, window, reading, verdict, load, self.usual, demand_ratio, adopted)
+            event = self._transition(detector, window, reading, verdict, load, usual, demand_ratio, adopted)
             if adopted:
                 detector.adopt(reading)
             self.keep(detector)
             if event is not None:
                 events.append(event)
         if not any_page:
-            self.usual.learn(load)
+            usual.learn(load)
         return events
 
     @staticmethod
