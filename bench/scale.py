@@ -78,7 +78,7 @@ def batches(segments: int, windows: int, partitions: int = 1, full: bool = False
 def child(segments: int, windows: int, partitions: int, max_segments: int, full: bool) -> dict[str, float]:
     from pipeline.decode import Source
     from pipeline.stages import StageOne, StageTwo
-    from pipeline.tuning import tune_process
+    from pipeline.tuning import trim_heap, tune_process
 
     tune_process()  # as `servewatch worker` does
     settings = Settings(allowed_lateness_s=0.0, topic_partitions=partitions, max_segments=max_segments)
@@ -86,6 +86,7 @@ def child(segments: int, windows: int, partitions: int, max_segments: int, full:
     for offset, (partition, raw) in enumerate(batches(10, 3, partitions)):  # warm up allocators, lazy imports
         StageOne(settings).process(raw, Source("warm", partition, offset), now=0.0)
     gc.collect()
+    trim_heap()  # the worker trims its heap every few seconds from the start
     base = rss_kib()
     stage_two_cpu = 0.0
     for offset, (partition, raw) in enumerate(batches(segments, windows, partitions, full)):
@@ -102,12 +103,15 @@ def child(segments: int, windows: int, partitions: int, max_segments: int, full:
     raw = None  # type: ignore[assignment]  # the bench's own last message is not the worker's memory
     gc.collect()
     live = len(two.bank.detectors)
+    untrimmed = rss_kib() - base  # the worker's RSS just before one of its heap trims
+    trim_heap()  # what its timer does every heap_trim_interval_s
     grown = rss_kib() - base
     return {
         "segments": segments,
         "live": live,
         "overflowed_records": one.overflowed_records,
         "rss_growth_kib": grown,
+        "untrimmed_growth_kib": untrimmed,
         "kib_per_live_segment": grown / max(live, 1),
         "stage_two_us_per_segment_window": stage_two_cpu / max(two.bank.windows_judged, 1) * 1e6,
         "late_partials": two.assembler.late_partials,
@@ -125,12 +129,12 @@ def run_child(segments: int, windows: int, partitions: int, max_segments: int, r
     return result
 
 
-def per_segment_slope(rows: list[dict[str, float]]) -> tuple[float, float] | None:
+def per_segment_slope(rows: list[dict[str, float]], growth: str = "rss_growth_kib") -> tuple[float, float] | None:
     """Least-squares (KiB per live segment, fixed base in MiB) over rows with ≥ FIT_FROM live segments."""
     fitted = [r for r in rows if r["live"] >= FIT_FROM]
     if len(fitted) < 2:
         return None
-    slope, base = np.polyfit([r["live"] for r in fitted], [r["rss_growth_kib"] for r in fitted], 1)
+    slope, base = np.polyfit([r["live"] for r in fitted], [r[growth] for r in fitted], 1)
     return float(slope), float(base) / 1024
 
 
@@ -164,10 +168,12 @@ def main() -> None:
     held = capped["live"] <= default_cap + 1  # the cap's segments plus the overflow segment
     print_row(capped, f"cap {default_cap:,} (the default): {'capped' if held else 'NOT CAPPED'}")
     print()
-    fit = per_segment_slope(rows)
-    if fit is not None:
+    fit, untrimmed = per_segment_slope(rows), per_segment_slope(rows, "untrimmed_growth_kib")
+    if fit is not None and untrimmed is not None:
         print(f"RSS per live segment: {fit[0]:.2f} KiB beyond a fixed base of {fit[1]:.1f} MB "
               f"(least squares over the rows with ≥ {FIT_FROM:,} live segments)")  # fmt: skip
+        print(f"  measured after a heap trim, as the worker's RSS is every heap_trim_interval_s; just before one: "
+              f"{untrimmed[0]:.2f} KiB")  # fmt: skip
     print("RSS growth: over a baseline taken after imports and a warm-up; it includes the segmenter, the")
     print("windows in flight and the detectors. Small rows are dominated by fixed costs (bundles of at most")
     print("256 segments, 1 MiB allocator arenas): the slope is the cost of one more live segment.")

@@ -23,7 +23,7 @@ import faust
 import orjson
 
 from models.window import WindowStats
-from pipeline import metrics, tansu_transport
+from pipeline import metrics, tansu_transport, tuning
 from pipeline.decode import Source, internal_error
 from pipeline.evidence import KafkaMessageReader, resolve
 from pipeline.settings import Settings
@@ -156,6 +156,14 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     @app.timer(0.25)
     async def release_due_windows() -> None:
         await judge_and_publish(stage_two.release_due)
+
+    if settings.heap_trim_interval_s > 0:
+
+        @app.timer(settings.heap_trim_interval_s)
+        async def trim_heap() -> None:
+            # Between windows, not per batch: it costs a few ms, the free space it returns
+            # is what each window's buffers leave behind (see tuning.trim_heap).
+            tuning.trim_heap()
 
     @app.timer(10.0)
     async def report_progress() -> None:

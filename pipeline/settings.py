@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from models.segments import DEFAULT_DIMENSIONS, Segmenter
 from models.signal_columns import DEFAULT_REASONING_MARKERS
 from models.signal_detector import DetectorConfig
-from pipeline.tuning import MMAP_THRESHOLD_BYTES
+from pipeline.tuning import HEAP_TRIM_INTERVAL_S, MMAP_THRESHOLD_BYTES
 
 
 class Settings(BaseSettings):
@@ -55,8 +55,14 @@ class Settings(BaseSettings):
     mmap_threshold_bytes: int = Field(
         default=MMAP_THRESHOLD_BYTES,
         ge=0,
-        description="glibc mmap threshold pinned by the worker and replay: steadier, smaller RSS per segment; "
-        "0 keeps glibc's dynamic threshold (~10 % more throughput, ~0.5 KiB more per segment).",
+        description="glibc mmap threshold pinned by the worker and replay; 0 (default) keeps glibc's dynamic "
+        "one. A low pin (e.g. 131072) maps every large message buffer: ~10 % less throughput.",
+    )
+    heap_trim_interval_s: float = Field(
+        default=HEAP_TRIM_INTERVAL_S,
+        ge=0,
+        description="Seconds between the worker's heap trims (glibc malloc_trim), which hand the free space "
+        "left by each window's buffers back to the OS and keep RSS at the live data. 0: never.",
     )
     fold_records: int = Field(
         default=4000,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import gc
 import logging
 
@@ -11,8 +12,10 @@ logger = logging.getLogger(__name__)
 
 #: glibc's mallopt parameter number for the mmap threshold.
 _M_MMAP_THRESHOLD = -3
-#: Allocations from this size up get their own mapping, returned to the OS when freed.
-MMAP_THRESHOLD_BYTES = 128 * 1024
+#: 0: glibc's own, dynamic mmap threshold (the default; see ``tune_malloc``).
+MMAP_THRESHOLD_BYTES = 0
+#: Seconds between heap trims in the worker (see ``trim_heap``).
+HEAP_TRIM_INTERVAL_S = 5.0
 
 
 def tune_gc() -> None:
@@ -30,30 +33,52 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def tune_malloc(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
-    """Pin glibc's mmap threshold so large, short-lived buffers go back to the OS when freed.
-
-    A window's tables and a bundle of encoded partials are a few hundred KiB each and live
-    for one window. glibc raises its mmap threshold after the first such buffer is freed,
-    so later ones come from the heap, where they fragment it: the worker's RSS then varied
-    by ~1.5x from run to run for the same live data (``bench/scale.py``). Returns whether
-    it applied (glibc only; elsewhere nothing changes; 0 keeps glibc's own, dynamic threshold).
-
-    The price is throughput: every Kafka message value and fetch buffer above the threshold
-    is then mapped, page-faulted in and unmapped again. Measured in ``bench/README.md``: a
-    worker ran ~10 % faster unpinned, with ~0.5 KiB more RSS per live segment.
-    """
-    if threshold_bytes <= 0:
-        return False
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library when it is glibc (the only one with ``mallopt``/``malloc_trim``), else None."""
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+def tune_malloc(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Pin glibc's mmap threshold (0, the default: leave glibc's dynamic one). Returns whether
+    a pin applied (glibc only; elsewhere nothing changes).
+
+    Pinned low (128 KiB was the default until the fourth session), every Kafka message value
+    and fetch buffer above it is mapped, page-faulted in and unmapped again: a worker ran
+    ~10 % slower for it. What the pin bought, a steady RSS, ``trim_heap`` now gives at a
+    fraction of the cost (figures in ``bench/README.md``).
+    """
+    if threshold_bytes <= 0:
+        return False
+    libc = _libc()
+    try:
         applied = bool(libc is not None and libc.mallopt(_M_MMAP_THRESHOLD, threshold_bytes))
-    except (OSError, AttributeError):
+    except AttributeError:
         applied = False
     if not applied:
         logger.debug("mallopt unavailable: keeping the C allocator's defaults")
     return applied
+
+
+def trim_heap() -> bool:
+    """Hand the heap's free pages back to the OS (glibc ``malloc_trim``); whether it could.
+
+    A window's tables and a bundle of encoded partials are a few hundred KiB each and live
+    for one window. Under glibc's dynamic mmap threshold they come from the heap, and the
+    free space they leave between live objects stays resident: RSS then drifts up to ~1.3x
+    the live data (``bench/scale.py``: 2.4 against 1.8 KiB per live segment). The worker
+    calls this every ``heap_trim_interval_s``; it takes a few milliseconds on a worker's heap.
+    """
+    libc = _libc()
+    if libc is None:
+        return False
+    libc.malloc_trim(0)
+    return True
 
 
 def tune_process(mmap_threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> None:

@@ -51,11 +51,18 @@ def test_process_tuning_pins_the_allocator_and_the_collector() -> None:
         gc.set_threshold(*thresholds)
 
 
-def test_the_allocator_pin_is_a_setting_and_zero_leaves_glibc_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pipeline.settings import Settings
-    from pipeline.tuning import MMAP_THRESHOLD_BYTES, tune_malloc
+def test_the_allocator_pin_and_heap_trims_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    import platform
 
-    assert Settings().mmap_threshold_bytes == MMAP_THRESHOLD_BYTES
-    monkeypatch.setenv("SERVEWATCH_MMAP_THRESHOLD_BYTES", "0")
-    assert Settings().mmap_threshold_bytes == 0
-    assert tune_malloc(0) is False  # nothing pinned: glibc keeps its dynamic threshold
+    from pipeline.settings import Settings
+    from pipeline.tuning import HEAP_TRIM_INTERVAL_S, MMAP_THRESHOLD_BYTES, trim_heap, tune_malloc
+
+    assert Settings().mmap_threshold_bytes == MMAP_THRESHOLD_BYTES == 0  # glibc's dynamic threshold
+    assert tune_malloc(0) is False  # nothing pinned
+    monkeypatch.setenv("SERVEWATCH_MMAP_THRESHOLD_BYTES", "131072")
+    assert Settings().mmap_threshold_bytes == 131072
+    assert Settings().heap_trim_interval_s == HEAP_TRIM_INTERVAL_S
+    monkeypatch.setenv("SERVEWATCH_HEAP_TRIM_INTERVAL_S", "0")
+    assert Settings().heap_trim_interval_s == 0
+    trimmed = trim_heap()  # harmless at any time; False where the C library is not glibc
+    assert trimmed is (platform.libc_ver()[0] == "glibc")
