@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import zlib
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -104,7 +105,11 @@ class SegmentDetectors:
     # so their lifecycle costs nothing per segment the rest of the time.
     active: dict[Signal, SignalDetector] | None = None
     last_window_end: float = -math.inf
-    unsaved: int = 0  # windows judged since ``state()`` was last taken for storage
+    # Windows judged since ``state()`` was last taken for storage (below 0: windows before
+    # its first turn, see ``DetectorBank.segment``), and whether an incident or a run of
+    # anomalous windows moved since: that is stored at once, whatever the cadence.
+    unsaved: int = 0
+    transitioned: bool = False
 
     @property
     def usual(self) -> Baseline:
@@ -204,6 +209,8 @@ class SegmentDetectors:
                 events.append(event)
         if not any_page:
             usual.learn(load)
+        if events or self.active:
+            self.transitioned = True
         return events
 
     @staticmethod
@@ -364,7 +371,8 @@ class DetectorBank:
 
     ``restore(key)`` (optional) returns a segment's stored state (``SegmentDetectors.state``)
     when the bank first meets it, e.g. from a changelog-backed table after a restart or a
-    rebalance; ``states_to_save`` hands back what changed, for storing.
+    rebalance; ``states_to_save`` hands back what changed, for storing: a segment's state
+    every ``save_every`` windows it is judged, and at once when its lifecycle moves.
     """
 
     config: DetectorConfig = field(default_factory=DetectorConfig)
@@ -374,6 +382,7 @@ class DetectorBank:
     # Per model and latency signal, its best-known segment's model: what a new one borrows.
     templates: dict[tuple[str, Signal], Any] = field(default_factory=dict)
     restore: Callable[[str], dict[str, Any] | None] | None = None
+    save_every: int = 1
     windows_judged: int = 0
     restored: int = 0  # segments whose state was restored
     discarded: int = 0  # stored states refused (another version, or corrupt): started fresh
@@ -382,6 +391,9 @@ class DetectorBank:
         detectors = self.detectors.get(key)
         if detectors is None:
             detectors = self.detectors[key] = SegmentDetectors(key, self.config)
+            # Segments that appear together (a worker's start) take their turns spread over
+            # the period, not all in one window: a store costs a changelog message each.
+            detectors.unsaved = -(zlib.crc32(key.encode()) % self.save_every)
             stored = self.restore(key) if self.restore is not None else None
             if stored is not None:
                 try:
@@ -403,12 +415,15 @@ class DetectorBank:
             del self.detectors[key]
         return len(gone)
 
-    def states_to_save(self, every: int = 1) -> list[tuple[str, dict[str, Any]]]:
-        """(key, state) of segments judged at least ``every`` windows since last saved."""
+    def states_to_save(self, every_one: bool = False) -> list[tuple[str, dict[str, Any]]]:
+        """(key, state) of segments judged ``save_every`` windows since last saved, or whose
+        lifecycle moved (an event, or a run of anomalous windows in progress); of every
+        segment with ``every_one`` (before a worker lets its segments go)."""
         due = []
+        every = self.save_every
         for key, detectors in self.detectors.items():
-            if detectors.unsaved >= every:
-                detectors.unsaved = 0
+            if every_one or detectors.unsaved >= every or detectors.transitioned:
+                detectors.unsaved, detectors.transitioned = 0, False
                 due.append((key, detectors.state()))
         return due
 

@@ -85,8 +85,8 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
 
     stage_two.bank.restore = restore
 
-    def save_states() -> None:
-        for key, state in stage_two.bank.states_to_save(settings.state_every_windows):
+    def save_states(every_one: bool = False) -> None:
+        for key, state in stage_two.bank.states_to_save(every_one):
             state_table[key.encode()] = orjson.dumps(state)
 
     partials_partitions = settings.topic_partitions
@@ -178,6 +178,16 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     async def stop_evidence_reader(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         await evidence_reader.stop()
 
+    @app.on_before_shutdown.connect
+    async def store_every_state(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        # States are stored every few windows (SERVEWATCH_STATE_EVERY_WINDOWS): a worker that
+        # stops on purpose stores what it learned since, for whoever takes its segments.
+        try:
+            save_states(every_one=True)
+        except Exception as exc:
+            metrics.STATE_WRITE_FAILURES.inc()
+            logger.warning("detector state not stored on shutdown (%s)", exc)
+
     @app.on_partitions_revoked.connect
     async def hand_over_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         revoked = args[0] if args else kwargs.get("revoked", set())
@@ -190,7 +200,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             # restores it, and so will this worker if they come back, rather than keep a
             # copy that the other worker has since moved past.
             try:
-                save_states()
+                save_states(every_one=True)  # stored every few windows otherwise: hand over the latest
             except Exception as exc:
                 metrics.STATE_WRITE_FAILURES.inc()
                 logger.warning("detector state not stored on revocation (%s)", exc)

@@ -93,7 +93,10 @@ class Settings(BaseSettings):
     update_every: int = Field(default=6, ge=1)
     grace_windows: int = Field(default=6, ge=1)
     state_every_windows: int = Field(
-        default=1, ge=1, description="Store a segment's detector state (changelog table) every N windows it is judged."
+        default=6,
+        ge=1,
+        description="Store a segment's detector state (changelog table) every N windows it is judged, and at once "
+        "when an incident moves; each store is a changelog message (~0.3 ms of a worker's time in Faust).",
     )
 
     # -- operations -----------------------------------------------------------------

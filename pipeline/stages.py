@@ -220,7 +220,7 @@ class StageTwo:
             max_wait_s=self.settings.assembler_max_wait_s,
             expected_partitions=self.settings.topic_partitions,
         )
-        self.bank = DetectorBank(self.settings.detector_config())
+        self.bank = DetectorBank(self.settings.detector_config(), save_every=self.settings.state_every_windows)
 
     def add(self, partial: WindowStats, now: float | None = None, via: int = 0) -> None:
         late = self.assembler.late_partials

@@ -142,3 +142,32 @@ def test_forgotten_segments_come_back_from_their_stored_state() -> None:
     assert bank.forget(lambda k: k == key) == 1 and key not in bank.detectors
     bank.restore = stored.get
     assert bank.segment(key).state() == stored[key] and bank.restored == 1
+
+
+def test_states_are_stored_every_few_windows_with_segments_taking_turns() -> None:
+    """Each store is a changelog message: 120 segments born together, stored every 6 windows,
+    are stored ~20 per window rather than 120 every sixth one; every one on hand-over."""
+    bank = DetectorBank(save_every=6)
+    keys = [f"model=m|route=r{i}" for i in range(120)]
+    per_window, times_stored = [], dict.fromkeys(keys, 0)
+    for _ in range(12):
+        for key in keys:
+            bank.segment(key).unsaved += 1  # what judging a window does
+        saved = bank.states_to_save()
+        per_window.append(len(saved))
+        for key, _ in saved:
+            times_stored[key] += 1
+    assert set(times_stored.values()) <= {1, 2} and sum(per_window) >= 120  # each once or twice in 12
+    assert max(per_window) <= 45, f"stores bunched up: {per_window}"
+    assert len(bank.states_to_save(every_one=True)) == 120
+
+
+def test_a_segment_whose_incident_moves_is_due_for_storage_at_once() -> None:
+    workload = Workload((Phase("normal", 300), Phase("cache_off", 120, prefix_caching=False)), seed=12)
+    engine = Replay()
+    engine.stage_two.bank.save_every = 10_000  # the cadence alone would store nothing
+    events = list(engine.run(batches(workload)))
+    assert events
+    bank = engine.stage_two.bank
+    due = [dict(label.split("=", 1) for label in key.split("|")) for key, _ in bank.states_to_save()]
+    assert due and all(event.segment in due for event in events)
