@@ -310,7 +310,7 @@ class SegmentDetectors:
             score=round(verdict.score, 3),
             severity=severity,
             load={
-                **{k: round(v, 4) for k, v in load.items()},
+                **{k: round(v, 4) for k, v in load.items() if math.isfinite(v)},  # NaN: not measured
                 "demand_vs_usual": round(demand_ratio if math.isfinite(demand_ratio) else 1.0, 3),
             },
             explained_by_load=explained,

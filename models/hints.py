@@ -150,6 +150,30 @@ def signal_hints(signal: Signal, window: WindowStats, observed: float, expected:
                 "engine's reasoning parser",
             )
         ]
+    if signal is Signal.KV_CACHE_USAGE:
+        return [
+            Hint(
+                code="kv_cache_pressure",
+                message=f"the KV cache is {observed:.0%} full against {expected:.0%} usual at this load: longer "
+                "contexts pile up, or the engine has less memory for it (gpu_memory_utilization, max_num_seqs)",
+            )
+        ]
+    if signal is Signal.WAITING_REQUESTS:
+        return [
+            Hint(
+                code="queue_building",
+                message=f"{observed:,.0f} requests wait for a slot against {expected:,.0f} usual at this load: "
+                "the engine is short of KV blocks or batch slots",
+            )
+        ]
+    if signal is Signal.PREEMPTIONS:
+        return [
+            Hint(
+                code="kv_cache_exhausted",
+                message="requests are preempted for want of KV-cache blocks: lower max_num_seqs or "
+                "max_model_len, or give the cache more memory",
+            )
+        ]
     if signal is Signal.ERROR_RATE:
         return [Hint(code="error_burst", message=f"{window.errors:,} requests failed (error, abort or 5xx)")]
     if signal is Signal.CACHE_HIT_RATE:

@@ -52,7 +52,7 @@ class Reading:
 class SignalSpec:
     signal: Signal
     kind: Kind
-    read: Callable[[WindowStats, dict[str, float], float], Reading | None]
+    read: Callable[[Any, dict[str, float], float], Reading | None]  # a WindowStats or an EngineWindow
     build: Callable[[int], Any]  # grace windows -> a fresh model
     unit: str = "s"
     what: str = ""  # how a person says it: "TTFT p95", "share of answers cut by the length limit"
@@ -183,4 +183,45 @@ SPECS: tuple[SignalSpec, ...] = (
 
 # fmt: on
 
-BY_SIGNAL = {spec.signal: spec for spec in SPECS}
+
+# -- capacity, from engine metrics (``models.engine_window.EngineWindow``) ----------------
+#: Readings below this are floored: an idle engine's KV cache at 0.2 % and at 0.5 % are the same.
+KV_USAGE_FLOOR = 0.02
+#: A queue of none and a queue of one are both "no queue" to a log-scale model.
+WAITING_FLOOR = 1.0
+
+
+def _kv_usage(window: Any, load: dict[str, float], _: float) -> Reading | None:
+    usage = window.kv_cache_usage
+    if usage is None or window.requests + window.running <= 0:
+        return None  # an idle engine's cache says nothing about its capacity
+    n = max(round(window.requests + window.running), 1)
+    # A gauge read once per scrape: its sampling noise is the engine's own churn, learned
+    # by the model as noise, not a count of requests.
+    return Reading(max(usage, KV_USAGE_FLOOR), n, {**load, "sampling_var": 0.0})
+
+
+def _waiting(window: Any, load: dict[str, float], _: float) -> Reading | None:
+    waiting = window.waiting
+    if waiting is None or window.requests + window.running <= 0:
+        return None
+    n = max(round(window.requests + window.running), 1)
+    return Reading(max(waiting, WAITING_FLOOR), n, {**load, "sampling_var": 0.0})
+
+
+#: The capacity signals of one engine (instance and model), judged on its scrapes: how
+#: full its KV cache is and how long its queue, at the load it serves, and how often it
+#: preempts requests for want of KV blocks.
+# fmt: off
+ENGINE_SPECS: tuple[SignalSpec, ...] = (
+    SignalSpec(Signal.KV_CACHE_USAGE, "latency", _kv_usage, _latency(elasticity=0.5), unit="",
+               what="KV-cache usage"),
+    SignalSpec(Signal.WAITING_REQUESTS, "latency", _waiting,
+               _latency(elasticity=0.5, surge_elasticity=3.0, elasticity_sd=1.5), unit="requests",
+               what="waiting requests"),
+    _rate_spec(Signal.PREEMPTIONS, "preempted", "preemption_trials", "share of requests preempted",
+               prior_rate=0.001),
+)
+# fmt: on
+
+BY_SIGNAL = {spec.signal: spec for spec in (*SPECS, *ENGINE_SPECS)}

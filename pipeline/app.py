@@ -25,6 +25,7 @@ import orjson
 from models.window import WindowStats
 from pipeline import metrics, tansu_transport, tuning
 from pipeline.decode import Source, internal_error
+from pipeline.engine_stage import JudgeEngines
 from pipeline.evidence import KafkaMessageReader, resolve
 from pipeline.settings import Settings
 from pipeline.stages import StageOne, StageTwo, partition_of
@@ -67,6 +68,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     topics = declare_topics(app, settings.topic_partitions)
     stage_one = StageOne(settings)
     stage_two = StageTwo(settings)
+    engines = JudgeEngines(settings)
     # Detector state survives restarts and rebalances in a changelog-backed table keyed by
     # segment. ``use_partitioner``: the producer places each key, by the same partitioner
     # as ``stages.partition_of``, so state and partials of a segment share a partition
@@ -83,11 +85,14 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         stored = state_table.get(key.encode())
         return None if stored is None else cast(dict[str, Any], orjson.loads(stored))
 
-    stage_two.bank.restore = restore
+    # Engines' detectors share the table: their keys (``instance|model``, as the scraper keys
+    # its messages) never look like a segment's (``model=...|route=...``).
+    stage_two.bank.restore = engines.bank.restore = restore
 
     def save_states(every_one: bool = False) -> None:
-        for key, state in stage_two.bank.states_to_save(every_one):
-            state_table[key.encode()] = orjson.dumps(state)
+        for bank in (stage_two.bank, engines.bank):
+            for key, state in bank.states_to_save(every_one):
+                state_table[key.encode()] = orjson.dumps(state)
 
     partials_partitions = settings.topic_partitions
 
@@ -137,6 +142,9 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         except Exception:
             logger.exception("stage 2 failed to judge windows")
             return
+        await store_and_publish(events)
+
+    async def store_and_publish(events: list[AnomalyEvent]) -> None:
         try:
             save_states()
         except Exception as exc:  # state is a cache of what the models learned: never lose events for it
@@ -148,6 +156,22 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     async def detect_anomalies(stream: faust.StreamT) -> None:
         async for event in stream.events():
             await judge_and_publish(partial(stage_two.receive, event.value, via=event.message.partition))
+
+    @app.agent(topics.scrapes)
+    async def judge_engine_intervals(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            message = event.message
+            source = Source(topic=message.topic, partition=message.partition, offset=message.offset)
+            try:
+                events, letters = engines.receive(event.value, source)
+            except Exception as exc:
+                logger.exception("failed to judge engine interval %s/%s", source.partition, source.offset)
+                events, letters = [], [internal_error(event.value, source, exc)]
+            for letter in letters:
+                logger.warning("dead letter (%s) at scrapes %s/%s: %s", letter.reason, source.partition,
+                               source.offset, letter.error)  # fmt: skip
+                await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
+            await store_and_publish(events)
 
     @app.timer(0.5)
     async def flush_quiet_partitions() -> None:
@@ -195,15 +219,17 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         if mine:
             await send_partials_and_ack(stage_one.drop_partitions(mine))
         judged_here = {tp.partition for tp in revoked if tp.topic == topics.partials.get_topic_name()}
-        if judged_here:
-            # Their state is in the table (written every window); whoever judges them next
-            # restores it, and so will this worker if they come back, rather than keep a
-            # copy that the other worker has since moved past.
+        engines_here = {tp.partition for tp in revoked if tp.topic == topics.scrapes.get_topic_name()}
+        if judged_here or engines_here:
+            # Their state is in the table (stored every few windows; now every segment's
+            # latest): whoever judges them next restores it, and so will this worker if they
+            # come back, rather than keep a copy that the other worker has since moved past.
             try:
-                save_states(every_one=True)  # stored every few windows otherwise: hand over the latest
+                save_states(every_one=True)
             except Exception as exc:
                 metrics.STATE_WRITE_FAILURES.inc()
                 logger.warning("detector state not stored on revocation (%s)", exc)
             stage_two.bank.forget(lambda key: partition_of(key, partials_partitions) in judged_here)
+            engines.bank.forget(lambda key: partition_of(key, partials_partitions) in engines_here)
 
     return app, topics

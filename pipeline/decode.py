@@ -64,7 +64,7 @@ class Decoded:
         return [row.to_row() for row in self.accepted]
 
 
-def _dead_letter(reason: str, error: str, raw: bytes, source: Source, index: int | None = None) -> DeadLetter:
+def dead_letter(reason: str, error: str, raw: bytes, source: Source, index: int | None = None) -> DeadLetter:
     return DeadLetter(
         reason=reason,
         error=error[:2000],
@@ -80,7 +80,7 @@ def _dead_letter(reason: str, error: str, raw: bytes, source: Source, index: int
 
 def internal_error(raw: bytes | None, source: Source, exc: Exception) -> DeadLetter:
     """A message that broke servewatch itself: kept, with the bug's message, for a retry after a fix."""
-    return _dead_letter("internal_error", f"{type(exc).__name__}: {exc}", raw or b"", source)
+    return dead_letter("internal_error", f"{type(exc).__name__}: {exc}", raw or b"", source)
 
 
 def _describe(exc: ValidationError) -> str:
@@ -122,7 +122,7 @@ def _validate(item: Any, raw: bytes | None, source: Source, index: int | None, o
             return
         except ValidationError as exc:
             reason, error = "validation", _describe(exc)
-    out.dead_letters.append(_dead_letter(reason, error, _as_bytes(item) if raw is None else raw, source, index))
+    out.dead_letters.append(dead_letter(reason, error, _as_bytes(item) if raw is None else raw, source, index))
 
 
 def _fast(raw: bytes, lines: bool, source: Source, out: Decoded) -> bool:
@@ -148,11 +148,11 @@ def decode_message(raw: bytes | None, source: Source | None = None, max_bytes: i
     source = source or Source()
     out = Decoded()
     if not raw:
-        out.dead_letters.append(_dead_letter("empty", "empty message", b"", source))
+        out.dead_letters.append(dead_letter("empty", "empty message", b"", source))
         return out
     if len(raw) > max_bytes:
         out.dead_letters.append(
-            _dead_letter("too_large", f"message of {len(raw)} bytes exceeds {max_bytes}", raw, source)
+            dead_letter("too_large", f"message of {len(raw)} bytes exceeds {max_bytes}", raw, source)
         )
         return out
     head = raw.lstrip()[:1]
@@ -164,13 +164,13 @@ def decode_message(raw: bytes | None, source: Source | None = None, max_bytes: i
     except orjson.JSONDecodeError as exc:
         lines = [line for line in raw.split(b"\n") if line.strip()]
         if len(lines) <= 1:
-            out.dead_letters.append(_dead_letter("invalid_json", str(exc), raw, source))
+            out.dead_letters.append(dead_letter("invalid_json", str(exc), raw, source))
             return out
         for index, line in enumerate(lines):  # NDJSON: each line on its own
             try:
                 item = orjson.loads(line)
             except orjson.JSONDecodeError as line_exc:
-                out.dead_letters.append(_dead_letter("invalid_json", str(line_exc), line, source, index))
+                out.dead_letters.append(dead_letter("invalid_json", str(line_exc), line, source, index))
                 continue
             _validate(item, line, source, index, out)
         return out

@@ -29,6 +29,7 @@ class Topics:
     partials: faust.TopicT
     anomalies: faust.TopicT
     deadletter: faust.TopicT
+    scrapes: faust.TopicT
 
 
 def declare_topics(app: faust.App, partitions: int) -> Topics:
@@ -36,4 +37,7 @@ def declare_topics(app: faust.App, partitions: int) -> Topics:
         return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw",
                          value_serializer="raw", partitions=partitions)  # fmt: skip
 
-    return Topics(requests=raw(REQUESTS), partials=raw(PARTIALS), anomalies=raw(ANOMALIES), deadletter=raw(DEADLETTER))
+    return Topics(
+        requests=raw(REQUESTS), partials=raw(PARTIALS), anomalies=raw(ANOMALIES), deadletter=raw(DEADLETTER),
+        scrapes=raw(SCRAPES),
+    )  # fmt: skip

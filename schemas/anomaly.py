@@ -29,6 +29,7 @@ class Signal(StrEnum):
     CACHE_HIT_RATE = "cache_hit_rate"
     KV_CACHE_USAGE = "kv_cache_usage"
     PREEMPTIONS = "preemptions"
+    WAITING_REQUESTS = "waiting_requests"
 
 
 class Status(StrEnum):

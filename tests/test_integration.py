@@ -178,3 +178,40 @@ def restart_and_judge(broker: EmbeddedBroker) -> None:
     assert restored >= 4, "the second worker restored the segments' state"
     assert not event.baseline_young, "judged against the baseline learned before the restart"
     assert event.window_start - (EPOCH + 440) <= 40, "no grace period after the restart"
+
+
+def test_engine_metrics_on_the_scrapes_topic_page_a_capacity_incident(worker: str) -> None:
+    """EngineIntervals as ``servewatch scrape`` publishes them (keyed ``instance|model``):
+    a KV cache that fills at the same load pages kv_cache_usage, with the engine's labels."""
+    import random
+
+    from tests.test_engine_stage import interval
+
+    instance = f"gpu-{uuid.uuid4().hex[:6]}:8000"
+    rng = random.Random(5)
+    fault = {"kv_cache_usage": 0.99, "waiting": 40.0, "preemptions_per_s": 3.0}
+    phases = [(60, {}), (6, fault)]
+    values = [orjson.dumps(interval(i, rng, instance=instance, **f)) for i, f in
+              enumerate(f for count, f in phases for _ in range(count))]  # fmt: skip
+
+    async def send() -> None:
+        async with producer(worker) as kafka:
+            for value in values:
+                await kafka.send(topics.SCRAPES, value, key=f"{instance}|qwen".encode())
+            await kafka.send(topics.SCRAPES, b"{not json", key=f"{instance}|qwen".encode())
+
+    asyncio.run(send())
+
+    def capacity_page(raw: bytes) -> AnomalyEvent | None:
+        event = AnomalyEvent.model_validate_json(raw)
+        mine = event.segment.get("instance") == instance and event.signal is Signal.KV_CACHE_USAGE and event.pages
+        return event if mine else None
+
+    event = asyncio.run(first_matching(worker, topics.ANOMALIES, capacity_page, timeout_s=60))
+    assert event.segment["model"] == "qwen" and event.hints[0].code == "kv_cache_pressure"
+
+    def bad_scrape(raw: bytes) -> DeadLetter | None:
+        letter = DeadLetter.model_validate_json(raw)
+        return letter if letter.source_topic == topics.SCRAPES and letter.reason == "invalid_json" else None
+
+    assert asyncio.run(first_matching(worker, topics.DEADLETTER, bad_scrape, timeout_s=30))

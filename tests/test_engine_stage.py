@@ -1,0 +1,96 @@
+"""Capacity signals from engine metrics (issue #4): KV-cache usage, waiting requests and
+preemptions, judged per engine on its scrape intervals, at the load it serves."""
+
+from __future__ import annotations
+
+import random
+
+import orjson
+
+from models.engine_window import EngineWindow
+from pipeline.decode import Source
+from pipeline.engine_stage import JudgeEngines
+from pipeline.settings import Settings
+from schemas.anomaly import AnomalyEvent, Signal, Status
+from schemas.engine_interval import EngineInterval
+
+T0 = 1_767_225_600.0
+
+
+def interval(
+    i: int, rng: random.Random, load: float = 1.0, instance: str = "gpu-1:8000", **fault: float
+) -> dict[str, object]:
+    """Ten seconds of one engine: ~10 requests/s x ``load``, KV usage and queue that follow it."""
+    finished = 100 * load * rng.uniform(0.9, 1.1)
+    usage = fault.get("kv_cache_usage", min(0.45 * load**0.8 * rng.uniform(0.95, 1.05), 1.0))
+    return {
+        "instance": instance, "model": "qwen", "engine": "vllm", "start": T0 + 10 * i, "end": T0 + 10 * i + 10,
+        "prompt_tokens_per_s": 20_000 * load * rng.uniform(0.9, 1.1),
+        "generation_tokens_per_s": 3_000 * load * rng.uniform(0.9, 1.1),
+        "kv_cache_usage": usage, "running": 24 * load * rng.uniform(0.9, 1.1),
+        "waiting": fault.get("waiting", float(rng.randint(0, 2)) * load),
+        "preemptions_per_s": fault.get("preemptions_per_s", 0.0),
+        "finished": {"stop": finished * 0.97, "length": finished * 0.03},
+    }  # fmt: skip
+
+
+def run(phases: list[tuple[int, float, dict[str, float]]], seed: int = 3) -> list[AnomalyEvent]:
+    """(intervals, load, fault figures) per phase, through the stage as the worker feeds it."""
+    judge, rng, events, i = JudgeEngines(Settings()), random.Random(seed), [], 0
+    for count, load, fault in phases:
+        for _ in range(count):
+            found, letters = judge.receive(orjson.dumps(interval(i, rng, load, **fault)))
+            assert not letters
+            events += found
+            i += 1
+    return events
+
+
+def paging(events: list[AnomalyEvent]) -> set[Signal]:
+    return {e.signal for e in events if e.pages}
+
+
+def test_a_kv_cache_filling_up_at_the_same_load_pages_with_its_queue_and_preemptions() -> None:
+    fault = {"kv_cache_usage": 0.99, "waiting": 40.0, "preemptions_per_s": 3.0}
+    events = run([(60, 1.0, {}), (8, 1.0, fault)])
+    assert paging(events) == {Signal.KV_CACHE_USAGE, Signal.WAITING_REQUESTS, Signal.PREEMPTIONS}
+    assert all(e.window_start >= T0 + 600 for e in events if e.pages), "quiet before the fault"
+    kv = next(e for e in events if e.signal is Signal.KV_CACHE_USAGE and e.pages)
+    assert kv.segment == {"model": "qwen", "instance": "gpu-1:8000", "engine": "vllm"}
+    assert kv.hints[0].code == "kv_cache_pressure" and "KV-cache usage" in kv.summary
+    preempted = next(e for e in events if e.signal is Signal.PREEMPTIONS and e.pages)
+    assert preempted.hints[0].code == "kv_cache_exhausted"
+
+
+def test_a_fuller_cache_and_longer_queue_under_triple_traffic_are_explained_by_load() -> None:
+    events = run([(60, 1.0, {}), (12, 3.0, {})])
+    assert not paging(events), [e.summary for e in events if e.pages]
+
+
+def test_an_incident_resolves_when_the_engine_recovers() -> None:
+    fault = {"kv_cache_usage": 0.99, "waiting": 40.0, "preemptions_per_s": 3.0}
+    events = run([(60, 1.0, {}), (6, 1.0, fault), (12, 1.0, {})])
+    kv = [e for e in events if e.signal is Signal.KV_CACHE_USAGE]
+    assert kv[0].status is Status.FIRING and kv[-1].status is Status.RESOLVED
+    assert len({e.fingerprint for e in kv}) == 1
+
+
+def test_a_replayed_interval_is_judged_once_and_bad_ones_are_dead_lettered() -> None:
+    judge, rng = JudgeEngines(Settings()), random.Random(1)
+    raw = orjson.dumps(interval(0, rng))
+    judge.receive(raw)
+    judge.receive(raw)
+    assert (judge.intervals, judge.replayed, judge.bank.windows_judged) == (1, 1, 1)
+    events, letters = judge.receive(b'[{"instance": "x"}, 7]', Source("servewatch.scrapes", 2, 40))
+    assert not events and [letter.record_index for letter in letters] == [0, 1]
+    assert letters[0].reason == "validation" and "model" in letters[0].error and letters[0].source_offset == 40
+    _, letters = judge.receive(b"{not json")
+    assert letters[0].reason == "invalid_json"
+
+
+def test_an_interval_with_a_server_restart_inside_says_nothing() -> None:
+    raw = interval(0, random.Random(2))
+    assert EngineWindow.from_interval(EngineInterval.model_validate({**raw, "counter_reset": True})) is None
+    judge = JudgeEngines(Settings())
+    judge.receive(orjson.dumps({**raw, "counter_reset": True}))
+    assert judge.skipped == 1 and judge.bank.windows_judged == 0
