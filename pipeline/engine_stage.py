@@ -4,7 +4,8 @@
 interval to the scrapes topic, keyed ``instance|model``. Each is judged as it arrives, as
 one window of that engine (``models.engine_window``), by a ``DetectorBank`` that holds the
 capacity signals only (KV-cache usage and waiting requests at the engine's load, and the
-share of requests preempted). No assembly is needed: an engine's intervals come from one
+share of requests preempted), and watched for spare capacity (``models.headroom``: an
+``info`` event, never a page). No assembly is needed: an engine's intervals come from one
 scraper, in order, on one partition. A replayed interval is judged once (the detectors
 remember the last window they judged); one that fails validation is dead-lettered.
 """
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 
 from models.detector import DetectorBank
 from models.engine_window import EngineWindow
+from models.headroom import HeadroomWatch
 from models.signals import ENGINE_SPECS
 from pipeline import metrics
 from pipeline.decode import Source, dead_letter
@@ -37,6 +39,7 @@ ENGINE_SIGNALS = tuple(spec.signal.value for spec in ENGINE_SPECS)
 class JudgeEngines:
     settings: Settings
     bank: DetectorBank = field(init=False)
+    headroom: HeadroomWatch = field(default_factory=HeadroomWatch)
     intervals: int = 0  # judged
     skipped: int = 0  # valid, but saying nothing about capacity (a restart inside, no length)
     replayed: int = 0  # judged before (at-least-once delivery, a scraper restarted on old records)
@@ -79,4 +82,6 @@ class JudgeEngines:
             self.replayed += 1
             return []
         self.intervals += 1
-        return self.bank.observe(window)  # type: ignore[arg-type]  # EngineWindow reads as WindowStats here
+        events = self.bank.observe(window)  # type: ignore[arg-type]  # EngineWindow reads as WindowStats here
+        spare = self.headroom.observe(window)
+        return events if spare is None else [*events, spare]

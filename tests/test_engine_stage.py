@@ -31,6 +31,7 @@ def interval(
         "waiting": fault.get("waiting", float(rng.randint(0, 2)) * load),
         "preemptions_per_s": fault.get("preemptions_per_s", 0.0),
         "finished": {"stop": finished * 0.97, "length": finished * 0.03},
+        "prefix_cache_hit_rate": fault.get("prefix_cache_hit_rate"),
     }  # fmt: skip
 
 
@@ -94,3 +95,18 @@ def test_an_interval_with_a_server_restart_inside_says_nothing() -> None:
     judge = JudgeEngines(Settings())
     judge.receive(orjson.dumps({**raw, "counter_reset": True}))
     assert judge.skipped == 1 and judge.bank.windows_judged == 0
+
+
+def test_a_well_cached_engine_with_an_empty_kv_cache_is_reported_as_headroom_never_paged() -> None:
+    """The third incident of the brief: a high hit rate with low KV usage is room to raise
+    concurrency without more GPUs; told once, as info, and closed when the room is used."""
+    roomy = {"prefix_cache_hit_rate": 0.93, "kv_cache_usage": 0.25, "waiting": 0.0}
+    events = run([(40, 1.0, roomy), (3, 1.0, {"prefix_cache_hit_rate": 0.93, "kv_cache_usage": 0.8})])
+    headroom = [e for e in events if e.hints and e.hints[0].code == "capacity_headroom"]
+    assert [e.status for e in headroom] == [Status.FIRING, Status.RESOLVED]
+    assert not any(e.pages for e in headroom) and len({e.fingerprint for e in headroom}) == 1
+    assert "room to raise concurrency" in headroom[0].summary and headroom[0].window_start == T0 + 290
+    cold = run([(40, 1.0, {"prefix_cache_hit_rate": 0.1, "kv_cache_usage": 0.25, "waiting": 0.0})])
+    full = run([(40, 1.0, {"prefix_cache_hit_rate": 0.93, "kv_cache_usage": 0.7, "waiting": 0.0})])
+    for other in (cold, full):  # little served from the cache, or a cache that is not empty
+        assert not [e for e in other if e.hints and e.hints[0].code == "capacity_headroom"]

@@ -1,0 +1,112 @@
+"""Spare capacity: an engine whose prefix cache does most of the prefill work while its
+KV cache stays mostly empty and nothing queues can serve more requests at once.
+
+Not an anomaly but a finding worth telling a platform team (raise ``max_num_seqs`` or the
+gateway's concurrency before buying GPUs), so it is an ``info`` event: it never pages. It
+is reported once per stretch of ``windows`` such intervals in a row, and resolved when the
+stretch ends, under one fingerprint.
+
+>>> from models.engine_window import EngineWindow
+>>> def scrape(i, usage):
+...     return EngineWindow("gpu-1:8000|qwen", {"model": "qwen", "instance": "gpu-1:8000"}, 10.0 * i,
+...                         10.0 * i + 10, 100.0, 20_000.0, 3_000.0, 8.0, 0.0, usage, 0.93, 0)
+>>> watch = HeadroomWatch(windows=3)
+>>> [watch.observe(scrape(i, 0.2)) is None for i in range(3)]
+[True, True, False]
+>>> event = watch.observe(scrape(3, 0.9))   # the cache fills up: the stretch ends
+>>> event.status.value, event.severity.value, event.hints[0].code
+('resolved', 'info', 'capacity_headroom')
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from models.engine_window import EngineWindow
+from models.lifecycle import fingerprint
+from models.wording import event_id
+from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
+
+
+@dataclass
+class _Stretch:
+    start: float
+    intervals: int = 0
+    reported: bool = False
+
+
+@dataclass
+class HeadroomWatch:
+    """Per engine, the current stretch of intervals with spare capacity.
+
+    min_hit_rate
+        Share of prompt tokens the prefix cache must serve.
+    max_kv_usage
+        KV-cache usage at or below which the cache counts as mostly empty.
+    windows
+        Intervals in a row before it is reported (30 scrapes of 10 s: five minutes).
+    """
+
+    min_hit_rate: float = 0.8
+    max_kv_usage: float = 0.5
+    windows: int = 30
+    stretches: dict[str, _Stretch] = field(default_factory=dict)
+
+    def spare(self, window: EngineWindow) -> bool:
+        usage, hit = window.kv_cache_usage, window.cache_hit_rate
+        return (
+            window.requests > 0
+            and usage is not None
+            and usage <= self.max_kv_usage
+            and hit >= self.min_hit_rate  # False for NaN: no cache counters, no claim
+            and (window.waiting or 0.0) < 1.0
+            and window.preempted == 0
+        )
+
+    def observe(self, window: EngineWindow) -> AnomalyEvent | None:
+        stretch = self.stretches.get(window.key)
+        if not self.spare(window):
+            if stretch is None:
+                return None
+            del self.stretches[window.key]
+            return self._event(window, stretch, Status.RESOLVED) if stretch.reported else None
+        if stretch is None:
+            stretch = self.stretches[window.key] = _Stretch(window.start)
+        stretch.intervals += 1
+        if stretch.reported or stretch.intervals < self.windows:
+            return None
+        stretch.reported = True
+        return self._event(window, stretch, Status.FIRING)
+
+    def _event(self, window: EngineWindow, stretch: _Stretch, status: Status) -> AnomalyEvent:
+        fp = fingerprint(window.key, "capacity_headroom", stretch.start)
+        usage = window.kv_cache_usage if window.kv_cache_usage is not None else 0.0
+        engine = f"model {window.labels.get('model', 'other')} on {window.labels.get('instance', '?')}"
+        if status is Status.FIRING:
+            message = (
+                f"the prefix cache serves {window.cache_hit_rate:.0%} of prompt tokens while the KV cache is "
+                f"{usage:.0%} full and nothing waits, for {stretch.intervals} scrapes in a row: there is room to "
+                "raise concurrency (max_num_seqs, the gateway's limit) before adding GPUs"
+            )
+            summary = f"Spare capacity: {engine}; {message}."
+        else:
+            message = f"the KV cache is now {usage:.0%} full (or requests wait): the spare capacity is used"
+            summary = f"Spare capacity used: {engine}; {message}."
+        load = {k: round(v, 4) for k, v in window.load().items() if v == v}  # NaN: not measured
+        return AnomalyEvent(
+            id=event_id(fp, status.value, window.start),
+            fingerprint=fp,
+            status=status,
+            signal=Signal.KV_CACHE_USAGE,
+            segment=window.labels,
+            window_start=window.start,
+            window_end=window.end,
+            observed=usage,
+            expected=self.max_kv_usage,
+            score=0.0,
+            severity=Severity.INFO,
+            load=load,
+            explained_by_load=False,
+            hints=[Hint(code="capacity_headroom", message=message)],
+            summary=summary,
+        )
