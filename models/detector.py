@@ -30,7 +30,7 @@ from models.hints import Baseline, latency_hints, signal_hints
 from models.lifecycle import Transition, fingerprint
 from models.rates import BetaBinomialRate
 from models.signal_detector import DetectorConfig, SignalDetector, Verdict
-from models.signals import BY_SIGNAL, MODEL_FIGURES, Reading, SignalSpec
+from models.signals import MODEL_FIGURES, SPEC_SETS, Reading, SignalSpec
 from models.window import WindowStats
 from models.wording import describe, event_id, segment_phrase, window_summary
 from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
@@ -83,9 +83,9 @@ _NO_MODELS = Layout(size=len(_FRESH))
 
 
 @functools.lru_cache(maxsize=256)
-def _template(signal: Signal, grace_windows: int) -> Any:
+def _template(signal: Signal, grace_windows: int, source: str = "requests") -> Any:
     """A model of ``signal`` whose constructor arguments every segment's views share."""
-    return BY_SIGNAL[signal].build(grace_windows)
+    return SPEC_SETS[source][signal].build(grace_windows)
 
 
 @dataclass(slots=True)
@@ -132,7 +132,7 @@ class SegmentDetectors:
         time the signal shows data."""
         at = self.layout.offset(spec.signal)
         if at is not None:
-            return _template(spec.signal, self.config.grace_windows).view(self.numbers, at)
+            return _template(spec.signal, self.config.grace_windows, self.config.source).view(self.numbers, at)
         fresh = spec.build(self.config.grace_windows)
         if borrow is not None and isinstance(fresh, BetaBinomialRate) and borrow.n_learned >= fresh.grace_windows:
             # Cold start: a new segment starts from its model's rate, not a generic prior.
@@ -178,8 +178,9 @@ class SegmentDetectors:
         usual = self.usual  # one view for the whole window
         usual_requests = usual.requests_per_s * window.length
         sparse = usual.windows >= config.grace_windows and window.requests < config.min_share_of_usual * usual_requests
+        specs = SPEC_SETS[config.source]
         for name in config.signals:
-            spec = BY_SIGNAL[Signal(name)]
+            spec = specs[Signal(name)]
             if sparse and spec.kind == "latency":
                 continue
             reading = spec.read(window, load, config.ttft_quantile)
@@ -325,7 +326,8 @@ class SegmentDetectors:
     # -- compact state -------------------------------------------------------------
     def state(self) -> dict[str, Any]:
         """JSON-ready, versioned: what a changelog-backed table keeps per segment."""
-        models = {signal: self.model(BY_SIGNAL[signal]) for signal in self.layout.signals}
+        specs = SPEC_SETS[self.config.source]
+        models = {signal: self.model(specs[signal]) for signal in self.layout.signals}
         return {
             "v": STATE_VERSION,
             "last_window_end": self.last_window_end if math.isfinite(self.last_window_end) else None,
@@ -354,8 +356,9 @@ class SegmentDetectors:
         if len(flat) % _LOAD_RUN or len(flat) > _USUAL_AT:
             raise ValueError(f"recent load of {len(flat)} numbers")
         self._keep_load([flat[i : i + _LOAD_RUN] for i in range(0, len(flat), _LOAD_RUN)])
+        specs = SPEC_SETS[self.config.source]
         for name, saved in state["signals"].items():
-            spec = BY_SIGNAL[Signal(name)]
+            spec = specs[Signal(name)]
             detector = self.detector(spec)
             detector.model.load_state(saved["model"])
             if saved["tracker"] is not None:

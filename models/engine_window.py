@@ -50,6 +50,7 @@ class EngineWindow:
     kv_cache_usage: float | None
     cache_hit_rate: float  # NaN when the engine reports no prefix-cache counters
     preempted: int  # preemptions in the interval
+    prefix_caching: str | None = None  # the engine's enable_prefix_caching (cache_config_info), as it says it
 
     @classmethod
     def from_interval(cls, interval: EngineInterval) -> EngineWindow | None:
@@ -71,6 +72,7 @@ class EngineWindow:
             kv_cache_usage=interval.kv_cache_usage,
             cache_hit_rate=math.nan if interval.prefix_cache_hit_rate is None else interval.prefix_cache_hit_rate,
             preempted=round((interval.preemptions_per_s or 0.0) * length),
+            prefix_caching=interval.cache_config.get("enable_prefix_caching"),
         )
 
     @property
@@ -81,6 +83,10 @@ class EngineWindow:
     def preemption_trials(self) -> int:
         """Requests that could have been preempted: those finished plus those preempted."""
         return round(self.requests) + self.preempted
+
+    # Metrics do not say which requests reuse a prefix (request logs' ``prefix_hash`` do).
+    prefix_shared = 0
+    prefix_reported = 0
 
     def load(self) -> dict[str, float]:
         """Requests and tokens per second, and concurrency (running requests); the engine is

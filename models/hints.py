@@ -179,6 +179,14 @@ def signal_hints(signal: Signal, window: WindowStats, observed: float, expected:
     if signal is Signal.CACHE_HIT_RATE:
         shared, hashed = window.prefix_shared, window.prefix_reported
         reuse = f"{shared / hashed:.0%} of requests reuse a prompt prefix seen before, yet " if hashed else ""
+        if getattr(window, "prefix_caching", None) == "False":  # an engine's metrics say it outright
+            return [
+                Hint(
+                    code="prefix_cache_disabled",
+                    message=f"the cache serves {observed:.0%} of prompt tokens (usually {expected:.0%}) and the "
+                    "engine reports enable_prefix_caching=False: turn prefix caching on",
+                )
+            ]
         return [
             Hint(
                 code="prefix_cache_ineffective",

@@ -38,6 +38,7 @@ class DetectorConfig:
     # latency: its few survivors (a segment draining or going quiet) are a biased sample.
     min_share_of_usual: float = 0.2
     signals: tuple[str, ...] = tuple(spec.signal.value for spec in SPECS)  # the signals judged
+    source: str = "requests"  # whose windows: "requests" (WindowStats) or "engines" (EngineWindow)
 
     def tracker(self) -> IncidentTracker:
         return IncidentTracker(

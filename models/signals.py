@@ -209,6 +209,14 @@ def _waiting(window: Any, load: dict[str, float], _: float) -> Reading | None:
     return Reading(max(waiting, WAITING_FLOOR), n, {**load, "sampling_var": 0.0})
 
 
+def _engine_hit_rate(window: Any, load: dict[str, float], _: float) -> Reading | None:
+    """Cached over looked-up prompt tokens in the interval, from the engine's own counters."""
+    rate, n = window.cache_hit_rate, round(window.requests)
+    if math.isnan(rate) or n <= 0:
+        return None
+    return Reading(rate, n, {"trials": n, "prefix_shared_share": 0.0})
+
+
 #: The capacity signals of one engine (instance and model), judged on its scrapes: how
 #: full its KV cache is and how long its queue, at the load it serves, and how often it
 #: preempts requests for want of KV blocks.
@@ -221,7 +229,16 @@ ENGINE_SPECS: tuple[SignalSpec, ...] = (
                what="waiting requests"),
     _rate_spec(Signal.PREEMPTIONS, "preempted", "preemption_trials", "share of requests preempted",
                prior_rate=0.001),
+    SignalSpec(Signal.CACHE_HIT_RATE, "share", _engine_hit_rate, lambda grace: ShareLevel(tail="lower",
+               grace_windows=grace), unit="", what="prefix-cache hit rate"),
 )
 # fmt: on
 
-BY_SIGNAL = {spec.signal: spec for spec in (*SPECS, *ENGINE_SPECS)}
+#: Each source's signals: request-log windows (``WindowStats``) and engine intervals
+#: (``EngineWindow``) read the same signal, e.g. the prefix-cache hit rate, differently.
+SPEC_SETS: dict[str, dict[Signal, SignalSpec]] = {
+    "requests": {spec.signal: spec for spec in SPECS},
+    "engines": {spec.signal: spec for spec in ENGINE_SPECS},
+}
+#: Every signal's spec, the request-log one where both sources have it.
+BY_SIGNAL = {**SPEC_SETS["engines"], **SPEC_SETS["requests"]}

@@ -45,7 +45,7 @@ class JudgeEngines:
     replayed: int = 0  # judged before (at-least-once delivery, a scraper restarted on old records)
 
     def __post_init__(self) -> None:
-        config = replace(self.settings.detector_config(), signals=ENGINE_SIGNALS)
+        config = replace(self.settings.detector_config(), signals=ENGINE_SIGNALS, source="engines")
         self.bank = DetectorBank(config, save_every=self.settings.state_every_windows)
 
     def receive(self, raw: bytes | None, source: Source | None = None) -> tuple[list[AnomalyEvent], list[DeadLetter]]:

@@ -110,3 +110,16 @@ def test_a_well_cached_engine_with_an_empty_kv_cache_is_reported_as_headroom_nev
     full = run([(40, 1.0, {"prefix_cache_hit_rate": 0.93, "kv_cache_usage": 0.7, "waiting": 0.0})])
     for other in (cold, full):  # little served from the cache, or a cache that is not empty
         assert not [e for e in other if e.hints and e.hints[0].code == "capacity_headroom"]
+
+
+def test_prefix_caching_switched_off_on_an_engine_pages_its_hit_rate_and_says_so() -> None:
+    """The first incident of the brief, seen from the engine's own counters and config."""
+    judge, rng, events = JudgeEngines(Settings()), random.Random(8), []
+    for i in range(68):
+        off = i >= 60
+        raw = interval(i, rng, prefix_cache_hit_rate=0.01 if off else 0.9 * rng.uniform(0.97, 1.03))
+        raw["cache_config"] = {"enable_prefix_caching": "False" if off else "True"}
+        events += judge.receive(orjson.dumps(raw))[0]
+    hit = [e for e in events if e.signal is Signal.CACHE_HIT_RATE and e.pages]
+    assert hit and all(e.window_start >= T0 + 600 for e in hit)
+    assert hit[0].hints[0].code == "prefix_cache_disabled" and "prefix-cache hit rate" in hit[0].summary
