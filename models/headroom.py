@@ -1,15 +1,15 @@
-"""Spare capacity: an engine whose prefix cache does most of the prefill work while its
-KV cache stays mostly empty and nothing queues can serve more requests at once.
+"""Spare capacity: requests wait on an engine whose KV cache stays mostly empty while its
+prefix cache does most of the prefill work. Memory is not what holds them back: the
+engine's concurrency limit (``max_num_seqs``) is, and it can likely go up without more GPUs.
 
-Not an anomaly but a finding worth telling a platform team (raise ``max_num_seqs`` or the
-gateway's concurrency before buying GPUs), so it is an ``info`` event: it never pages. It
-is reported once per stretch of ``windows`` such intervals in a row, and resolved when the
-stretch ends, under one fingerprint.
+A finding for a platform team rather than a fault, so it is an ``info`` event: it never
+pages. It is reported once per stretch of ``windows`` such intervals in a row, and
+resolved when the stretch ends, under one fingerprint.
 
 >>> from models.engine_window import EngineWindow
 >>> def scrape(i, usage):
 ...     return EngineWindow("gpu-1:8000|qwen", {"model": "qwen", "instance": "gpu-1:8000"}, 10.0 * i,
-...                         10.0 * i + 10, 100.0, 20_000.0, 3_000.0, 8.0, 0.0, usage, 0.93, 0)
+...                         10.0 * i + 10, 100.0, 20_000.0, 3_000.0, 8.0, 6.0, usage, 0.93, 0)
 >>> watch = HeadroomWatch(windows=3)
 >>> [watch.observe(scrape(i, 0.2)) is None for i in range(3)]
 [True, True, False]
@@ -43,13 +43,16 @@ class HeadroomWatch:
         Share of prompt tokens the prefix cache must serve.
     max_kv_usage
         KV-cache usage at or below which the cache counts as mostly empty.
+    min_waiting
+        Requests waiting for a slot, at least.
     windows
-        Intervals in a row before it is reported (30 scrapes of 10 s: five minutes).
+        Intervals in a row before it is reported (6 scrapes of 10 s: a minute).
     """
 
     min_hit_rate: float = 0.8
     max_kv_usage: float = 0.5
-    windows: int = 30
+    min_waiting: float = 1.0
+    windows: int = 6
     stretches: dict[str, _Stretch] = field(default_factory=dict)
 
     def spare(self, window: EngineWindow) -> bool:
@@ -59,7 +62,7 @@ class HeadroomWatch:
             and usage is not None
             and usage <= self.max_kv_usage
             and hit >= self.min_hit_rate  # False for NaN: no cache counters, no claim
-            and (window.waiting or 0.0) < 1.0
+            and (window.waiting or 0.0) >= self.min_waiting
             and window.preempted == 0
         )
 
@@ -84,13 +87,13 @@ class HeadroomWatch:
         engine = f"model {window.labels.get('model', 'other')} on {window.labels.get('instance', '?')}"
         if status is Status.FIRING:
             message = (
-                f"the prefix cache serves {window.cache_hit_rate:.0%} of prompt tokens while the KV cache is "
-                f"{usage:.0%} full and nothing waits, for {stretch.intervals} scrapes in a row: there is room to "
-                "raise concurrency (max_num_seqs, the gateway's limit) before adding GPUs"
+                f"{window.waiting:,.0f} requests wait while the KV cache is {usage:.0%} full and the prefix cache "
+                f"serves {window.cache_hit_rate:.0%} of prompt tokens, for {stretch.intervals} scrapes in a row: "
+                "the concurrency limit (max_num_seqs), not memory, holds them back; it can likely go up"
             )
             summary = f"Spare capacity: {engine}; {message}."
         else:
-            message = f"the KV cache is now {usage:.0%} full (or requests wait): the spare capacity is used"
+            message = f"the KV cache is {usage:.0%} full, or nothing waits: the spare capacity is used or not needed"
             summary = f"Spare capacity used: {engine}; {message}."
         load = {k: round(v, 4) for k, v in window.load().items() if v == v}  # NaN: not measured
         return AnomalyEvent(

@@ -97,18 +97,19 @@ def test_an_interval_with_a_server_restart_inside_says_nothing() -> None:
     assert judge.skipped == 1 and judge.bank.windows_judged == 0
 
 
-def test_a_well_cached_engine_with_an_empty_kv_cache_is_reported_as_headroom_never_paged() -> None:
-    """The third incident of the brief: a high hit rate with low KV usage is room to raise
-    concurrency without more GPUs; told once, as info, and closed when the room is used."""
-    roomy = {"prefix_cache_hit_rate": 0.93, "kv_cache_usage": 0.25, "waiting": 0.0}
-    events = run([(40, 1.0, roomy), (3, 1.0, {"prefix_cache_hit_rate": 0.93, "kv_cache_usage": 0.8})])
+def test_requests_queueing_on_a_well_cached_engine_with_an_empty_kv_cache_are_reported_as_headroom() -> None:
+    """The third incident of the brief: a high hit rate with low KV usage while requests wait
+    is room to raise concurrency without more GPUs; told once, as info, closed when it ends."""
+    roomy = {"prefix_cache_hit_rate": 0.93, "kv_cache_usage": 0.25, "waiting": 6.0}
+    events = run([(20, 1.0, roomy), (3, 1.0, {**roomy, "kv_cache_usage": 0.8})])
     headroom = [e for e in events if e.hints and e.hints[0].code == "capacity_headroom"]
     assert [e.status for e in headroom] == [Status.FIRING, Status.RESOLVED]
     assert not any(e.pages for e in headroom) and len({e.fingerprint for e in headroom}) == 1
-    assert "room to raise concurrency" in headroom[0].summary and headroom[0].window_start == T0 + 290
-    cold = run([(40, 1.0, {"prefix_cache_hit_rate": 0.1, "kv_cache_usage": 0.25, "waiting": 0.0})])
-    full = run([(40, 1.0, {"prefix_cache_hit_rate": 0.93, "kv_cache_usage": 0.7, "waiting": 0.0})])
-    for other in (cold, full):  # little served from the cache, or a cache that is not empty
+    assert "max_num_seqs" in headroom[0].summary and headroom[0].window_start == T0 + 50
+    cold = run([(20, 1.0, {**roomy, "prefix_cache_hit_rate": 0.1})])
+    full = run([(20, 1.0, {**roomy, "kv_cache_usage": 0.7})])
+    idle = run([(20, 1.0, {**roomy, "waiting": 0.0})])
+    for other in (cold, full, idle):  # little from the cache, a cache not empty, or no one waiting
         assert not [e for e in other if e.hints and e.hints[0].code == "capacity_headroom"]
 
 
