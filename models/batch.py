@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from models.excerpt import excerpt
 from models.window import EVIDENCE_FIELDS, REASONS
 from schemas.request_log import FinishReason
 
@@ -110,12 +111,22 @@ class RowBatch:
         return kept
 
 
-def evidence_from_row(row: Any) -> dict[str, Any]:
-    """What a person needs to find the request in their own log store; never prompt or answer text.
+def evidence_from_row(row: Any, excerpt_chars: int = 0, markers: Sequence[str] = ()) -> dict[str, Any]:
+    """What a person needs to find the request in their own log store; never prompt text.
 
-    Accepts a row (mapping or attributes) or an evidence dict (idempotent).
+    With ``excerpt_chars`` > 0, a scrubbed excerpt of the answer (``models.excerpt``) is
+    added: around the first reasoning marker it contains (a leak), else its start; and of
+    the reasoning text when the answer is empty (an empty response). Accepts a row
+    (mapping or attributes) or an evidence dict (idempotent).
     """
     get = row.get if isinstance(row, Mapping) else lambda name: getattr(row, name, None)
     record = {name: value for name in EVIDENCE_FIELDS if (value := get(name)) is not None}
     record["finish_reason"] = normalise_reason(str(get("finish_reason")))
+    if excerpt_chars > 0:
+        content, reasoning = get("content"), get("reasoning_content")
+        if isinstance(content, str) and content.strip():
+            marker = next((m for m in markers if m in content), None)
+            record["content_excerpt"] = excerpt(content, marker, excerpt_chars)
+        elif isinstance(reasoning, str) and reasoning.strip():
+            record["reasoning_excerpt"] = excerpt(reasoning, None, excerpt_chars)
     return record

@@ -105,7 +105,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     )
 
     async def publish(events: list[AnomalyEvent]) -> None:
-        await resolve(events, evidence_reader.read)
+        await resolve(events, evidence_reader.read, settings.excerpt_chars, settings.reasoning_markers)
         for event in events:
             await topics.anomalies.send(key=event.fingerprint.encode(), value=event.model_dump_json().encode())
             logger.info("anomaly %s %s %s: %s", event.status.value, event.signal.value, event.severity.value,

@@ -3,7 +3,7 @@
 Windows keep their slowest requests by location only (``models.open_window``): a live
 segment then costs a few bytes of evidence, not a few kilobytes of request fields. When an
 event fires, its evidence pointers (``{"ttft_s", "location"}``) are filled in here with the
-records' evidence fields, read back from the requests topic (``KafkaMessageReader``) or,
+records' evidence fields (and scrubbed answer excerpts), read back from the requests topic (``KafkaMessageReader``) or,
 in a replay, from the replayed file. A record that can no longer be read (retention ran
 out, the embedded broker was restarted) stays a pointer with ``"unavailable": true``: the
 event still says where to look.
@@ -12,7 +12,7 @@ event still says where to look.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -36,8 +36,14 @@ def wanted(events: Iterable[AnomalyEvent]) -> set[MessageKey]:
     }
 
 
-def fill(events: Iterable[AnomalyEvent], messages: Mapping[MessageKey, bytes | None]) -> None:
-    """Replace each event's evidence pointers by the records they point at (in place)."""
+def fill(
+    events: Iterable[AnomalyEvent],
+    messages: Mapping[MessageKey, bytes | None],
+    excerpt_chars: int = 0,
+    markers: Sequence[str] = (),
+) -> None:
+    """Replace each event's evidence pointers by the records they point at (in place), with
+    scrubbed answer excerpts of at most ``excerpt_chars`` (0: none; see ``models.excerpt``)."""
     rows_of: dict[MessageKey, dict[int, Any]] = {}
     for event in events:
         filled = []
@@ -53,7 +59,7 @@ def fill(events: Iterable[AnomalyEvent], messages: Mapping[MessageKey, bytes | N
             if row is None:
                 filled.append({**record, "unavailable": True})
             else:
-                filled.append({**evidence_from_row(row), "location": location})
+                filled.append({**evidence_from_row(row, excerpt_chars, markers), "location": location})
         event.evidence = filled
 
 
@@ -66,7 +72,10 @@ def _rows_by_position(raw: bytes | None, key: MessageKey) -> dict[int, Any]:
 
 
 async def resolve(
-    events: list[AnomalyEvent], read: Callable[[set[MessageKey]], Awaitable[dict[MessageKey, bytes]]]
+    events: list[AnomalyEvent],
+    read: Callable[[set[MessageKey]], Awaitable[dict[MessageKey, bytes]]],
+    excerpt_chars: int = 0,
+    markers: Sequence[str] = (),
 ) -> None:
     """Fill in the evidence of ``events`` with messages from ``read`` (never raises)."""
     keys = wanted(events)
@@ -77,7 +86,7 @@ async def resolve(
     except Exception:  # evidence is worth a retry, never an event
         logger.exception("could not read evidence back from %d messages", len(keys))
         messages = {}
-    fill(events, messages)
+    fill(events, messages, excerpt_chars, markers)
 
 
 class KafkaMessageReader:

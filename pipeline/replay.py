@@ -81,7 +81,8 @@ class Replay:
         self.stats.events += len(events)
         keys = wanted(events)
         if keys:
-            fill(events, {key: self._message(key[1]) for key in keys})
+            messages = {key: self._message(key[1]) for key in keys}
+            fill(events, messages, self.settings.excerpt_chars, self.settings.reasoning_markers)
         return events
 
     def _message(self, offset: int) -> bytes | None:

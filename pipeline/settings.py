@@ -75,6 +75,12 @@ class Settings(BaseSettings):
     output_band_edges: tuple[int, ...] = (1024,)
     max_segments: int = Field(default=1000, ge=1)
     evidence_per_window: int = Field(default=5, ge=0)
+    excerpt_chars: int = Field(
+        default=200,
+        ge=0,
+        description="Length of the scrubbed answer excerpt in each evidence record (around a leaked reasoning "
+        "marker, else the answer's start); 0: no answer text leaves the worker. Prompts never do.",
+    )
     reasoning_markers: tuple[str, ...] = Field(
         default=DEFAULT_REASONING_MARKERS,
         description="Reasoning end markers; an answer containing one counts as a reasoning leak.",
