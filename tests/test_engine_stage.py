@@ -124,3 +124,20 @@ def test_prefix_caching_switched_off_on_an_engine_pages_its_hit_rate_and_says_so
     hit = [e for e in events if e.signal is Signal.CACHE_HIT_RATE and e.pages]
     assert hit and all(e.window_start >= T0 + 600 for e in hit)
     assert hit[0].hints[0].code == "prefix_cache_disabled" and "prefix-cache hit rate" in hit[0].summary
+
+
+def test_an_engines_detectors_come_back_from_stored_state() -> None:
+    """What the worker stores in its state table: a successor judges the next fault with the
+    grown-up baseline (cold, it would stay quiet for its grace windows)."""
+    first, rng = JudgeEngines(Settings()), random.Random(4)
+    for i in range(60):
+        first.receive(orjson.dumps(interval(i, rng)))
+    stored = {key: orjson.loads(orjson.dumps(state)) for key, state in first.bank.states_to_save(every_one=True)}
+    assert list(stored) == ["gpu-1:8000|qwen"]
+    second = JudgeEngines(Settings())
+    second.bank.restore = stored.get
+    fault = {"kv_cache_usage": 0.99, "waiting": 40.0, "preemptions_per_s": 3.0}
+    events = [e for i in range(60, 63) for e in second.receive(orjson.dumps(interval(i, rng, **fault)))[0]]
+    assert second.bank.restored == 1
+    kv = next(e for e in events if e.signal is Signal.KV_CACHE_USAGE and e.pages)
+    assert not kv.baseline_young and kv.window_start <= T0 + 610
