@@ -294,7 +294,9 @@ class SegmentDetectors:
             if spec.kind == "latency":
                 hints = latency_hints(load, usual, explained_by_load=explained)
             if not explained:  # explained by load: the load is the cause, not the signal's own fault
-                hints += signal_hints(spec.signal, window, reading.value, verdict.expected)
+                known = {hint.code for hint in hints}  # the load-side reading of a cause ranks first
+                hints += [h for h in signal_hints(spec.signal, window, reading.value, verdict.expected)
+                          if h.code not in known]  # fmt: skip
             summary = window_summary(spec, who, observed, expected, reading, verdict, load, demand_ratio, hints)
         return AnomalyEvent(
             id=event_id(

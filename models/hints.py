@@ -132,6 +132,15 @@ def latency_hints(load: dict[str, float], usual: Baseline, *, explained_by_load:
 
 def signal_hints(signal: Signal, window: WindowStats, observed: float, expected: float) -> list[Hint]:
     """The likely cause that goes with each non-latency signal (issue #5 refines these)."""
+    if signal is Signal.PREFILL_TIME:
+        return [
+            Hint(
+                code="prefill_bound",
+                message=f"prefill takes {observed / expected:.1f}x its expected time at this load: the rise is "
+                "in prefill per uncached token, not in queueing (slower prefill kernels, chunked-prefill "
+                "settings, or long prompts on a busier GPU)",
+            )
+        ]
     if signal in (Signal.ITL, Signal.THROUGHPUT):
         return [Hint(code="decode_slowdown", message="decode is slower per token than usual at this output load")]
     if signal is Signal.LENGTH_TRUNCATION:

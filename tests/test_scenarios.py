@@ -64,3 +64,25 @@ def test_rate_events_count_what_they_judge() -> None:
     assert event.hints[0].code == "output_truncated"
     assert 0.005 < event.observed < 0.2 and event.expected < 0.005
     assert " of " in event.summary  # "31 of 1,020 requests"
+
+
+#: Issue #5: the likely cause a person reads first, per injected case and paging signal.
+TOP_HINT = {
+    ("cache_off", Signal.TTFT): "prefix_cache_ineffective",
+    ("cache_off", Signal.PREFILL_TIME): "prefix_cache_ineffective",
+    ("cache_off", Signal.CACHE_HIT_RATE): "prefix_cache_ineffective",
+    ("truncation", Signal.LENGTH_TRUNCATION): "output_truncated",
+    ("truncation", Signal.REASONING_LEAK): "reasoning_marker_in_content",
+    ("decode_slow", Signal.ITL): "decode_slowdown",
+    ("decode_slow", Signal.THROUGHPUT): "decode_slowdown",
+    ("errors", Signal.ERROR_RATE): "error_burst",
+    ("long_prompts_slow", Signal.PREFILL_TIME): "prefill_bound",
+}
+
+
+@pytest.mark.parametrize(("name", "signal"), sorted(TOP_HINT, key=lambda k: (k[0], k[1].value)))
+def test_the_first_page_of_each_case_names_the_right_cause_first(name: str, signal: Signal) -> None:
+    r = result(name)
+    first = next(e for e in r.pages if e.signal is signal and e.window_end > r.injected_at)
+    assert first.hints and first.hints[0].code == TOP_HINT[(name, signal)], [h.code for h in first.hints]
+    assert len({h.code for h in first.hints}) == len(first.hints), "a cause is named once"
