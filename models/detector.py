@@ -297,6 +297,15 @@ class SegmentDetectors:
                 known = {hint.code for hint in hints}  # the load-side reading of a cause ranks first
                 hints += [h for h in signal_hints(spec.signal, window, reading.value, verdict.expected)
                           if h.code not in known]  # fmt: skip
+            learned = detector.model.n_learned
+            if learned < config.young_windows and not explained:
+                hints.append(
+                    Hint(
+                        code="new_segment",
+                        message=f"this segment's baseline has {learned} windows behind it (young below "
+                        f"{config.young_windows}): a new workload, or one judged against its model's usual",
+                    )
+                )
             summary = window_summary(spec, who, observed, expected, reading, verdict, load, demand_ratio, hints)
         return AnomalyEvent(
             id=event_id(

@@ -8,10 +8,11 @@ moved, so the first hint is the best guess. Codes are a documented, stable set.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 from models.compact import CompactState, count, number
 from models.window import WindowStats
-from schemas.anomaly import Hint, Signal
+from schemas.anomaly import AnomalyEvent, Hint, Signal
 
 
 class Baseline(CompactState):
@@ -204,3 +205,21 @@ def signal_hints(signal: Signal, window: WindowStats, observed: float, expected:
             )
         ]
     return []
+
+
+def mention_engine_config(event: AnomalyEvent, prefix_caching: Mapping[str, str]) -> None:
+    """Name the engines whose metrics say prefix caching is off (``enable_prefix_caching``,
+    by instance, for the event's model) in a ``prefix_cache_ineffective`` hint, in place:
+    request logs show the symptom, the engines' own config the likely cause."""
+    off = sorted(instance for instance, enabled in prefix_caching.items() if enabled == "False")
+    if not off:
+        return
+    for i, hint in enumerate(event.hints):
+        if hint.code != "prefix_cache_ineffective":
+            continue
+        shown = ", ".join(off[:3]) + (f" and {len(off) - 3} more" if len(off) > 3 else "")
+        message = f"{hint.message}; the engines report enable_prefix_caching=False on {shown}"
+        told = Hint(code=hint.code, message=message)
+        event.hints[i] = told
+        event.summary = event.summary.replace(hint.message, told.message)
+        return

@@ -105,6 +105,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     )
 
     async def publish(events: list[AnomalyEvent]) -> None:
+        engines.explain(events)
         await resolve(events, evidence_reader.read, settings.excerpt_chars, settings.reasoning_markers)
         for event in events:
             await topics.anomalies.send(key=event.fingerprint.encode(), value=event.model_dump_json().encode())

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from models.detector import DetectorBank
 from models.engine_window import EngineWindow
 from models.headroom import HeadroomWatch
+from models.hints import mention_engine_config
 from models.signals import ENGINE_SPECS
 from pipeline import metrics
 from pipeline.decode import Source, dead_letter
@@ -43,6 +44,8 @@ class JudgeEngines:
     intervals: int = 0  # judged
     skipped: int = 0  # valid, but saying nothing about capacity (a restart inside, no length)
     replayed: int = 0  # judged before (at-least-once delivery, a scraper restarted on old records)
+    # Per model, per instance: enable_prefix_caching as the engine's cache_config_info says it.
+    prefix_caching: dict[str, dict[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         config = replace(self.settings.detector_config(), signals=ENGINE_SIGNALS, source="engines")
@@ -74,6 +77,9 @@ class JudgeEngines:
         return events, letters
 
     def judge(self, interval: EngineInterval) -> list[AnomalyEvent]:
+        caching = interval.cache_config.get("enable_prefix_caching")
+        if caching is not None:
+            self.prefix_caching.setdefault(interval.model, {})[interval.instance] = caching
         window = EngineWindow.from_interval(interval)
         if window is None:
             self.skipped += 1
@@ -85,3 +91,11 @@ class JudgeEngines:
         events = self.bank.observe(window)  # type: ignore[arg-type]  # EngineWindow reads as WindowStats here
         spare = self.headroom.observe(window)
         return events if spare is None else [*events, spare]
+
+    def explain(self, events: list[AnomalyEvent]) -> None:
+        """Add what the engines' metrics say to request-log events (in place): a collapsed hit
+        rate on a model whose engines report prefix caching off names those engines."""
+        for event in events:
+            caching = self.prefix_caching.get(event.segment.get("model", ""))
+            if caching:
+                mention_engine_config(event, caching)

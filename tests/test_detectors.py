@@ -171,3 +171,11 @@ def test_a_segment_whose_incident_moves_is_due_for_storage_at_once() -> None:
     bank = engine.stage_two.bank
     due = [dict(label.split("=", 1) for label in key.split("|")) for key, _ in bank.states_to_save()]
     assert due and all(event.segment in due for event in events)
+
+
+def test_an_event_from_a_young_segment_says_so_after_its_cause() -> None:
+    workload = Workload((Phase("normal", 120), Phase("cache_off", 120, prefix_caching=False)), seed=14)
+    pages = [e for e in Replay().run(batches(workload)) if e.pages and e.signal is Signal.TTFT]
+    assert pages and all(e.baseline_young for e in pages)
+    codes = [h.code for h in pages[0].hints]
+    assert codes[0] == "prefix_cache_ineffective" and codes[-1] == "new_segment"

@@ -11,7 +11,7 @@ from models.engine_window import EngineWindow
 from pipeline.decode import Source
 from pipeline.engine_stage import JudgeEngines
 from pipeline.settings import Settings
-from schemas.anomaly import AnomalyEvent, Signal, Status
+from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 from schemas.engine_interval import EngineInterval
 
 T0 = 1_767_225_600.0
@@ -141,3 +141,25 @@ def test_an_engines_detectors_come_back_from_stored_state() -> None:
     assert second.bank.restored == 1
     kv = next(e for e in events if e.signal is Signal.KV_CACHE_USAGE and e.pages)
     assert not kv.baseline_young and kv.window_start <= T0 + 610
+
+
+def test_request_log_events_name_the_engines_that_report_prefix_caching_off() -> None:
+    """The brief's first incident across both sources: request logs show the hit rate
+    collapse, the engines' cache_config_info says why, and the hint names them."""
+    judge, rng = JudgeEngines(Settings()), random.Random(6)
+    for instance, enabled in (("gpu-1:8000", "False"), ("gpu-2:8000", "True")):
+        raw = interval(0, rng, instance=instance)
+        raw["cache_config"] = {"enable_prefix_caching": enabled}
+        judge.receive(orjson.dumps(raw))
+    message = "prefix-cache hit rate fell to 0% from a usual 55%; check that prefix caching is enabled"
+    event = AnomalyEvent(
+        id="x", fingerprint="f", status=Status.FIRING, signal=Signal.TTFT, segment={"model": "qwen"},
+        window_start=T0, window_end=T0 + 10, observed=8.0, expected=0.9, score=9.0, severity=Severity.CRITICAL,
+        load={}, explained_by_load=False, hints=[Hint(code="prefix_cache_ineffective", message=message)],
+        summary=f"TTFT p95 for model qwen is 8.00 s against 900 ms expected; {message}.",
+    )  # fmt: skip
+    other = event.model_copy(update={"segment": {"model": "llama"}, "hints": list(event.hints)})
+    judge.explain([event, other])
+    assert event.hints[0].message.endswith("enable_prefix_caching=False on gpu-1:8000")
+    assert "enable_prefix_caching=False on gpu-1:8000" in event.summary
+    assert other.hints[0].message == message  # no engine of that model said anything
