@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from models.faulty_requests import FAULT_SIGNALS
 from models.hints import Baseline, latency_hints, signal_hints
 from models.lifecycle import Transition, fingerprint
 from models.rates import BetaBinomialRate
@@ -327,12 +328,21 @@ class SegmentDetectors:
             },
             explained_by_load=explained,
             hints=hints,
-            evidence=window.evidence_records()
-            if transition is not Transition.RESOLVED and spec.kind == "latency"
-            else [],
+            evidence=self._evidence(window, spec) if transition is not Transition.RESOLVED else [],
             summary=summary,
             baseline_young=detector.model.n_learned < config.young_windows,
         )
+
+    @staticmethod
+    def _evidence(window: WindowStats, spec: SignalSpec) -> list[dict[str, Any]]:
+        """Pointers that ``pipeline.evidence`` fills in: a latency event's slowest requests; a
+        rate event's scan of the window's messages for the requests it counted as bad."""
+        if spec.kind == "latency":
+            return window.evidence_records()
+        sources = getattr(window, "sources", None)  # an engine's window has no requests
+        if spec.signal in FAULT_SIGNALS and sources:
+            return [{"scan": spec.signal.value, "segment": window.key, "sources": [list(s) for s in sources]}]
+        return []
 
     # -- compact state -------------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -172,6 +172,36 @@ class Segmenter:
         instance: str | None = None,
         engine: str | None = None,
     ) -> str:
+        key = self.natural_key(
+            model=model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, route=route, tenant=tenant,
+            instance=instance, engine=engine,
+        )  # fmt: skip
+        known = self._ids.get(key)
+        if known is not None:
+            return self.keys[known]
+        if len(self._ids) - (self._overflow_id is not None) >= self.max_segments:
+            self.overflowed += 1
+            key = OVERFLOW_KEY
+            if self._overflow_id is not None:
+                return key
+            self._overflow_id = len(self.keys)
+        key = sys.intern(key)  # stage 2 and the detectors share it, even when it came over the wire
+        self._ids[key] = len(self.keys)
+        self.keys.append(key)
+        return key
+
+    def natural_key(
+        self,
+        *,
+        model: str,
+        prompt_tokens: int,
+        output_tokens: int,
+        route: str | None = None,
+        tenant: str | None = None,
+        instance: str | None = None,
+        engine: str | None = None,
+    ) -> str:
+        """The key of a request's segment before the cap (``key_for`` without registering it)."""
         values = {
             "model": model,
             "route": route or UNSET,
@@ -189,20 +219,16 @@ class Segmenter:
                 # '|' and '=' separate labels in the key; keep them out of values.
                 value = values[dim].replace("|", "/").replace("=", ":")
             parts.append(f"{dim}={value}")
-        key = "|".join(parts)
-        known = self._ids.get(key)
-        if known is not None:
-            return self.keys[known]
-        if len(self._ids) - (self._overflow_id is not None) >= self.max_segments:
-            self.overflowed += 1
-            key = OVERFLOW_KEY
-            if self._overflow_id is not None:
-                return key
-            self._overflow_id = len(self.keys)
-        key = sys.intern(key)  # stage 2 and the detectors share it, even when it came over the wire
-        self._ids[key] = len(self.keys)
-        self.keys.append(key)
-        return key
+        return "|".join(parts)
+
+    def key_of_row(self, row: Any) -> str:
+        """``natural_key`` of a request log (a mapping or an object with its fields)."""
+        get = row.get if isinstance(row, Mapping) else lambda name: getattr(row, name, None)
+        return self.natural_key(
+            model=str(get("model")), prompt_tokens=int(get("prompt_tokens") or 0),
+            output_tokens=int(get("completion_tokens") or 0), route=get("route"), tenant=get("tenant"),
+            instance=get("instance"), engine=get("engine"),
+        )  # fmt: skip
 
     def ids_for_columns(
         self, labels: Mapping[str, Sequence[Any]], prompt: np.ndarray, output: np.ndarray

@@ -100,13 +100,14 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         for partition, bundle in stage_one.bundles(partials, partials_partitions):
             await topics.partials.send(key=None, value=bundle, partition=partition)
 
+    segment_key_of = settings.segmenter().key_of_row  # a scan's filter: never registers a segment
     evidence_reader = KafkaMessageReader(
         settings.bootstrap, topics.requests.get_topic_name(), settings.max_message_bytes
     )
 
     async def publish(events: list[AnomalyEvent]) -> None:
         engines.explain(events)
-        await resolve(events, evidence_reader.read, settings.excerpt_chars, settings.reasoning_markers)
+        await resolve(events, evidence_reader.read, settings.excerpt_chars, settings.reasoning_markers, segment_key_of)
         for event in events:
             await topics.anomalies.send(key=event.fingerprint.encode(), value=event.model_dump_json().encode())
             logger.info("anomaly %s %s %s: %s", event.status.value, event.signal.value, event.severity.value,

@@ -18,22 +18,46 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from models.batch import evidence_from_row
+from models.faulty_requests import shows_fault
 from pipeline.decode import Source, decode_message
-from schemas.anomaly import AnomalyEvent
+from schemas.anomaly import AnomalyEvent, Signal
 
 logger = logging.getLogger(__name__)
 
 MessageKey = tuple[int, int]  # (partition, offset)
 
 
+#: Messages of a window read back for one rate event's scan: enough to find a few of the
+#: requests it counted (each message holds hundreds, from every segment), few enough that
+#: a firing event costs milliseconds.
+SCAN_MESSAGES = 16
+#: Requests a scan keeps as evidence.
+SCAN_KEEP = 5
+
+
+def scanned(sources: Iterable[Sequence[int]], budget: int = SCAN_MESSAGES) -> list[MessageKey]:
+    """The messages a scan reads: the first of each source's offset range, in turn, up to ``budget``."""
+    ranges = [(int(p), int(first), int(last)) for p, first, last in sources]
+    picked: list[MessageKey] = []
+    step = 0
+    while len(picked) < budget and any(first + step <= last for _, first, last in ranges):
+        for partition, first, last in ranges:
+            if first + step <= last and len(picked) < budget:
+                picked.append((partition, first + step))
+        step += 1
+    return picked
+
+
 def wanted(events: Iterable[AnomalyEvent]) -> set[MessageKey]:
-    """The messages holding the requests these events point at."""
-    return {
-        (record["location"]["partition"], record["location"]["offset"])
-        for event in events
-        for record in event.evidence
-        if "location" in record and "request_id" not in record
-    }
+    """The messages holding the requests these events point at, or that their scans read."""
+    keys: set[MessageKey] = set()
+    for event in events:
+        for record in event.evidence:
+            if "scan" in record:
+                keys.update(scanned(record["sources"]))
+            elif "location" in record and "request_id" not in record:
+                keys.add((record["location"]["partition"], record["location"]["offset"]))
+    return keys
 
 
 def fill(
@@ -41,26 +65,58 @@ def fill(
     messages: Mapping[MessageKey, bytes | None],
     excerpt_chars: int = 0,
     markers: Sequence[str] = (),
+    segment_of: Callable[[Any], str] | None = None,
 ) -> None:
     """Replace each event's evidence pointers by the records they point at (in place), with
-    scrubbed answer excerpts of at most ``excerpt_chars`` (0: none; see ``models.excerpt``)."""
+    scrubbed answer excerpts of at most ``excerpt_chars`` (0: none; see ``models.excerpt``).
+
+    A scan (a rate event's) becomes the first ``SCAN_KEEP`` requests of its segment
+    (``segment_of(row)``, the segmenter's key before the cap) in the messages read that
+    show its fault; without ``segment_of`` it is dropped.
+    """
     rows_of: dict[MessageKey, dict[int, Any]] = {}
+
+    def rows(key: MessageKey) -> dict[int, Any]:
+        if key not in rows_of:
+            rows_of[key] = _rows_by_position(messages.get(key), key)
+        return rows_of[key]
+
     for event in events:
         filled = []
         for record in event.evidence:
+            if "scan" in record:
+                if segment_of is not None:
+                    filled.extend(_scan(record, rows, excerpt_chars, markers, segment_of))
+                continue
             location = record.get("location")
             if location is None or "request_id" in record:
                 filled.append(record)
                 continue
-            key = (location["partition"], location["offset"])
-            if key not in rows_of:
-                rows_of[key] = _rows_by_position(messages.get(key), key)
-            row = rows_of[key].get(location["index"])
+            row = rows((location["partition"], location["offset"])).get(location["index"])
             if row is None:
                 filled.append({**record, "unavailable": True})
             else:
                 filled.append({**evidence_from_row(row, excerpt_chars, markers), "location": location})
         event.evidence = filled
+
+
+def _scan(
+    pointer: dict[str, Any],
+    rows: Callable[[MessageKey], dict[int, Any]],
+    excerpt_chars: int,
+    markers: Sequence[str],
+    segment_of: Callable[[Any], str],
+) -> list[dict[str, Any]]:
+    signal, segment = Signal(pointer["scan"]), pointer["segment"]
+    found: list[dict[str, Any]] = []
+    for partition, offset in scanned(pointer["sources"]):
+        for index, row in rows((partition, offset)).items():
+            if shows_fault(signal, row, markers) and segment_of(row) == segment:
+                location = {"partition": partition, "offset": offset, "index": index}
+                found.append({**evidence_from_row(row, excerpt_chars, markers), "location": location})
+                if len(found) == SCAN_KEEP:
+                    return found
+    return found
 
 
 def _rows_by_position(raw: bytes | None, key: MessageKey) -> dict[int, Any]:
@@ -76,6 +132,7 @@ async def resolve(
     read: Callable[[set[MessageKey]], Awaitable[dict[MessageKey, bytes]]],
     excerpt_chars: int = 0,
     markers: Sequence[str] = (),
+    segment_of: Callable[[Any], str] | None = None,
 ) -> None:
     """Fill in the evidence of ``events`` with messages from ``read`` (never raises)."""
     keys = wanted(events)
@@ -86,7 +143,7 @@ async def resolve(
     except Exception:  # evidence is worth a retry, never an event
         logger.exception("could not read evidence back from %d messages", len(keys))
         messages = {}
-    fill(events, messages, excerpt_chars, markers)
+    fill(events, messages, excerpt_chars, markers, segment_of)
 
 
 class KafkaMessageReader:

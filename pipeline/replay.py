@@ -49,6 +49,7 @@ class Replay:
         self.settings = settings or Settings()
         self.stage_one = StageOne(self.settings)
         self.stage_two = StageTwo(self.settings)
+        self._segment_of = self.settings.segmenter().key_of_row  # rate events' evidence scans
         self.stats = ReplayStats()
         self._reread = reread
         self._kept: dict[int, bytes] = {}
@@ -82,7 +83,7 @@ class Replay:
         keys = wanted(events)
         if keys:
             messages = {key: self._message(key[1]) for key in keys}
-            fill(events, messages, self.settings.excerpt_chars, self.settings.reasoning_markers)
+            fill(events, messages, self.settings.excerpt_chars, self.settings.reasoning_markers, self._segment_of)
         return events
 
     def _message(self, offset: int) -> bytes | None:

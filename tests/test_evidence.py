@@ -91,3 +91,36 @@ def test_replay_from_a_file_and_from_memory_give_the_same_events(tmp_path: Path)
     assert firing and all(r.get("request_id") and "unavailable" not in r for e in firing for r in e.evidence)
     # Without a file to re-read, only the messages open windows may point at are kept.
     assert kept_at_most < len(messages) / 4
+
+
+def test_a_scan_reads_a_bounded_number_of_messages_from_every_source_in_turn() -> None:
+    from pipeline.evidence import SCAN_MESSAGES, scanned
+
+    picked = scanned([(0, 10, 1000), (3, 7, 8)])
+    assert len(picked) == SCAN_MESSAGES and picked[:4] == [(0, 10), (3, 7), (0, 11), (3, 8)]
+    assert scanned([(1, 5, 5)]) == [(1, 5)]
+
+
+def test_a_scan_keeps_the_segments_faulty_requests_and_is_dropped_without_a_segmenter() -> None:
+    from pipeline.settings import Settings
+
+    base = {"timestamp": 1.7e9, "model": "m", "route": "chat", "prompt_tokens": 100, "completion_tokens": 10,
+            "e2e_s": 1.0}  # fmt: skip
+    rows = [
+        {**base, "request_id": "ok", "finish_reason": "stop"},
+        {**base, "request_id": "cut", "finish_reason": "length"},
+        {**base, "request_id": "other", "finish_reason": "length", "route": "rag"},  # another segment
+    ]
+    segmenter = Settings().segmenter()
+    key = segmenter.key_of_row(rows[1])
+    pointer = {"scan": Signal.LENGTH_TRUNCATION.value, "segment": key, "sources": [[2, 40, 40]]}
+    event = pointing_at()
+    event.evidence = [pointer]
+    fill([event], {(2, 40): orjson.dumps(rows)}, segment_of=segmenter.key_of_row)
+    assert [(r["request_id"], r["location"]) for r in event.evidence] == [
+        ("cut", {"partition": 2, "offset": 40, "index": 1})
+    ]
+    bare = pointing_at()
+    bare.evidence = [dict(pointer)]
+    fill([bare], {(2, 40): orjson.dumps(rows)})
+    assert bare.evidence == []

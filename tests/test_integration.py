@@ -215,3 +215,21 @@ def test_engine_metrics_on_the_scrapes_topic_page_a_capacity_incident(worker: st
         return letter if letter.source_topic == topics.SCRAPES and letter.reason == "invalid_json" else None
 
     assert asyncio.run(first_matching(worker, topics.DEADLETTER, bad_scrape, timeout_s=30))
+
+
+def test_a_truncation_page_carries_the_truncated_requests_read_back_from_the_topic(worker: str) -> None:
+    """A rate event's evidence: the worker scans the window's own messages on the requests
+    topic for the requests it counted, and quotes answers only as scrubbed excerpts."""
+    workload = Workload(
+        (Phase("normal", 240), Phase("truncation", 150, max_tokens=1000, leak_rate=0.03)), seed=23, log_content=True
+    )
+    asyncio.run(play(worker, workload, speed=60.0))
+
+    def truncation_page(raw: bytes) -> AnomalyEvent | None:
+        event = AnomalyEvent.model_validate_json(raw)
+        return event if event.signal is Signal.LENGTH_TRUNCATION and event.pages else None
+
+    event = asyncio.run(first_matching(worker, topics.ANOMALIES, truncation_page, timeout_s=90))
+    assert event.hints[0].code == "output_truncated"
+    assert event.evidence and all(r["finish_reason"] == "length" and "location" in r for r in event.evidence)
+    assert all(len(r.get("content_excerpt", "")) <= 200 for r in event.evidence)

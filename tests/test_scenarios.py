@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from pipeline.scenarios import BY_NAME, SCENARIOS, ScenarioResult, run_scenario
-from schemas.anomaly import Severity, Signal, Status
+from schemas.anomaly import AnomalyEvent, Severity, Signal, Status
 
 _results: dict[str, ScenarioResult] = {}
 
@@ -86,3 +86,24 @@ def test_the_first_page_of_each_case_names_the_right_cause_first(name: str, sign
     first = next(e for e in r.pages if e.signal is signal and e.window_end > r.injected_at)
     assert first.hints and first.hints[0].code == TOP_HINT[(name, signal)], [h.code for h in first.hints]
     assert len({h.code for h in first.hints}) == len(first.hints), "a cause is named once"
+
+
+def _first_page(name: str, signal: Signal) -> AnomalyEvent:
+    r = result(name)
+    return next(e for e in r.pages if e.signal is signal and e.window_end > r.injected_at)
+
+
+def test_rate_events_carry_the_requests_they_counted_as_evidence() -> None:
+    """Issue #5: a truncation page holds truncated answers, a leak page answers with the
+    marker (scrubbed excerpt around it), an error page failed requests; all of its segment."""
+    truncated = _first_page("truncation", Signal.LENGTH_TRUNCATION)
+    assert truncated.evidence and all(r["finish_reason"] == "length" for r in truncated.evidence)
+    leaks = _first_page("truncation", Signal.REASONING_LEAK)
+    assert leaks.evidence and all("‹/think›" in r["content_excerpt"] for r in leaks.evidence)
+    assert all(len(r["content_excerpt"]) <= 200 for r in leaks.evidence)
+    failed = _first_page("errors", Signal.ERROR_RATE)
+    assert failed.evidence
+    assert all(r["finish_reason"] in ("error", "abort") or r.get("status_code", 0) >= 500 for r in failed.evidence)
+    for event in (truncated, leaks, failed):
+        assert {r["model"] for r in event.evidence} == {event.segment["model"]}
+        assert all("location" in r and "request_id" in r for r in event.evidence)
