@@ -220,14 +220,17 @@ def test_engine_metrics_on_the_scrapes_topic_page_a_capacity_incident(worker: st
 def test_a_truncation_page_carries_the_truncated_requests_read_back_from_the_topic(worker: str) -> None:
     """A rate event's evidence: the worker scans the window's own messages on the requests
     topic for the requests it counted, and quotes answers only as scrubbed excerpts."""
-    workload = Workload(
-        (Phase("normal", 240), Phase("truncation", 150, max_tokens=1000, leak_rate=0.03)), seed=23, log_content=True
-    )
+    from pipeline.workload import EPOCH
+
+    # Event times of its own: other tests' request logs on this topic share EPOCH and segments.
+    phases = (Phase("normal", 240), Phase("truncation", 150, max_tokens=1000, leak_rate=0.03))
+    workload = Workload(phases, seed=23, log_content=True, start=EPOCH + 86_400)
     asyncio.run(play(worker, workload, speed=60.0))
 
     def truncation_page(raw: bytes) -> AnomalyEvent | None:
         event = AnomalyEvent.model_validate_json(raw)
-        return event if event.signal is Signal.LENGTH_TRUNCATION and event.pages else None
+        mine = event.window_start >= EPOCH + 86_400 and event.signal is Signal.LENGTH_TRUNCATION
+        return event if mine and event.pages else None
 
     event = asyncio.run(first_matching(worker, topics.ANOMALIES, truncation_page, timeout_s=90))
     assert event.hints[0].code == "output_truncated"
