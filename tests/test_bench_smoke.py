@@ -29,3 +29,18 @@ def test_scale_benchmark_runs_and_the_cap_holds() -> None:
 def test_throughput_benchmark_runs() -> None:
     out = run("bench/throughput.py", "--records", "3000", "--single", "300", "--repeat", "1")
     assert "batched (500/msg)" in out and "one record per message" in out and "replay" in out
+
+
+def test_the_naive_baselines_fire_once_on_a_jump_and_look_only_backwards() -> None:
+    import random
+
+    from bench.baselines import fixed_threshold, fixed_threshold_incidents, rolling_z_incidents
+
+    rng = random.Random(3)
+    points = [(10.0 * i, 0.5 * rng.uniform(0.9, 1.1)) for i in range(40)] + [(400.0 + 10 * i, 5.0) for i in range(5)]
+    series = {"model=m": points}
+    threshold = fixed_threshold(series, warmup_end=400.0)
+    assert 0.5 < threshold < 0.6
+    assert fixed_threshold_incidents(series, threshold) == [("model=m", 410.0)]  # 2 anomalous windows of 3
+    assert rolling_z_incidents(series) == [("model=m", 410.0)]
+    assert rolling_z_incidents({"model=m": points[:40]}) == []
