@@ -8,6 +8,8 @@ Agents:
 - ``detect_anomalies`` (partials topic): merge partials per segment window, judge each
   window once, store the detectors' state in a changelog-backed table, read the evidence
   of firing events back from the requests topic, publish.
+- ``judge_engine_intervals`` (scrapes topic): judge each engine's ``EngineInterval`` on
+  its capacity signals (``engine_stage``), with state in the same table; publish.
 Timers advance quiet partitions' event time and release windows that waited long enough.
 """
 
@@ -89,10 +91,16 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     # its messages) never look like a segment's (``model=...|route=...``).
     stage_two.bank.restore = engines.bank.restore = restore
 
-    def save_states(every_one: bool = False) -> None:
-        for bank in (stage_two.bank, engines.bank):
-            for key, state in bank.states_to_save(every_one):
-                state_table[key.encode()] = orjson.dumps(state)
+    def save_states(every_one: bool = False, occasion: str = "") -> None:
+        """Store what is due (``every_one``: every segment's and engine's latest). Never raises:
+        state is a cache of what the models learned, never worth an event or the worker."""
+        try:
+            for bank in (stage_two.bank, engines.bank):
+                for key, state in bank.states_to_save(every_one):
+                    state_table[key.encode()] = orjson.dumps(state)
+        except Exception as exc:
+            metrics.STATE_WRITE_FAILURES.inc()
+            logger.warning("detector state not stored%s (%s): a restart would relearn those segments", occasion, exc)
 
     partials_partitions = settings.topic_partitions
 
@@ -147,11 +155,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         await store_and_publish(events)
 
     async def store_and_publish(events: list[AnomalyEvent]) -> None:
-        try:
-            save_states()
-        except Exception as exc:  # state is a cache of what the models learned: never lose events for it
-            metrics.STATE_WRITE_FAILURES.inc()
-            logger.warning("detector state not stored (%s): a restart would relearn those segments", exc)
+        save_states()
         await publish(events)
 
     @app.agent(topics.partials)
@@ -208,11 +212,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     async def store_every_state(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         # States are stored every few windows (SERVEWATCH_STATE_EVERY_WINDOWS): a worker that
         # stops on purpose stores what it learned since, for whoever takes its segments.
-        try:
-            save_states(every_one=True)
-        except Exception as exc:
-            metrics.STATE_WRITE_FAILURES.inc()
-            logger.warning("detector state not stored on shutdown (%s)", exc)
+        save_states(every_one=True, occasion=" on shutdown")
 
     @app.on_partitions_revoked.connect
     async def hand_over_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
@@ -226,11 +226,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             # Their state is in the table (stored every few windows; now every segment's
             # latest): whoever judges them next restores it, and so will this worker if they
             # come back, rather than keep a copy that the other worker has since moved past.
-            try:
-                save_states(every_one=True)
-            except Exception as exc:
-                metrics.STATE_WRITE_FAILURES.inc()
-                logger.warning("detector state not stored on revocation (%s)", exc)
+            save_states(every_one=True, occasion=" on revocation")
             stage_two.bank.forget(lambda key: partition_of(key, partials_partitions) in judged_here)
             engines.bank.forget(lambda key: partition_of(key, partials_partitions) in engines_here)
 
