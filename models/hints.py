@@ -223,3 +223,19 @@ def mention_engine_config(event: AnomalyEvent, prefix_caching: Mapping[str, str]
         event.hints[i] = told
         event.summary = event.summary.replace(hint.message, told.message)
         return
+
+
+def mention_max_tokens(event: AnomalyEvent) -> None:
+    """Name the ``max_tokens`` the truncated requests of the evidence asked for in the event's
+    ``output_truncated`` hint (in place): the limit to raise, or the client that set it."""
+    limits = sorted({int(r["max_tokens"]) for r in event.evidence if r.get("max_tokens") is not None})
+    if not limits:
+        return
+    for i, hint in enumerate(event.hints):
+        if hint.code != "output_truncated":
+            continue
+        shown = ", ".join(f"{limit:,}" for limit in limits[:5]) + (", ..." if len(limits) > 5 else "")
+        told = Hint(code=hint.code, message=f"{hint.message} (max_tokens of the requests cut: {shown})")
+        event.hints[i] = told
+        event.summary = event.summary.replace(hint.message, told.message)
+        return

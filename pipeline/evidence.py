@@ -19,6 +19,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from models.batch import evidence_from_row
 from models.faulty_requests import shows_fault
+from models.hints import mention_max_tokens
 from pipeline.decode import Source, decode_message
 from schemas.anomaly import AnomalyEvent, Signal
 
@@ -98,6 +99,7 @@ def fill(
             else:
                 filled.append({**evidence_from_row(row, excerpt_chars, markers), "location": location})
         event.evidence = filled
+        mention_max_tokens(event)  # what the evidence adds to its hint
 
 
 def _scan(

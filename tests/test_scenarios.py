@@ -98,6 +98,8 @@ def test_rate_events_carry_the_requests_they_counted_as_evidence() -> None:
     marker (scrubbed excerpt around it), an error page failed requests; all of its segment."""
     truncated = _first_page("truncation", Signal.LENGTH_TRUNCATION)
     assert truncated.evidence and all(r["finish_reason"] == "length" for r in truncated.evidence)
+    assert "(max_tokens of the requests cut: 1,000)" in truncated.hints[0].message  # the phase's limit
+    assert truncated.hints[0].message in truncated.summary
     leaks = _first_page("truncation", Signal.REASONING_LEAK)
     assert leaks.evidence and all("‹/think›" in r["content_excerpt"] for r in leaks.evidence)
     assert all(len(r["content_excerpt"]) <= 200 for r in leaks.evidence)
