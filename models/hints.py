@@ -212,30 +212,25 @@ def mention_engine_config(event: AnomalyEvent, prefix_caching: Mapping[str, str]
     by instance, for the event's model) in a ``prefix_cache_ineffective`` hint, in place:
     request logs show the symptom, the engines' own config the likely cause."""
     off = sorted(instance for instance, enabled in prefix_caching.items() if enabled == "False")
-    if not off:
-        return
-    for i, hint in enumerate(event.hints):
-        if hint.code != "prefix_cache_ineffective":
-            continue
+    if off:
         shown = ", ".join(off[:3]) + (f" and {len(off) - 3} more" if len(off) > 3 else "")
-        message = f"{hint.message}; the engines report enable_prefix_caching=False on {shown}"
-        told = Hint(code=hint.code, message=message)
-        event.hints[i] = told
-        event.summary = event.summary.replace(hint.message, told.message)
-        return
+        _amend(event, "prefix_cache_ineffective", f"; the engines report enable_prefix_caching=False on {shown}")
 
 
 def mention_max_tokens(event: AnomalyEvent) -> None:
     """Name the ``max_tokens`` the truncated requests of the evidence asked for in the event's
     ``output_truncated`` hint (in place): the limit to raise, or the client that set it."""
     limits = sorted({int(r["max_tokens"]) for r in event.evidence if r.get("max_tokens") is not None})
-    if not limits:
-        return
-    for i, hint in enumerate(event.hints):
-        if hint.code != "output_truncated":
-            continue
+    if limits:
         shown = ", ".join(f"{limit:,}" for limit in limits[:5]) + (", ..." if len(limits) > 5 else "")
-        told = Hint(code=hint.code, message=f"{hint.message} (max_tokens of the requests cut: {shown})")
-        event.hints[i] = told
-        event.summary = event.summary.replace(hint.message, told.message)
-        return
+        _amend(event, "output_truncated", f" (max_tokens of the requests cut: {shown})")
+
+
+def _amend(event: AnomalyEvent, code: str, addition: str) -> None:
+    """Append ``addition`` to the event's ``code`` hint, and to its summary, which quotes it."""
+    for i, hint in enumerate(event.hints):
+        if hint.code == code:
+            told = Hint(code=code, message=hint.message + addition)
+            event.hints[i] = told
+            event.summary = event.summary.replace(hint.message, told.message)
+            return

@@ -14,7 +14,7 @@ import math
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 import numpy as np
 
@@ -115,6 +115,18 @@ class LabelCodes:
         return [values[code] for values, code in zip(self._values, codes, strict=True)]
 
 
+class RequestLabels(TypedDict, total=False):
+    """What a request's segment key is made of (``Segmenter.key_for``)."""
+
+    model: Required[str]
+    prompt_tokens: Required[int]
+    output_tokens: Required[int]
+    route: str | None
+    tenant: str | None
+    instance: str | None
+    engine: str | None
+
+
 @dataclass
 class Segmenter:
     """Maps a request's labels and token counts to a bounded set of segment keys.
@@ -161,21 +173,10 @@ class Segmenter:
         self._label_codes = LabelCodes(sum(d not in ("prompt_band", "output_band") for d in self.dimensions))
         self._lookup = np.full(0, -1, dtype=np.int32)
 
-    def key_for(
-        self,
-        *,
-        model: str,
-        prompt_tokens: int,
-        output_tokens: int,
-        route: str | None = None,
-        tenant: str | None = None,
-        instance: str | None = None,
-        engine: str | None = None,
-    ) -> str:
-        key = self.natural_key(
-            model=model, prompt_tokens=prompt_tokens, output_tokens=output_tokens, route=route, tenant=tenant,
-            instance=instance, engine=engine,
-        )  # fmt: skip
+    def key_for(self, **request: Unpack[RequestLabels]) -> str:
+        """The segment key of a request (``natural_key``), registered; past ``max_segments``
+        distinct keys, new ones share ``OVERFLOW_KEY``."""
+        key = self.natural_key(**request)
         known = self._ids.get(key)
         if known is not None:
             return self.keys[known]
@@ -190,25 +191,12 @@ class Segmenter:
         self.keys.append(key)
         return key
 
-    def natural_key(
-        self,
-        *,
-        model: str,
-        prompt_tokens: int,
-        output_tokens: int,
-        route: str | None = None,
-        tenant: str | None = None,
-        instance: str | None = None,
-        engine: str | None = None,
-    ) -> str:
+    def natural_key(self, **request: Unpack[RequestLabels]) -> str:
         """The key of a request's segment before the cap (``key_for`` without registering it)."""
-        values = {
-            "model": model,
-            "route": route or UNSET,
-            "tenant": tenant or UNSET,
-            "instance": instance or UNSET,
-            "engine": engine or UNSET,
-        }
+        optional = ("route", "tenant", "instance", "engine")
+        values: dict[str, str] = {dim: str(request.get(dim) or UNSET) for dim in optional}
+        values["model"] = request["model"]
+        prompt_tokens, output_tokens = request["prompt_tokens"], request["output_tokens"]
         parts = []
         for dim in self.dimensions:
             if dim == "prompt_band":
