@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from models.excerpt import excerpt
+from models.rows import field_getter
 from models.window import EVIDENCE_FIELDS, REASONS
 from schemas.request_log import FinishReason
 
@@ -119,7 +120,7 @@ def evidence_from_row(row: Any, excerpt_chars: int = 0, markers: Sequence[str] =
     the reasoning text when the answer is empty (an empty response). Accepts a row
     (mapping or attributes) or an evidence dict (idempotent).
     """
-    get = row.get if isinstance(row, Mapping) else lambda name: getattr(row, name, None)
+    get = field_getter(row)
     record = {name: value for name in EVIDENCE_FIELDS if (value := get(name)) is not None}
     record["finish_reason"] = normalise_reason(str(get("finish_reason")))
     if excerpt_chars > 0:

@@ -14,10 +14,11 @@ not kept per segment; when such an event fires, the window's own messages (its
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from models.batch import normalise_reason
+from models.rows import field_getter
 from models.signal_columns import leaked
 from schemas.anomaly import Signal
 
@@ -28,7 +29,7 @@ FAULT_SIGNALS = (Signal.LENGTH_TRUNCATION, Signal.REASONING_LEAK, Signal.EMPTY_R
 def shows_fault(signal: Signal, row: Any, markers: Sequence[str]) -> bool:
     """Whether the request log ``row`` (a mapping or an object) is one ``signal`` counts as bad:
     the same rules as the fold's columns (``models.open_window``, ``signal_columns``)."""
-    get = row.get if isinstance(row, Mapping) else lambda name: getattr(row, name, None)
+    get = field_getter(row)
     if signal is Signal.LENGTH_TRUNCATION:
         return normalise_reason(str(get("finish_reason"))) == "length"
     if signal is Signal.ERROR_RATE:

@@ -18,6 +18,8 @@ from typing import Any, Required, TypedDict, Unpack
 
 import numpy as np
 
+from models.rows import field_getter
+
 DIMENSIONS = ("model", "route", "tenant", "instance", "engine", "prompt_band", "output_band")
 DEFAULT_DIMENSIONS = ("model", "route", "prompt_band", "output_band")
 OVERFLOW_KEY = "model=other|segment=overflow"
@@ -211,7 +213,7 @@ class Segmenter:
 
     def key_of_row(self, row: Any) -> str:
         """``natural_key`` of a request log (a mapping or an object with its fields)."""
-        get = row.get if isinstance(row, Mapping) else lambda name: getattr(row, name, None)
+        get = field_getter(row)
         return self.natural_key(
             model=str(get("model")), prompt_tokens=int(get("prompt_tokens") or 0),
             output_tokens=int(get("completion_tokens") or 0), route=get("route"), tenant=get("tenant"),

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from models.evidence_sample import EvidenceBudget
 from models.segments import DEFAULT_DIMENSIONS, Segmenter
 from models.signal_columns import DEFAULT_REASONING_MARKERS
 from models.signal_detector import DetectorConfig
@@ -74,7 +75,18 @@ class Settings(BaseSettings):
     prompt_band_edges: tuple[int, ...] = (4096, 32768)
     output_band_edges: tuple[int, ...] = (1024,)
     max_segments: int = Field(default=1000, ge=1)
-    evidence_per_window: int = Field(default=5, ge=0)
+    evidence_per_window: int = Field(
+        default=5,
+        ge=0,
+        description="Request logs of the anomalous window in a firing event: the worst by its signal (slowest, "
+        "or showing its fault), then evidence_uniform of them picked at random.",
+    )
+    evidence_uniform: int = Field(
+        default=2, ge=0, description="Of evidence_per_window, how many are a uniform random pick of the window."
+    )
+    evidence_baseline: int = Field(
+        default=3, ge=0, description="Request logs of the segment's latest normal window, picked at random."
+    )
     excerpt_chars: int = Field(
         default=200,
         ge=0,
@@ -115,6 +127,16 @@ class Settings(BaseSettings):
             prompt_band_edges=tuple(self.prompt_band_edges),
             output_band_edges=tuple(self.output_band_edges),
             max_segments=self.max_segments,
+        )
+
+    def evidence_budget(self) -> EvidenceBudget:
+        uniform = min(self.evidence_uniform, self.evidence_per_window)
+        return EvidenceBudget(
+            worst=self.evidence_per_window - uniform,
+            uniform=uniform,
+            baseline=self.evidence_baseline,
+            excerpt_chars=self.excerpt_chars,
+            markers=tuple(self.reasoning_markers),
         )
 
     def detector_config(self) -> DetectorConfig:
