@@ -210,7 +210,7 @@ class SegmentDetectors:
             if event is not None:
                 events.append(event)
         if not any_page:
-            usual.learn(load)
+            usual.learn(load, window.start)
         if events or self.active:
             self.transitioned = True
         return events
@@ -328,21 +328,35 @@ class SegmentDetectors:
             },
             explained_by_load=explained,
             hints=hints,
-            evidence=self._evidence(window, spec) if transition is not Transition.RESOLVED else [],
+            evidence=self._evidence(window, spec, usual) if transition is not Transition.RESOLVED else [],
             summary=summary,
             baseline_young=detector.model.n_learned < config.young_windows,
         )
 
     @staticmethod
-    def _evidence(window: WindowStats, spec: SignalSpec) -> list[dict[str, Any]]:
-        """Pointers that ``pipeline.evidence`` fills in: a latency event's slowest requests; a
-        rate event's scan of the window's messages for the requests it counted as bad."""
-        if spec.kind == "latency":
-            return window.evidence_records()
+    def _evidence(window: WindowStats, spec: SignalSpec, usual: Baseline) -> list[dict[str, Any]]:
+        """Pointers that ``pipeline.evidence`` fills in: a latency event's slowest requests, or
+        a rate event's scan of the window's messages for the requests it counted as bad;
+        then a sample of the window and of the segment's latest normal window
+        (``models.evidence_sample``), whose ranges stage 2 adds (``RecentSources``)."""
         sources = getattr(window, "sources", None)  # an engine's window has no requests
-        if spec.signal in FAULT_SIGNALS and sources:
-            return [{"scan": spec.signal.value, "segment": window.key, "sources": [list(s) for s in sources]}]
-        return []
+        if not sources:
+            return window.evidence_records() if spec.kind == "latency" else []
+        ranges = [list(s) for s in sources]
+        pointers = window.evidence_records() if spec.kind == "latency" else []
+        if spec.signal in FAULT_SIGNALS:
+            pointers.append({"scan": spec.signal.value, "segment": window.key, "sources": ranges})
+        pointers.append(
+            {"window_sample": "anomalous", "segment": window.key, "window_start": window.start,
+             "window_end": window.end, "sources": ranges}
+        )  # fmt: skip
+        before = usual.last_window_start
+        if math.isfinite(before) and before < window.start:
+            pointers.append(
+                {"window_sample": "baseline", "segment": window.key, "window_start": before,
+                 "window_end": before + window.length}
+            )  # fmt: skip
+        return pointers
 
     # -- compact state -------------------------------------------------------------
     def state(self) -> dict[str, Any]:

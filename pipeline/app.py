@@ -108,6 +108,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         for partition, bundle in stage_one.bundles(partials, partials_partitions):
             await topics.partials.send(key=None, value=bundle, partition=partition)
 
+    evidence_budget = settings.evidence_budget()
     segment_key_of = settings.segmenter().key_of_row  # a scan's filter: never registers a segment
     evidence_reader = KafkaMessageReader(
         settings.bootstrap, topics.requests.get_topic_name(), settings.max_message_bytes
@@ -115,7 +116,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
 
     async def publish(events: list[AnomalyEvent]) -> None:
         engines.explain(events)
-        await resolve(events, evidence_reader.read, settings.excerpt_chars, settings.reasoning_markers, segment_key_of)
+        await resolve(events, evidence_reader.read, evidence_budget, segment_key_of)
         for event in events:
             await topics.anomalies.send(key=event.fingerprint.encode(), value=event.model_dump_json().encode())
             logger.info("anomaly %s %s %s: %s", event.status.value, event.signal.value, event.severity.value,

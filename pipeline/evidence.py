@@ -2,11 +2,18 @@
 
 Windows keep their slowest requests by location only (``models.open_window``): a live
 segment then costs a few bytes of evidence, not a few kilobytes of request fields. When an
-event fires, its evidence pointers (``{"ttft_s", "location"}``) are filled in here with the
-records' evidence fields (and scrubbed answer excerpts), read back from the requests topic (``KafkaMessageReader``) or,
-in a replay, from the replayed file. A record that can no longer be read (retention ran
-out, the embedded broker was restarted) stays a pointer with ``"unavailable": true``: the
-event still says where to look.
+event fires, its pointers are filled in here, from messages read back from the requests
+topic (``KafkaMessageReader``) or, in a replay, from the replayed file:
+
+- ``{"ttft_s", "location"}``: one of the window's slowest requests (``"sample": "slowest"``);
+- ``{"scan": signal, ...}``: a rate event's requests that show its fault, found in messages
+  spread over the window (``"faulty"``; ``models.faulty_requests``);
+- ``{"window_sample": "anomalous" | "baseline", ...}``: the segment's requests of a window
+  in messages spread over it (``models.evidence_sample``): a uniform pick of them
+  (``"uniform"``, ``"baseline"``) and the event's ``facets`` (``models.facets``).
+
+A record that can no longer be read (retention ran out, the embedded broker was
+restarted) stays a pointer with ``"unavailable": true``: the event still says where to look.
 """
 
 from __future__ import annotations
@@ -18,63 +25,45 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from models.batch import evidence_from_row
+from models.evidence_sample import EvidenceBudget, MessageKey, location_key, spread, uniform_pick
+from models.facets import compare, window_facets
 from models.faulty_requests import shows_fault
-from models.hints import mention_max_tokens
+from models.hints import mention_engine_versions, mention_max_tokens
+from models.rows import field_getter
 from pipeline.decode import Source, decode_message
-from schemas.anomaly import AnomalyEvent, Signal
+from schemas.anomaly import AnomalyEvent, Facets, Signal
 
 logger = logging.getLogger(__name__)
 
-MessageKey = tuple[int, int]  # (partition, offset)
-
-
-#: Messages of a window read back for one rate event's scan: enough to find a few of the
-#: requests it counted (each message holds hundreds, from every segment), few enough that
-#: a firing event costs milliseconds.
-SCAN_MESSAGES = 16
-#: Requests a scan keeps as evidence.
-SCAN_KEEP = 5
-
-
-def scanned(sources: Iterable[Sequence[int]], budget: int = SCAN_MESSAGES) -> list[MessageKey]:
-    """The messages a scan reads: the first of each source's offset range, in turn, up to ``budget``."""
-    ranges = [(int(p), int(first), int(last)) for p, first, last in sources]
-    picked: list[MessageKey] = []
-    step = 0
-    while len(picked) < budget and any(first + step <= last for _, first, last in ranges):
-        for partition, first, last in ranges:
-            if first + step <= last and len(picked) < budget:
-                picked.append((partition, first + step))
-        step += 1
-    return picked
+DEFAULT_BUDGET = EvidenceBudget()
 
 
 def wanted(events: Iterable[AnomalyEvent]) -> set[MessageKey]:
-    """The messages holding the requests these events point at, or that their scans read."""
+    """The messages holding the requests these events point at, or that their samples read."""
     keys: set[MessageKey] = set()
     for event in events:
         for record in event.evidence:
-            if "scan" in record:
-                keys.update(scanned(record["sources"]))
+            if "scan" in record or "window_sample" in record:
+                keys.update(spread(record.get("sources", ())))
             elif "location" in record and "request_id" not in record:
                 keys.add((record["location"]["partition"], record["location"]["offset"]))
     return keys
 
 
+#: A request log read back, with where it is.
+Located = tuple[dict[str, int], Any]
+
+
 def fill(
     events: Iterable[AnomalyEvent],
     messages: Mapping[MessageKey, bytes | None],
-    excerpt_chars: int = 0,
-    markers: Sequence[str] = (),
+    budget: EvidenceBudget = DEFAULT_BUDGET,
     segment_of: Callable[[Any], str] | None = None,
 ) -> None:
-    """Replace each event's evidence pointers by the records they point at (in place), with
-    scrubbed answer excerpts of at most ``excerpt_chars`` (0: none; see ``models.excerpt``).
-
-    A scan (a rate event's) becomes the first ``SCAN_KEEP`` requests of its segment
-    (``segment_of(row)``, the segmenter's key before the cap) in the messages read that
-    show its fault; without ``segment_of`` it is dropped.
-    """
+    """Replace each event's evidence pointers by the records they point at, and set its
+    facets (in place). Scans and window samples keep the requests of their segment
+    (``segment_of(row)``, the segmenter's key before the cap); without ``segment_of`` they
+    are dropped."""
     rows_of: dict[MessageKey, dict[int, Any]] = {}
 
     def rows(key: MessageKey) -> dict[int, Any]:
@@ -83,11 +72,17 @@ def fill(
         return rows_of[key]
 
     for event in events:
-        filled = []
+        filled: list[dict[str, Any]] = []
+        samples: dict[str, tuple[float, list[Located]]] = {}
         for record in event.evidence:
-            if "scan" in record:
-                if segment_of is not None:
-                    filled.extend(_scan(record, rows, excerpt_chars, markers, segment_of))
+            if "scan" in record or "window_sample" in record:
+                if segment_of is None:
+                    continue
+                if "scan" in record:
+                    found = _scan(record, event, rows, budget.worst, segment_of, budget.markers)
+                    filled.extend(_shown(found, "faulty", budget))
+                else:
+                    samples[record["window_sample"]] = (record["window_start"], _window_rows(record, rows, segment_of))
                 continue
             location = record.get("location")
             if location is None or "request_id" in record:
@@ -95,28 +90,79 @@ def fill(
                 continue
             row = rows((location["partition"], location["offset"])).get(location["index"])
             if row is None:
-                filled.append({**record, "unavailable": True})
+                filled.append({**record, "unavailable": True, "sample": "slowest"})
             else:
-                filled.append({**evidence_from_row(row, excerpt_chars, markers), "location": location})
+                filled.extend(_shown([(location, row)], "slowest", budget))
+        filled = filled[: budget.worst] if budget.worst else []
+        shown = {location_key(r["location"]) for r in filled if "location" in r}
+        for kind, k, label in (("anomalous", budget.uniform, "uniform"), ("baseline", budget.baseline, "baseline")):
+            if kind in samples:
+                start, located = samples[kind]
+                unseen = [item for item in located if location_key(item[0]) not in shown]
+                picked = uniform_pick(
+                    unseen, [location_key(at) for at, _ in unseen], k, seed=f"{event.fingerprint}|{start}"
+                )
+                filled.extend(_shown(picked, label, budget))
         event.evidence = filled
-        mention_max_tokens(event)  # what the evidence adds to its hint
+        event.facets = _facets(samples)
+        mention_max_tokens(event)  # what the evidence adds to its hints
+        mention_engine_versions(event)
+
+
+def _shown(found: list[Located], sample: str, budget: EvidenceBudget) -> list[dict[str, Any]]:
+    return [
+        {**evidence_from_row(row, budget.excerpt_chars, budget.markers), "location": location, "sample": sample}
+        for location, row in found
+    ]
+
+
+def _facets(samples: dict[str, tuple[float, list[Located]]]) -> Facets | None:
+    faceted = {kind: window_facets([row for _, row in located], start) for kind, (start, located) in samples.items()
+               if located}  # fmt: skip
+    if not faceted:
+        return None
+    now, before = faceted.get("anomalous"), faceted.get("baseline")
+    return Facets(anomalous=now, baseline=before, changes=compare(now, before) if now and before else [])
+
+
+def _in_window(row: Any, start: float, end: float) -> bool:
+    timestamp = field_getter(row)("timestamp")
+    return timestamp is not None and start <= float(timestamp) < end
+
+
+def _window_rows(
+    pointer: dict[str, Any], rows: Callable[[MessageKey], dict[int, Any]], segment_of: Callable[[Any], str]
+) -> list[Located]:
+    """The segment's requests of the pointer's window in the messages spread over its ranges."""
+    segment, start, end = pointer["segment"], pointer["window_start"], pointer["window_end"]
+    found: list[Located] = []
+    for partition, offset in spread(pointer.get("sources", ())):
+        for index, row in rows((partition, offset)).items():
+            if _in_window(row, start, end) and segment_of(row) == segment:
+                found.append(({"partition": partition, "offset": offset, "index": index}, row))
+    return found
 
 
 def _scan(
     pointer: dict[str, Any],
+    event: AnomalyEvent,
     rows: Callable[[MessageKey], dict[int, Any]],
-    excerpt_chars: int,
-    markers: Sequence[str],
+    keep: int,
     segment_of: Callable[[Any], str],
-) -> list[dict[str, Any]]:
+    markers: Sequence[str],
+) -> list[Located]:
+    """Up to ``keep`` requests of the event's segment and window that show its fault."""
     signal, segment = Signal(pointer["scan"]), pointer["segment"]
-    found: list[dict[str, Any]] = []
-    for partition, offset in scanned(pointer["sources"]):
+    found: list[Located] = []
+    for partition, offset in spread(pointer["sources"]):
         for index, row in rows((partition, offset)).items():
-            if shows_fault(signal, row, markers) and segment_of(row) == segment:
-                location = {"partition": partition, "offset": offset, "index": index}
-                found.append({**evidence_from_row(row, excerpt_chars, markers), "location": location})
-                if len(found) == SCAN_KEEP:
+            if (
+                shows_fault(signal, row, markers)
+                and _in_window(row, event.window_start, event.window_end)
+                and segment_of(row) == segment
+            ):
+                found.append(({"partition": partition, "offset": offset, "index": index}, row))
+                if len(found) == keep:
                     return found
     return found
 
@@ -132,8 +178,7 @@ def _rows_by_position(raw: bytes | None, key: MessageKey) -> dict[int, Any]:
 async def resolve(
     events: list[AnomalyEvent],
     read: Callable[[set[MessageKey]], Awaitable[dict[MessageKey, bytes]]],
-    excerpt_chars: int = 0,
-    markers: Sequence[str] = (),
+    budget: EvidenceBudget = DEFAULT_BUDGET,
     segment_of: Callable[[Any], str] | None = None,
 ) -> None:
     """Fill in the evidence of ``events`` with messages from ``read`` (never raises)."""
@@ -145,7 +190,7 @@ async def resolve(
     except Exception:  # evidence is worth a retry, never an event
         logger.exception("could not read evidence back from %d messages", len(keys))
         messages = {}
-    fill(events, messages, excerpt_chars, markers, segment_of)
+    fill(events, messages, budget, segment_of)
 
 
 class KafkaMessageReader:

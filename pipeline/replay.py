@@ -27,6 +27,10 @@ from schemas.dead_letter import DeadLetter
 
 logger = logging.getLogger(__name__)
 
+#: Judged windows whose messages a replay of a stream it cannot re-read (stdin) keeps, for
+#: the baseline samples of the events that follow them.
+BASELINE_WINDOWS_KEPT = 3
+
 
 @dataclass
 class ReplayStats:
@@ -49,6 +53,7 @@ class Replay:
         self.settings = settings or Settings()
         self.stage_one = StageOne(self.settings)
         self.stage_two = StageTwo(self.settings)
+        self._budget = self.settings.evidence_budget()
         self._segment_of = self.settings.segmenter().key_of_row  # rate events' evidence scans
         self.stats = ReplayStats()
         self._reread = reread
@@ -83,18 +88,23 @@ class Replay:
         keys = wanted(events)
         if keys:
             messages = {key: self._message(key[1]) for key in keys}
-            fill(events, messages, self.settings.excerpt_chars, self.settings.reasoning_markers, self._segment_of)
+            fill(events, messages, self._budget, self._segment_of)
         return events
 
     def _message(self, offset: int) -> bytes | None:
         return self._reread(offset) if self._reread is not None else self._kept.get(offset)
 
     def _forget_unreferenced(self) -> None:
-        """Drop kept messages older than every open window and unfolded message: no evidence can point at them."""
+        """Drop kept messages older than every open window, unfolded message and the last
+        ``BASELINE_WINDOWS_KEPT`` judged windows: no evidence, a baseline sample's included,
+        can point at them (an older baseline window then goes without its sample)."""
         if not self._kept:
             return
         held = [w.offsets.get(0, (0, 0))[0] for w in self.stage_one.windower.open.values()]
         held.extend(self.stage_one.oldest_pending_offset.values())  # decoded, not folded yet
+        recent = self.stage_two.recent
+        for start in recent.starts()[-BASELINE_WINDOWS_KEPT:]:
+            held.extend(first for partition, first, _ in recent.of(start) or () if partition == 0)
         oldest = min(held, default=None)
         for offset in [o for o in self._kept if oldest is None or o < oldest]:
             del self._kept[offset]

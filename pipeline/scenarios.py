@@ -138,7 +138,8 @@ class ScenarioResult:
 def run_scenario(scenario: Scenario, seed: int = 7, settings: Settings | None = None) -> ScenarioResult:
     workload = scenario.build(seed)
     batches = [orjson.dumps(batch) for _, batch in workload.seconds() if batch]
-    engine = Replay(settings)
+    # The batches stay in memory: evidence (a baseline window's too) is read back from them.
+    engine = Replay(settings, reread=lambda n: batches[n] if 0 <= n < len(batches) else None)
     started = time.perf_counter()
     events = list(engine.run(batches))
     elapsed = time.perf_counter() - started

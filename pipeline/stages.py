@@ -19,6 +19,7 @@ from aiokafka.partitioner import murmur2
 
 from models.batch import RowBatch
 from models.detector import DetectorBank
+from models.evidence_sample import RecentSources
 from models.signal_columns import PrefixMemory
 from models.window import WindowStats
 from models.windowing import WindowAssembler, Windower
@@ -67,7 +68,7 @@ class StageOne:
             self._segmenter,
             window_s=self.settings.window_s,
             allowed_lateness_s=self.settings.allowed_lateness_s,
-            evidence_k=self.settings.evidence_per_window,
+            evidence_k=self.settings.evidence_budget().worst,
             markers=tuple(self.settings.reasoning_markers),
             prefixes=PrefixMemory(self.settings.prefix_memory),
         )
@@ -213,6 +214,8 @@ class StageTwo:
     settings: Settings
     assembler: WindowAssembler = field(init=False)
     bank: DetectorBank = field(init=False)
+    # Where recent windows' records are: a firing event's baseline sample is read from there.
+    recent: RecentSources = field(init=False, default_factory=RecentSources)
 
     def __post_init__(self) -> None:
         self.assembler = WindowAssembler(
@@ -262,7 +265,11 @@ class StageTwo:
         return self._judge(self.assembler.flush_all())
 
     def _judge(self, windows: list[WindowStats]) -> list[AnomalyEvent]:
+        for window in windows:
+            self.recent.note(window.start, window.sources)
         events = self.bank.observe_all(windows)
+        for event in events:
+            self._locate_baseline(event)
         metrics.WINDOWS.inc(len(windows))
         metrics.LIVE_SEGMENTS.set(len(self.bank.detectors))
         metrics.RESTORED_SEGMENTS.set(self.bank.restored)
@@ -270,3 +277,16 @@ class StageTwo:
         for event in events:
             metrics.ANOMALY_EVENTS.labels(event.signal.value, event.status.value, event.severity.value).inc()
         return events
+
+    def _locate_baseline(self, event: AnomalyEvent) -> None:
+        """Give the event's baseline-sample pointer the ranges of its window, or drop it when
+        that window is too old to be remembered (the event then has no baseline sample)."""
+        kept = []
+        for pointer in event.evidence:
+            if pointer.get("window_sample") == "baseline" and "sources" not in pointer:
+                ranges = self.recent.of(pointer["window_start"])
+                if ranges is None:
+                    continue
+                pointer = {**pointer, "sources": ranges}
+            kept.append(pointer)
+        event.evidence = kept

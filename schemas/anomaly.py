@@ -54,6 +54,37 @@ class Hint(BaseModel):
     message: str
 
 
+class Quantiles(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    p50: float
+    p90: float
+    p99: float
+
+
+class WindowFacets(BaseModel):
+    """How one window's requests of a segment looked, from the sample read back when the event fired."""
+
+    window_start: float
+    requests_sampled: int = Field(description="Requests of the segment and window in the messages read back.")
+    finish_reasons: dict[str, float] = Field(description="Share of sampled requests per finish reason.")
+    cached_token_share: float | None = Field(description="Prompt tokens served from the prefix cache.")
+    shared_prefix_share: float | None = Field(
+        description="Share of sampled requests whose prefix_hash another sampled request shares."
+    )
+    prompt_tokens: Quantiles | None
+    completion_tokens: Quantiles | None
+    instances: dict[str, float] = Field(description="Share of sampled requests per instance (the top five).")
+
+
+class Facets(BaseModel):
+    """The anomalous window against the segment's latest normal one, and what differs in words."""
+
+    anomalous: WindowFacets | None = None
+    baseline: WindowFacets | None = None
+    changes: list[str] = Field(default_factory=list, description="Plain-language differences, largest first.")
+
+
 class AnomalyEvent(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -75,7 +106,13 @@ class AnomalyEvent(BaseModel):
     load: dict[str, float] = Field(description="Load figures of the window: requests/s and tokens/s.")
     explained_by_load: bool
     hints: list[Hint] = Field(default_factory=list)
-    evidence: list[dict[str, Any]] = Field(default_factory=list)
+    evidence: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Request logs (never prompts), each with 'sample': 'slowest' or 'faulty' (the worst of the "
+        "anomalous window by the signal), 'uniform' (a random pick of it) or 'baseline' (a random pick of the "
+        "segment's latest normal window); a record that could not be read back has 'unavailable': true.",
+    )
+    facets: Facets | None = Field(default=None, description="The anomalous window's request mix vs the baseline's.")
     summary: str
     baseline_young: bool = Field(default=False, description="True while the segment's baseline has seen few windows.")
 

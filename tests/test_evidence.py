@@ -57,8 +57,9 @@ def test_a_message_that_cannot_be_read_leaves_a_pointer_marked_unavailable() -> 
     event = pointing_at((0, 7, 1))
     fill([event], {})
     assert event.evidence == [
-        {"ttft_s": 1.0, "location": {"partition": 0, "offset": 7, "index": 1}, "unavailable": True}
-    ]
+        {"ttft_s": 1.0, "location": {"partition": 0, "offset": 7, "index": 1}, "unavailable": True,
+         "sample": "slowest"}
+    ]  # fmt: skip
 
 
 def test_jsonl_chunks_reread_what_they_yielded(tmp_path: Path) -> None:
@@ -86,25 +87,35 @@ def test_replay_from_a_file_and_from_memory_give_the_same_events(tmp_path: Path)
         events.extend(in_memory.feed(raw, offset))
         kept_at_most = max(kept_at_most, len(in_memory._kept))
     events.extend(in_memory.finish())
-    assert from_file == [e.model_dump() for e in events]
-    firing = [e for e in events if e.status is Status.FIRING]
-    assert firing and all(r.get("request_id") and "unavailable" not in r for e in firing for r in e.evidence)
-    # Without a file to re-read, only the messages open windows may point at are kept.
+    # Without a file to re-read, only the messages open windows and the last few judged
+    # ones may point at are kept: an event whose baseline window is older has no baseline sample.
     assert kept_at_most < len(messages) / 4
 
+    def but_old_baselines(event: dict[str, Any]) -> dict[str, Any]:
+        facets = event["facets"] and {**event["facets"], "baseline": None, "changes": []}
+        return {**event, "evidence": [r for r in event["evidence"] if r["sample"] != "baseline"], "facets": facets}
 
-def test_a_scan_reads_a_bounded_number_of_messages_from_every_source_in_turn() -> None:
-    from pipeline.evidence import SCAN_MESSAGES, scanned
+    assert [but_old_baselines(e) for e in from_file] == [but_old_baselines(e.model_dump()) for e in events]
+    assert from_file[: len(from_file) // 2] != [but_old_baselines(e) for e in from_file[: len(from_file) // 2]]
+    firing = [e for e in events if e.status is Status.FIRING]
+    assert firing and all(r.get("request_id") and "unavailable" not in r for e in firing for r in e.evidence)
+    assert {r["sample"] for e in firing for r in e.evidence} == {"slowest", "uniform", "baseline"}
 
-    picked = scanned([(0, 10, 1000), (3, 7, 8)])
-    assert len(picked) == SCAN_MESSAGES and picked[:4] == [(0, 10), (3, 7), (0, 11), (3, 8)]
-    assert scanned([(1, 5, 5)]) == [(1, 5)]
+
+def test_a_sample_reads_a_bounded_number_of_messages_spread_over_every_source_in_turn() -> None:
+    from models.evidence_sample import SAMPLE_MESSAGES, spread
+
+    picked = spread([(0, 10, 1000), (3, 7, 8)])
+    assert len(picked) == SAMPLE_MESSAGES and picked[:4] == [(0, 10), (3, 7), (0, 86), (3, 8)]
+    assert picked[-1] == (0, 1000)  # the window's last message too: its whole span is sampled
+    assert spread([(1, 5, 5)]) == [(1, 5)]
+    assert spread([(1, 5, 9)], budget=100) == [(1, o) for o in range(5, 10)]
 
 
 def test_a_scan_keeps_the_segments_faulty_requests_and_is_dropped_without_a_segmenter() -> None:
     from pipeline.settings import Settings
 
-    base = {"timestamp": 1.7e9, "model": "m", "route": "chat", "prompt_tokens": 100, "completion_tokens": 10,
+    base = {"timestamp": T0 + 1, "model": "m", "route": "chat", "prompt_tokens": 100, "completion_tokens": 10,
             "e2e_s": 1.0}  # fmt: skip
     rows = [
         {**base, "request_id": "ok", "finish_reason": "stop"},
@@ -117,8 +128,8 @@ def test_a_scan_keeps_the_segments_faulty_requests_and_is_dropped_without_a_segm
     event = pointing_at()
     event.evidence = [pointer]
     fill([event], {(2, 40): orjson.dumps(rows)}, segment_of=segmenter.key_of_row)
-    assert [(r["request_id"], r["location"]) for r in event.evidence] == [
-        ("cut", {"partition": 2, "offset": 40, "index": 1})
+    assert [(r["request_id"], r["location"], r["sample"]) for r in event.evidence] == [
+        ("cut", {"partition": 2, "offset": 40, "index": 1}, "faulty")
     ]
     bare = pointing_at()
     bare.evidence = [dict(pointer)]

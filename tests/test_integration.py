@@ -234,5 +234,11 @@ def test_a_truncation_page_carries_the_truncated_requests_read_back_from_the_top
 
     event = asyncio.run(first_matching(worker, topics.ANOMALIES, truncation_page, timeout_s=90))
     assert event.hints[0].code == "output_truncated"
-    assert event.evidence and all(r["finish_reason"] == "length" and "location" in r for r in event.evidence)
+    cut = [r for r in event.evidence if r["sample"] == "faulty"]
+    assert cut and all(r["finish_reason"] == "length" for r in cut)
+    assert all("location" in r and "request_id" in r for r in event.evidence)
     assert all(len(r.get("content_excerpt", "")) <= 200 for r in event.evidence)
+    # ... and a sample of the window and of the latest normal one before it, read back the same way.
+    assert {r["sample"] for r in event.evidence} == {"faulty", "uniform", "baseline"}
+    assert all(r["timestamp"] < event.window_start for r in event.evidence if r["sample"] == "baseline")
+    assert event.facets is not None and event.facets.anomalous and event.facets.baseline

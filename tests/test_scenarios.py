@@ -7,6 +7,8 @@ Runs ``pipeline.scenarios`` through ``Replay`` (the worker's code without a brok
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pipeline.scenarios import BY_NAME, SCENARIOS, ScenarioResult, run_scenario
@@ -93,19 +95,53 @@ def _first_page(name: str, signal: Signal) -> AnomalyEvent:
     return next(e for e in r.pages if e.signal is signal and e.window_end > r.injected_at)
 
 
+def _sampled(event: AnomalyEvent, sample: str) -> list[dict[str, Any]]:
+    return [r for r in event.evidence if r["sample"] == sample]
+
+
 def test_rate_events_carry_the_requests_they_counted_as_evidence() -> None:
     """Issue #5: a truncation page holds truncated answers, a leak page answers with the
     marker (scrubbed excerpt around it), an error page failed requests; all of its segment."""
     truncated = _first_page("truncation", Signal.LENGTH_TRUNCATION)
-    assert truncated.evidence and all(r["finish_reason"] == "length" for r in truncated.evidence)
+    cut = _sampled(truncated, "faulty")
+    assert len(cut) == 3 and all(r["finish_reason"] == "length" for r in cut)
     assert "(max_tokens of the requests cut: 1,000)" in truncated.hints[0].message  # the phase's limit
     assert truncated.hints[0].message in truncated.summary
     leaks = _first_page("truncation", Signal.REASONING_LEAK)
-    assert leaks.evidence and all("‹/think›" in r["content_excerpt"] for r in leaks.evidence)
-    assert all(len(r["content_excerpt"]) <= 200 for r in leaks.evidence)
+    leaked = _sampled(leaks, "faulty")
+    assert leaked and all("‹/think›" in r["content_excerpt"] for r in leaked)
+    assert all(len(r.get("content_excerpt", "")) <= 200 for r in leaks.evidence)
     failed = _first_page("errors", Signal.ERROR_RATE)
-    assert failed.evidence
-    assert all(r["finish_reason"] in ("error", "abort") or r.get("status_code", 0) >= 500 for r in failed.evidence)
+    errors = _sampled(failed, "faulty")
+    assert errors and all(r["finish_reason"] in ("error", "abort") or r.get("status_code", 0) >= 500 for r in errors)
     for event in (truncated, leaks, failed):
         assert {r["model"] for r in event.evidence} == {event.segment["model"]}
         assert all("location" in r and "request_id" in r for r in event.evidence)
+
+
+@pytest.mark.parametrize(("name", "signal"), sorted(TOP_HINT, key=lambda k: (k[0], k[1].value)))
+def test_each_first_page_compares_a_sample_of_its_window_with_the_latest_normal_one(name: str, signal: Signal) -> None:
+    """Issue #5: besides the worst requests, a uniform pick of the anomalous window and of
+    the segment's latest normal window (before it), and the facets of both."""
+    event = _first_page(name, signal)
+    uniform, baseline = _sampled(event, "uniform"), _sampled(event, "baseline")
+    assert len(uniform) == 2 and len(baseline) == 3
+    assert all(event.window_start <= r["timestamp"] < event.window_end for r in uniform)
+    assert all(r["timestamp"] < event.window_start for r in baseline)
+    assert len({r["request_id"] for r in event.evidence}) == len(event.evidence), "a request is shown once"
+    assert event.facets is not None and event.facets.anomalous and event.facets.baseline
+    assert event.facets.anomalous.requests_sampled >= 5 and event.facets.baseline.requests_sampled >= 5
+
+
+def test_facets_say_what_changed_in_the_traffic() -> None:
+    cache_off = _first_page("cache_off", Signal.TTFT)
+    assert cache_off.facets is not None and cache_off.facets.changes
+    now, before = cache_off.facets.anomalous, cache_off.facets.baseline
+    assert now and before and now.cached_token_share is not None and before.cached_token_share
+    assert now.cached_token_share < before.cached_token_share / 2
+    assert cache_off.facets.changes[0].startswith("cached share of prompt tokens")  # the largest change first
+    slowest, uniform = _sampled(cache_off, "slowest"), _sampled(cache_off, "uniform")
+    assert len(slowest) == 3 and min(r["ttft_s"] for r in slowest) >= max(r["ttft_s"] for r in uniform)
+    truncated = _first_page("truncation", Signal.LENGTH_TRUNCATION)
+    assert truncated.facets is not None
+    assert any(change.startswith("finish_reason=length in") for change in truncated.facets.changes)
