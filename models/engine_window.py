@@ -10,7 +10,7 @@ signal. Its load is the interval's finished requests and tokens per second: an e
 that fills its KV cache because it serves more is explained by load; one that fills it
 at the same load (longer contexts piling up, a lower memory budget after a restart) is not.
 
->>> from schemas.engine_interval import EngineInterval
+>>> from schemas.engine_interval import EngineInterval, LatencySummary
 >>> interval = EngineInterval(instance="gpu-1:8000", model="qwen", engine="vllm", start=0.0, end=10.0,
 ...     prompt_tokens_per_s=20_000.0, generation_tokens_per_s=3_000.0, kv_cache_usage=0.62,
 ...     running=24.0, waiting=0.0, preemptions_per_s=0.2, finished={"stop": 95.0, "length": 5.0})
@@ -24,10 +24,10 @@ at the same load (longer contexts piling up, a lower memory budget after a resta
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.engine_interval import EngineInterval
+from schemas.engine_interval import EngineInterval, LatencySummary
 
 
 def engine_key(instance: str, model: str) -> str:
@@ -51,6 +51,9 @@ class EngineWindow:
     cache_hit_rate: float  # NaN when the engine reports no prefix-cache counters
     preempted: int  # preemptions in the interval
     prefix_caching: str | None = None  # the engine's enable_prefix_caching (cache_config_info), as it says it
+    # Latency histograms over the interval by canonical name (ttft, itl, queue_time,
+    # prefill_time, ...): what the engine's own metrics say of its phases, from bucket deltas.
+    latency: dict[str, LatencySummary] = field(default_factory=dict)
 
     @classmethod
     def from_interval(cls, interval: EngineInterval) -> EngineWindow | None:
@@ -73,6 +76,7 @@ class EngineWindow:
             cache_hit_rate=math.nan if interval.prefix_cache_hit_rate is None else interval.prefix_cache_hit_rate,
             preempted=round((interval.preemptions_per_s or 0.0) * length),
             prefix_caching=interval.cache_config.get("enable_prefix_caching"),
+            latency=interval.latency,
         )
 
     @property

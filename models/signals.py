@@ -209,6 +209,25 @@ def _waiting(window: Any, load: dict[str, float], _: float) -> Reading | None:
     return Reading(max(waiting, WAITING_FLOOR), n, {**load, "sampling_var": 0.0})
 
 
+def _engine_latency(name: str, floor_s: float) -> Callable[[Any, dict[str, float], float], Reading | None]:
+    """The interval's mean of one of the engine's latency histograms (delta of _sum over
+    delta of _count: exact, where its quantiles are interpolated within coarse buckets),
+    with the sampling variance of a mean of ``count`` requests whose log spread the
+    histogram's p90/p50 gives."""
+
+    def read(window: Any, load: dict[str, float], _: float) -> Reading | None:
+        summary = window.latency.get(name)
+        if summary is None or summary.count < 1 or summary.mean_s is None:
+            return None
+        n = round(summary.count)
+        spread = 0.5  # log sd when the buckets cannot tell
+        if summary.p50_s and summary.p90_s and summary.p90_s > summary.p50_s:
+            spread = math.log(summary.p90_s / summary.p50_s) / 1.2816
+        return Reading(max(summary.mean_s, floor_s), n, {**load, "sampling_var": max(spread**2, 0.01) / n})
+
+    return read
+
+
 def _engine_hit_rate(window: Any, load: dict[str, float], _: float) -> Reading | None:
     """Cached over looked-up prompt tokens in the interval, from the engine's own counters."""
     rate, n = window.cache_hit_rate, round(window.requests)
@@ -217,11 +236,20 @@ def _engine_hit_rate(window: Any, load: dict[str, float], _: float) -> Reading |
     return Reading(rate, n, {"trials": n, "prefix_shared_share": 0.0})
 
 
-#: The capacity signals of one engine (instance and model), judged on its scrapes: how
-#: full its KV cache is and how long its queue, at the load it serves, and how often it
-#: preempts requests for want of KV blocks.
+#: The signals of one engine (instance and model), judged on its scrapes: its phases'
+#: latency, how full its KV cache is and how long its queue, at the load it serves, how
+#: often it preempts requests for want of KV blocks, and its prefix-cache hit rate.
 # fmt: off
 ENGINE_SPECS: tuple[SignalSpec, ...] = (
+    # The phases as the engine measures them, with the request-log phases' models: a server
+    # that logs no requests is still judged on its TTFT, queue, prefill and inter-token time.
+    SignalSpec(Signal.TTFT, "latency", _engine_latency("ttft", 0.005), _latency(), what="mean TTFT"),
+    SignalSpec(Signal.QUEUE_TIME, "latency", _engine_latency("queue_time", 0.02),
+               _latency(elasticity=0.5, surge_elasticity=3.0, elasticity_sd=1.5), what="mean queue time"),
+    SignalSpec(Signal.PREFILL_TIME, "latency", _engine_latency("prefill_time", 0.005), _latency(),
+               what="mean prefill time"),
+    SignalSpec(Signal.ITL, "latency", _engine_latency("itl", 0.001), _latency(DECODE_DEMAND, elasticity=0.1),
+               what="mean inter-token latency"),
     SignalSpec(Signal.KV_CACHE_USAGE, "latency", _kv_usage, _latency(elasticity=0.5), unit="",
                what="KV-cache usage"),
     SignalSpec(Signal.WAITING_REQUESTS, "latency", _waiting,

@@ -4,7 +4,8 @@
 interval to the scrapes topic, keyed ``instance|model``. Each is judged as it arrives, as
 one window of that engine (``models.engine_window``), by a ``DetectorBank`` that holds the
 capacity signals only (KV-cache usage and waiting requests at the engine's load, and the
-share of requests preempted), and watched for spare capacity (``models.headroom``: an
+share of requests preempted; its phases' latency from its own histograms; its prefix-cache
+hit rate), and watched for spare capacity (``models.headroom``: an
 ``info`` event, never a page). No assembly is needed: an engine's intervals come from one
 scraper, in order, on one partition. A replayed interval is judged once (the detectors
 remember the last window they judged); one that fails validation is dead-lettered.
@@ -89,6 +90,7 @@ class JudgeEngines:
             return []
         self.intervals += 1
         events = self.bank.observe(window)  # type: ignore[arg-type]  # EngineWindow reads as WindowStats here
+        self.explain(events)  # an engine's own TTFT or prefill page, too, names the engines with caching off
         spare = self.headroom.observe(window)
         return events if spare is None else [*events, spare]
 

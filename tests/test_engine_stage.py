@@ -126,6 +126,33 @@ def test_prefix_caching_switched_off_on_an_engine_pages_its_hit_rate_and_says_so
     assert hit[0].hints[0].code == "prefix_cache_disabled" and "prefix-cache hit rate" in hit[0].summary
 
 
+def latency(mean_s: float) -> dict[str, float]:
+    """One phase's histogram summary over an interval of ~100 requests, log-normal-ish."""
+    return {"count": 100.0, "mean_s": mean_s, "p50_s": mean_s * 0.8, "p90_s": mean_s * 1.8, "p99_s": mean_s * 3}
+
+
+def test_an_engines_own_histograms_page_ttft_and_prefill_when_its_cache_stops_hitting() -> None:
+    """Issue #6: a server that logs no requests is judged on its metrics' phases, by model
+    and instance, at the load it serves; the hint reads the hit rate the same interval shows."""
+    judge, rng, events = JudgeEngines(Settings()), random.Random(11), []
+    for i in range(70):
+        off = i >= 60
+        hit = 0.01 if off else 0.9 * rng.uniform(0.97, 1.03)
+        prefill = (2.4 if off else 0.25) * rng.uniform(0.95, 1.05)
+        raw = interval(i, rng, prefix_cache_hit_rate=hit)
+        raw["latency"] = {"ttft": latency(prefill + 0.05), "prefill_time": latency(prefill),
+                          "queue_time": latency(0.05 * rng.uniform(0.9, 1.1)), "itl": latency(0.02)}  # fmt: skip
+        raw["cache_config"] = {"enable_prefix_caching": "False" if off else "True"}
+        events += judge.receive(orjson.dumps(raw))[0]
+    assert paging(events) >= {Signal.TTFT, Signal.PREFILL_TIME, Signal.CACHE_HIT_RATE}
+    assert Signal.QUEUE_TIME not in paging(events) and Signal.ITL not in paging(events)
+    assert all(e.window_start >= T0 + 600 for e in events if e.pages), "quiet before the fault"
+    ttft = next(e for e in events if e.signal is Signal.TTFT and e.pages)
+    assert ttft.segment == {"model": "qwen", "instance": "gpu-1:8000", "engine": "vllm"}
+    assert ttft.hints[0].code == "prefix_cache_ineffective"
+    assert "enable_prefix_caching=False on gpu-1:8000" in ttft.hints[0].message
+
+
 def test_an_engines_detectors_come_back_from_stored_state() -> None:
     """What the worker stores in its state table: a successor judges the next fault with the
     grown-up baseline (cold, it would stay quiet for its grace windows)."""
