@@ -157,6 +157,28 @@ class Settings(BaseSettings):
             return None
         return self.broker.removeprefix("kafka://")
 
+    # -- shipper (`servewatch ship`, issue #6; pipeline/shipper.py) ------------------------
+    # One block, kept at the end of the class: other sections are edited independently.
+    ship_batch_records: int = Field(default=500, ge=1, description="Records per message the shipper sends.")
+    ship_batch_bytes: int = Field(
+        default=1_000_000,
+        ge=1024,
+        description="Bytes per message at most (also capped by max_message_bytes); under Apache Kafka's "
+        "default message.max.bytes. A record larger than this is dead-lettered as too_large.",
+    )
+    ship_linger_s: float = Field(default=0.2, ge=0, description="Seconds a partly filled batch waits for more.")
+    ship_prefix_chars: int = Field(
+        default=2000, ge=0, description="Leading prompt characters hashed into prefix_hash (0: no hashing)."
+    )
+    ship_keep_prompt: bool = Field(default=False, description="Ship prompts as logged instead of dropping them.")
+    ship_state_dir: str | None = Field(
+        default=None, description="Where followed files' positions are kept; default $XDG_STATE_HOME/servewatch."
+    )
+    ship_poll_s: float = Field(default=0.25, gt=0, description="Seconds between looks at a followed file at its end.")
+    ship_drain_timeout_s: float = Field(
+        default=30.0, gt=0, description="After SIGTERM: how long to keep trying to deliver what was read."
+    )
+
 
 @lru_cache(maxsize=1)
 def get_settings() -> Settings:
