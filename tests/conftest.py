@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import pytest
 
 from pipeline.broker import EmbeddedBroker
+from pipeline.demo import start_worker, stop_worker
+from pipeline.kafka import ensure_topics, read_topic
+
+T = TypeVar("T")
 
 
 @pytest.fixture(scope="session")
@@ -14,3 +21,31 @@ def broker() -> Iterator[EmbeddedBroker]:
     """A fresh Kafka-compatible broker on a free loopback port, stopped after the session."""
     with EmbeddedBroker() as running:
         yield running
+
+
+@pytest.fixture
+def worker(broker: EmbeddedBroker) -> Iterator[str]:
+    """A worker on the session broker, with its own consumer group; yields the bootstrap address."""
+    asyncio.run(ensure_topics(broker.bootstrap, 4))
+    process = start_worker(
+        broker.bootstrap,
+        {"SERVEWATCH_APP_ID": f"servewatch-test-{uuid.uuid4().hex[:8]}", "SERVEWATCH_LOG_LEVEL": "WARNING"},
+    )
+    try:
+        yield broker.bootstrap
+    finally:
+        stop_worker(process)
+        assert process.returncode is not None
+
+
+async def first_matching(bootstrap: str, topic: str, predicate: Callable[[bytes], T | None], timeout_s: float) -> T:
+    """The first message of ``topic`` that ``predicate`` turns into something (from the beginning)."""
+
+    async def scan() -> T:
+        async for raw in read_topic(bootstrap, topic):
+            item = predicate(raw)
+            if item is not None:
+                return item
+        raise AssertionError("topic reader ended")
+
+    return await asyncio.wait_for(scan(), timeout_s)

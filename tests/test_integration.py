@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 import orjson
@@ -17,42 +17,15 @@ import pytest
 from pipeline import topics
 from pipeline.broker import EmbeddedBroker
 from pipeline.demo import play, start_worker, stop_worker
-from pipeline.kafka import ensure_topics, producer, read_topic
+from pipeline.kafka import ensure_topics, producer
 from pipeline.metrics import served_value
 from pipeline.workload import Phase, Workload
 from schemas.anomaly import AnomalyEvent, Signal
 from schemas.dead_letter import DeadLetter
+from tests.conftest import first_matching
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
-
-
-@pytest.fixture
-def worker(broker: EmbeddedBroker) -> Iterator[str]:
-    """A worker on the session broker, with its own consumer group; yields the bootstrap address."""
-    asyncio.run(ensure_topics(broker.bootstrap, 4))
-    process = start_worker(
-        broker.bootstrap,
-        {"SERVEWATCH_APP_ID": f"servewatch-test-{uuid.uuid4().hex[:8]}", "SERVEWATCH_LOG_LEVEL": "WARNING"},
-    )
-    try:
-        yield broker.bootstrap
-    finally:
-        stop_worker(process)
-        assert process.returncode is not None
-
-
-async def first_matching(bootstrap: str, topic: str, predicate: Callable[[bytes], T | None], timeout_s: float) -> T:
-    """The first message of ``topic`` that ``predicate`` turns into something (from the beginning)."""
-
-    async def scan() -> T:
-        async for raw in read_topic(bootstrap, topic):
-            item = predicate(raw)
-            if item is not None:
-                return item
-        raise AssertionError("topic reader ended")
-
-    return await asyncio.wait_for(scan(), timeout_s)
 
 
 def test_cache_off_incident_reaches_the_anomaly_topic_and_bad_input_the_dead_letters(worker: str) -> None:
