@@ -330,7 +330,9 @@ def cmd_ship(args: argparse.Namespace) -> int:
     from pipeline.kafka import ensure_topics, producer
     from pipeline.scraper import parse_duration
     from pipeline.ship_adapters import AdaptOptions, FieldMapping, adapter_for, parse_defaults
-    from pipeline.ship_sources import FileFollower, HttpSource, Source, StateFile, StreamSource, parse_listen
+    from pipeline.ship_file import FileFollower, StateFile
+    from pipeline.ship_http import HttpSource, parse_listen
+    from pipeline.ship_sources import Source, StreamSource
     from pipeline.shipper import ShipConfig, Shipper, ShipStats
 
     base = _settings(args)

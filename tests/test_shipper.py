@@ -24,16 +24,9 @@ from pipeline.cli import main
 from pipeline.decode import decode_message
 from pipeline.kafka import read_topic
 from pipeline.ship_adapters import adapter_for
-from pipeline.ship_sources import (
-    ChunkResult,
-    FileFollower,
-    HttpSource,
-    LineSplitter,
-    StateFile,
-    StreamSource,
-    Unit,
-    parse_listen,
-)
+from pipeline.ship_file import FileFollower, StateFile
+from pipeline.ship_http import HttpSource, parse_listen
+from pipeline.ship_sources import ChunkResult, LineSplitter, StreamSource, Unit
 from pipeline.shipper import ShipConfig, Shipper
 from schemas.dead_letter import DeadLetter
 from schemas.request_log import RequestLog
