@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
 import orjson
 
@@ -22,6 +23,9 @@ from pipeline.broker import BrokerError, EmbeddedBroker
 from pipeline.settings import Settings
 from pipeline.tuning import tune_gc, tune_process
 from schemas.dead_letter import DeadLetter
+
+if TYPE_CHECKING:  # imported where used: each command loads only what it needs
+    from pipeline.engine_stage import JudgeEngines
 
 logger = logging.getLogger("servewatch")
 
@@ -113,10 +117,58 @@ def _where(letter: DeadLetter) -> str:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    """Request logs and/or recorded scrapes through the detectors, no broker; events as JSONL.
+
+    With both, the scrapes go first: request-log events then name the instances whose
+    metrics said enable_prefix_caching=False, as the worker's do.
+    """
+    if not args.requests and not args.scrapes:
+        print("servewatch replay: give --requests FILE, --scrapes FILE or both", file=sys.stderr)
+        return 2
+    settings = _settings(args)
+    out = sys.stdout.buffer if args.out == "-" else open(args.out, "wb")  # noqa: SIM115 - closed below
+    try:
+        engines = _replay_scrapes(args.scrapes, settings, out) if args.scrapes else None
+        if args.requests:
+            _replay_requests(args.requests, settings, out, engines)
+    except OSError as exc:
+        print(f"servewatch replay: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if out is not sys.stdout.buffer:
+            out.close()
+    return 0
+
+
+def _replay_scrapes(path: str, settings: Settings, out: BinaryIO) -> JudgeEngines:
+    from pipeline.scrape_replay import ScrapeReplay, ScrapeReplayStats
+
+    replay = ScrapeReplay(settings)
+    started = time.monotonic()
+
+    def progress(stats: ScrapeReplayStats) -> None:
+        rate = stats.scrapes / max(time.monotonic() - started, 1e-9)
+        print(f"\r{stats.scrapes:,} scrapes, {stats.intervals:,} intervals, {stats.events:,} events "
+              f"({rate:,.0f} scrapes/s)", end="", file=sys.stderr, flush=True)  # fmt: skip
+
+    with sys.stdin.buffer if path == "-" else open(path, "rb") as lines:
+        for event in replay.run(lines, progress):
+            out.write(event.model_dump_json().encode() + b"\n")
+    stats = replay.stats
+    progress(stats)
+    print(file=sys.stderr)
+    print(f"replayed {stats.scrapes:,} scrapes into {stats.intervals:,} engine intervals: {stats.events:,} anomaly "
+          f"events, {stats.rejected:,} rejected lines", file=sys.stderr)  # fmt: skip
+    for letter in stats.rejected_samples[:5]:
+        print(f"  rejected ({letter.reason}) line {letter.source_offset}: {letter.error}", file=sys.stderr)
+    return replay.engines
+
+
+def _replay_requests(path: str, settings: Settings, out: BinaryIO, engines: JudgeEngines | None) -> None:
     from pipeline.replay import JsonlChunks, Replay, ReplayStats
 
-    chunks = JsonlChunks(args.requests, REPLAY_CHUNK_LINES)
-    replay = Replay(_settings(args), reread=chunks.reread if chunks.rereadable else None)
+    chunks = JsonlChunks(path, REPLAY_CHUNK_LINES)
+    replay = Replay(settings, reread=chunks.reread if chunks.rereadable else None)
     started = time.monotonic()
 
     def progress(stats: ReplayStats) -> None:
@@ -124,13 +176,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
         print(f"\r{stats.messages:,} chunks, {stats.records:,} records, {stats.events:,} events ({rate:,.0f} rec/s)",
               end="", file=sys.stderr, flush=True)  # fmt: skip
 
-    out = sys.stdout.buffer if args.out == "-" else open(args.out, "wb")  # noqa: SIM115 - closed below
-    try:
-        for event in replay.run(chunks, progress):
-            out.write(event.model_dump_json().encode() + b"\n")
-    finally:
-        if out is not sys.stdout.buffer:
-            out.close()
+    for event in replay.run(chunks, progress):
+        if engines is not None:
+            engines.explain([event])
+        out.write(event.model_dump_json().encode() + b"\n")
     stats = replay.stats
     progress(stats)
     print(file=sys.stderr)
@@ -141,7 +190,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     )
     for letter in stats.dead_letter_samples[:5]:
         print(f"  rejected ({letter.reason}) {_where(letter)}: {letter.error}", file=sys.stderr)
-    return 0
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -439,8 +487,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--speed", type=float, default=25.0, help="simulated seconds per wall second (default 25)")
     p.set_defaults(func=cmd_demo)
 
-    p = sub.add_parser("replay", help="run the detector over a JSONL file of request logs, no broker")
-    p.add_argument("--requests", required=True, help="JSONL file of RequestLog records ('-' for stdin)")
+    p = sub.add_parser("replay", help="run the detectors over request logs and/or recorded scrapes, no broker")
+    p.add_argument("--requests", help="JSONL file of RequestLog records ('-' for stdin)")
+    p.add_argument("--scrapes", help="JSONL file of recorded scrapes, as `scrape --record` writes them "
+                   '({"timestamp", "instance", "body"} per line)')  # fmt: skip
     p.add_argument("--out", default="-", help="where to write AnomalyEvent JSONL (default stdout)")
     p.set_defaults(func=cmd_replay)
 

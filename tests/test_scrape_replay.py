@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import orjson
+import pytest
 
 from pipeline.scrape_replay import ScrapeReplay
-from schemas.anomaly import Signal
+from schemas.anomaly import AnomalyEvent, Signal
 from tests.engine_sim import SimulatedVllm
 
 T0 = 1_767_225_600.0
@@ -49,3 +50,27 @@ def test_bad_lines_are_rejected_with_their_line_and_reason_and_the_replay_goes_o
     assert [(d.reason, d.source_offset) for d in replay.stats.rejected_samples] == [
         ("invalid_record", 2), ("invalid_record", 3), ("invalid_exposition", 6)
     ]  # fmt: skip
+
+
+def test_replay_command_takes_scrapes_and_request_logs_and_names_the_engine_with_caching_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from pipeline.cli import main
+    from pipeline.workload import Phase, Workload
+
+    scrapes = record(tmp_path / "scrapes.jsonl")
+    out = tmp_path / "events.jsonl"
+    assert main(["replay", "--scrapes", str(scrapes), "--out", str(out)]) == 0
+    engine_events = [AnomalyEvent.model_validate_json(line) for line in out.read_bytes().splitlines()]
+    assert any(e.signal is Signal.CACHE_HIT_RATE and e.pages for e in engine_events)
+    assert "replayed 72 scrapes into 71 engine intervals" in capsys.readouterr().err
+
+    workload = Workload((Phase("normal", 600), Phase("cache_off", 120, prefix_caching=False)), seed=3,
+                        models=("llama-3.1-70b",))  # fmt: skip
+    requests = tmp_path / "requests.jsonl"
+    requests.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in workload.records()))
+    assert main(["replay", "--scrapes", str(scrapes), "--requests", str(requests), "--out", str(out)]) == 0
+    events = [AnomalyEvent.model_validate_json(line) for line in out.read_bytes().splitlines()]
+    ttft = next(e for e in events if e.signal is Signal.TTFT and e.pages and "instance" not in e.segment)
+    assert "enable_prefix_caching=False on 10.0.0.7:8000" in ttft.hints[0].message
+    assert main(["replay"]) == 2  # nothing to replay: a clear error
