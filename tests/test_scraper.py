@@ -18,7 +18,7 @@ from pipeline.cli import main
 from pipeline.kafka import read_topic
 from pipeline.scraper import IntervalTracker, Scraper, check_targets, instance_of, parse_duration, run_scrapes
 from schemas.engine_interval import EngineInterval
-from tests.test_exposition import sglang, vllm_v1
+from tests.test_exposition import counter, gauge, histogram, sglang, vllm_v1
 
 
 def vllm(requests: int, hits: float = 0.0) -> str:
@@ -132,6 +132,49 @@ async def test_a_real_server_that_goes_down_and_comes_back_restarted() -> None:
             httpd.server_close()
         timeline.append(("back", back[0].prefix_cache_hit_rate, back[0].counter_reset))
     assert timeline == [("up", pytest.approx(0.9), False), ("down", False, 1), ("back", 0.0, True)]
+
+
+def vllm_before_v1(n: int) -> str:
+    """vLLM before the V1 renames (gpu_* cache names, time_per_output_token) after ``n`` steps."""
+    labels = 'model_name="llama"'
+    return "\n".join([
+        histogram("vllm:time_per_output_token_seconds", labels, [0.02] * (4 * n), (0.01, 0.025, 0.05)),
+        histogram("vllm:time_to_first_token_seconds", labels, [0.2] * (4 * n), (0.1, 0.25, 0.5)),
+        counter("vllm:prompt_tokens", labels, 1000.0 * n),
+        counter("vllm:generation_tokens", labels, 100.0 * n),
+        counter("vllm:gpu_prefix_cache_queries", labels, 1000.0 * n),
+        counter("vllm:gpu_prefix_cache_hits", labels, 800.0 * n),
+        gauge("vllm:gpu_cache_usage_perc", labels, 0.5),
+        gauge("vllm:num_requests_running", labels, 3.0),
+        gauge("vllm:num_requests_waiting", labels, 1.0),
+    ]) + "\n"  # fmt: skip
+
+
+#: Per engine naming: the body after n steps, and what one step's interval must say (the
+#: latency histograms that moved).
+NAMINGS = {
+    "vllm_v1": (lambda n: vllm(10 * n, hits=9_000.0 * n), "vllm", "llama", 0.9, {"ttft"}),
+    "vllm_before_v1": (vllm_before_v1, "vllm", "llama", 0.8, {"ttft", "itl"}),
+    # device + host cached tokens; its fixture's histograms do not move between scrapes
+    "sglang": (lambda n: sglang(1_000.0 * n, 100.0 * n, 4), "sglang", "qwen", 0.15, set()),
+}
+
+
+@pytest.mark.parametrize("naming", sorted(NAMINGS))
+async def test_each_engines_naming_is_scraped_over_loopback(naming: str, server: ThreadingHTTPServer) -> None:
+    body, engine, model, hit_rate, timed = NAMINGS[naming]
+    url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    async with httpx.AsyncClient() as client:
+        scraper = Scraper([url], client, timeout_s=2.0)
+        Metrics.body = body(1)
+        assert (await scraper.round())[1] == []  # one scrape is no interval
+        Metrics.body = body(2)
+        _, [got] = await scraper.round()
+    assert (got.engine, got.model, got.instance) == (engine, model, instance_of(url))
+    assert got.prefix_cache_hit_rate == pytest.approx(hit_rate) and not got.counter_reset
+    assert got.kv_cache_usage is not None and got.running is not None
+    assert "ttft" in got.latency and {name for name, summary in got.latency.items() if summary.count > 0} == timed
+    assert scraper.health[url].up
 
 
 async def test_rounds_stop_when_asked(server: ThreadingHTTPServer) -> None:
