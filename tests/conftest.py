@@ -16,11 +16,17 @@ from pipeline.kafka import ensure_topics, read_topic
 T = TypeVar("T")
 
 
-@pytest.fixture(scope="session")
-def broker() -> Iterator[EmbeddedBroker]:
-    """A fresh Kafka-compatible broker on a free loopback port, stopped after the session."""
+def fresh_broker() -> Iterator[EmbeddedBroker]:
+    """A fresh Kafka-compatible broker on a free loopback port, stopped when done."""
     with EmbeddedBroker() as running:
         yield running
+
+
+#: One broker for the session's integration tests. A module whose tests read whole topics
+#: from the beginning, or run on event times that would be late after the others', takes
+#: its own: ``broker = own_broker`` (module scope).
+broker = pytest.fixture(scope="session", name="broker")(fresh_broker)
+own_broker = pytest.fixture(scope="module", name="broker")(fresh_broker)
 
 
 @pytest.fixture

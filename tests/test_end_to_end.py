@@ -25,10 +25,13 @@ import pytest
 from pipeline import topics
 from pipeline.workload import EPOCH, Phase, Workload
 from schemas.anomaly import AnomalyEvent, Signal
-from tests.conftest import first_matching
+from tests.conftest import first_matching, own_broker
 from tests.engine_sim import SimulatedVllm
 
 pytestmark = pytest.mark.integration
+
+#: A broker of its own: these tests read whole topics from the beginning.
+broker = own_broker
 
 #: Scrapes with prefix caching on, then off, at the same traffic.
 SCRAPES_ON, SCRAPES_OFF = 45, 12

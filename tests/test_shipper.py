@@ -30,6 +30,11 @@ from pipeline.ship_sources import ChunkResult, LineSplitter, StreamSource, Unit
 from pipeline.shipper import ShipConfig, Shipper
 from schemas.dead_letter import DeadLetter
 from schemas.request_log import RequestLog
+from tests.conftest import own_broker
+
+#: A broker of its own: these tests read whole topics from the beginning.
+broker = own_broker
+
 
 ROOT = Path(__file__).resolve().parents[1]
 POLL = 0.02
