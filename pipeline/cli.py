@@ -1,4 +1,4 @@
-"""``servewatch``: the command line. The only module that prints.
+"""``servewatch``: the command line. Its modules (``cli*``) are the only ones that print.
 
 Every command that needs Kafka takes ``--broker`` (or ``SERVEWATCH_BROKER``); without one it
 starts the embedded Tansu broker on a free loopback port and stops it on exit.
@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, BinaryIO
 import orjson
 
 from pipeline.broker import BrokerError, EmbeddedBroker
+from pipeline.cli_common import settings_from, with_broker
+from pipeline.cli_scrape import cmd_scrape
+from pipeline.cli_ship import cmd_ship
 from pipeline.settings import Settings
 from pipeline.tuning import tune_gc, tune_process
 from schemas.dead_letter import DeadLetter
@@ -28,24 +31,6 @@ if TYPE_CHECKING:  # imported where used: each command loads only what it needs
     from pipeline.engine_stage import JudgeEngines
 
 logger = logging.getLogger("servewatch")
-
-
-def _settings(args: argparse.Namespace, **overrides: object) -> Settings:
-    values = {k: v for k, v in overrides.items() if v is not None}
-    if getattr(args, "broker", None):
-        values["broker"] = args.broker
-    return Settings(**values)  # type: ignore[arg-type]
-
-
-@contextlib.contextmanager
-def _broker(settings: Settings) -> Iterator[Settings]:
-    """``settings`` with a broker: the configured one, or an embedded one for the duration."""
-    if settings.bootstrap is not None:
-        yield settings
-        return
-    with EmbeddedBroker() as broker:
-        print(f"embedded Kafka-compatible broker (Tansu) at {broker.bootstrap}", file=sys.stderr)
-        yield settings.model_copy(update={"broker": broker.bootstrap, "broker_profile": "tansu"})
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
@@ -62,7 +47,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from pipeline.app import create_app
 
-    with _broker(_settings(args)) as settings:
+    with with_broker(settings_from(args)) as settings:
         asyncio.run(_ensure_topics(settings))  # creates only what is missing
         app, _ = create_app(settings)
         tune_gc()  # again: Faust's app, topics and tables live as long as the process
@@ -87,7 +72,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.demo import run_demo, start_worker, stop_worker, summarise
 
     started = time.monotonic()
-    with _broker(_settings(args)) as settings:
+    with with_broker(settings_from(args)) as settings:
         assert settings.bootstrap is not None
         asyncio.run(_ensure_topics(settings))
         print("starting the servewatch worker ...", flush=True)
@@ -125,7 +110,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     if not args.requests and not args.scrapes:
         print("servewatch replay: give --requests FILE, --scrapes FILE or both", file=sys.stderr)
         return 2
-    settings = _settings(args)
+    settings = settings_from(args)
     out = sys.stdout.buffer if args.out == "-" else open(args.out, "wb")  # noqa: SIM115 - closed below
     try:
         engines = _replay_scrapes(args.scrapes, settings, out) if args.scrapes else None
@@ -286,187 +271,6 @@ def cmd_backtest_series(args: argparse.Namespace) -> int:
     print(f"scored {len(points):,} points with the {signal.value} model: {flagged:,} anomalous "
           f"(threshold {settings.threshold})", file=sys.stderr)  # fmt: skip
     return 0
-
-
-def cmd_scrape(args: argparse.Namespace) -> int:
-    """Scrape engine /metrics; canonical intervals to the scrapes topic, or to --out as JSONL."""
-    from pipeline.scraper import check_targets, parse_duration
-
-    try:
-        interval_s, timeout_s = parse_duration(args.interval), parse_duration(args.timeout)
-    except ValueError as exc:
-        print(f"servewatch scrape: bad duration ({exc})", file=sys.stderr)
-        return 2
-    try:
-        check_targets(args.target)
-    except ValueError as exc:
-        print(f"servewatch scrape: {exc}", file=sys.stderr)
-        return 2
-    if args.out:  # no Kafka needed
-        return asyncio.run(_scrape(args, interval_s, timeout_s, None))
-    with _broker(_settings(args)) as settings:
-        return asyncio.run(_scrape(args, interval_s, timeout_s, settings))
-
-
-async def _scrape(args: argparse.Namespace, interval_s: float, timeout_s: float, settings: Settings | None) -> int:
-    import signal
-
-    import httpx
-
-    from pipeline import topics
-    from pipeline.kafka import ensure_topics, producer
-    from pipeline.scraper import Scrape, Scraper, run_scrapes
-    from schemas.engine_interval import EngineInterval
-
-    stop = asyncio.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    kafka = None
-    if settings is not None and settings.bootstrap is not None:
-        await ensure_topics(settings.bootstrap, settings.topic_partitions, (topics.SCRAPES,))
-        kafka = producer(settings.bootstrap)
-        await kafka.start()
-    record = open(args.record, "ab") if args.record else None  # noqa: SIM115 - closed below
-    out = None if not args.out else sys.stdout.buffer if args.out == "-" else open(args.out, "ab")  # noqa: SIM115
-    sent = 0
-    try:
-        async with httpx.AsyncClient() as client:
-            scraper = Scraper(args.target, client, timeout_s)
-
-            async def on_round(n: int, scrapes: list[Scrape], intervals: list[EngineInterval]) -> None:
-                nonlocal sent
-                for scrape in scrapes:
-                    if record is not None:
-                        record.write(orjson.dumps(scrape.to_record()) + b"\n")
-                for item in intervals:
-                    data = item.model_dump_json().encode()
-                    if out is not None:
-                        out.write(data + b"\n")
-                    if kafka is not None:
-                        await kafka.send(topics.SCRAPES, data, key=f"{item.instance}|{item.model}".encode())
-                sent += len(intervals)
-                for handle in (record, out):
-                    if handle is not None:
-                        handle.flush()
-                up = sum(health.up for health in scraper.health.values())
-                print(f"\rround {n}: {up}/{len(scraper.health)} targets up, {sent:,} intervals sent",
-                      end="", file=sys.stderr, flush=True)  # fmt: skip
-
-            rounds = await run_scrapes(scraper, interval_s, on_round, args.count, stop)
-    finally:
-        if kafka is not None:
-            await kafka.stop()
-        for handle in (record, out):
-            if handle is not None and handle is not sys.stdout.buffer:
-                handle.close()
-    print(file=sys.stderr)
-    print(f"{rounds:,} rounds, {sent:,} intervals", file=sys.stderr)
-    for health in scraper.health.values():
-        state = "up" if health.up else f"down ({health.last_error})"
-        print(f"  {health.url}: {state}, {health.scrapes:,} scrapes", file=sys.stderr)
-    return 0
-
-
-def cmd_ship(args: argparse.Namespace) -> int:
-    """Ship request logs (a followed JSONL file, stdin or HTTP POSTs) to the requests topic in batches."""
-    import os
-    import signal
-
-    from aiokafka.errors import KafkaError
-
-    from pipeline import topics
-    from pipeline.kafka import ensure_topics, producer
-    from pipeline.scraper import parse_duration
-    from pipeline.ship_adapters import AdaptOptions, FieldMapping, adapter_for, parse_defaults
-    from pipeline.ship_file import FileFollower, StateFile
-    from pipeline.ship_http import HttpSource, parse_listen
-    from pipeline.ship_sources import Source, StreamSource
-    from pipeline.shipper import ShipConfig, Shipper, ShipStats
-
-    base = _settings(args)
-    try:
-        mapping = FieldMapping.parse(orjson.loads(Path(args.mapping).read_bytes())) if args.mapping else None
-        prefix_chars = base.ship_prefix_chars if args.prefix_chars is None else args.prefix_chars
-        options = AdaptOptions(args.keep_prompt or base.ship_keep_prompt, prefix_chars, parse_defaults(args.default))
-        adapter = adapter_for("mapping" if mapping else args.format, options, mapping)
-        config = ShipConfig(batch_records=args.batch or base.ship_batch_records,
-                            batch_bytes=min(base.ship_batch_bytes, base.max_message_bytes),
-                            linger_s=base.ship_linger_s if args.linger is None else parse_duration(args.linger),
-                            drain_timeout_s=base.ship_drain_timeout_s)  # fmt: skip
-        listen = parse_listen(args.listen) if args.listen else None
-        if args.file and args.no_follow and not os.path.isfile(args.file):
-            raise ValueError(f"no such file: {args.file}")
-    except (OSError, ValueError) as exc:
-        print(f"servewatch ship: {exc}", file=sys.stderr)
-        return 2
-
-    def source() -> Source:
-        if args.file:
-            state = StateFile(args.state or StateFile.default_path(args.file, base.ship_state_dir))
-            verb = "reading" if args.no_follow else "following"
-            print(f"{verb} {args.file}; position kept in {state.path}", file=sys.stderr)
-            return FileFollower(args.file, state, follow=not args.no_follow, start=args.start,
-                                poll_s=base.ship_poll_s, max_line_bytes=base.max_message_bytes)  # fmt: skip
-        if listen is not None:
-            return HttpSource(*listen, max_body_bytes=base.max_message_bytes)
-        return StreamSource(sys.stdin.buffer.read1, max_line_bytes=base.max_message_bytes)  # type: ignore[union-attr]
-
-    async def ship(bootstrap: str, partitions: int) -> ShipStats:
-        stop = asyncio.Event()
-
-        def on_signal(name: str) -> None:
-            print(f"\n{name}: shipping what was read, then stopping", file=sys.stderr, flush=True)
-            stop.set()
-
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(signum, on_signal, signum.name)
-        await ensure_topics(bootstrap, partitions, (topics.REQUESTS, topics.DEADLETTER))
-        kafka = producer(bootstrap)
-        await kafka.start()
-        shipper = Shipper(source(), adapter, kafka, config)
-        if isinstance(shipper.source, HttpSource):
-            await shipper.source.start()
-            print(f"accepting request logs: POST {shipper.source.url}", file=sys.stderr, flush=True)
-
-        async def progress() -> None:
-            shown = None
-            while True:
-                await asyncio.sleep(1.0)
-                s = shipper.stats
-                if (s.read, s.sent, s.rejected) != shown:
-                    shown = (s.read, s.sent, s.rejected)
-                    print(f"\rread {s.read:,}, sent {s.sent:,}, rejected {s.rejected:,}", end="", file=sys.stderr,
-                          flush=True)  # fmt: skip
-
-        reporter = asyncio.create_task(progress())
-        try:
-            return await shipper.run(stop)
-        finally:
-            reporter.cancel()
-            await kafka.stop()
-
-    try:
-        with _broker(base) as settings:
-            assert settings.bootstrap is not None
-            stats = asyncio.run(ship(settings.bootstrap, settings.topic_partitions))
-    except (KafkaError, FileNotFoundError) as exc:
-        print(f"\nservewatch ship: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 3
-    print(file=sys.stderr)
-    print(f"ship: read {stats.read:,}, sent {stats.sent:,}, rejected {stats.rejected:,}, pending {stats.pending:,} "
-          f"in {stats.elapsed_s:.2f} s ({stats.records_per_s:,.0f} records/s, {stats.messages:,} messages)",
-          file=sys.stderr)  # fmt: skip
-    if stats.by_reason:
-        print("  rejected: " + ", ".join(f"{r} {n:,}" for r, n in stats.by_reason.most_common()), file=sys.stderr)
-    for letter in stats.samples:
-        where = f"line {letter.record_index}" if letter.source_offset is not None else f"item {letter.record_index}"
-        if letter.source_offset is not None:
-            where += f" (byte {letter.source_offset:,})"
-        print(f"  rejected ({letter.reason}) {where}: {letter.error[:200]}", file=sys.stderr)
-    if stats.pending:
-        print(f"  {stats.pending:,} records read were not delivered (Kafka unreachable); a followed file's saved "
-              "position is before them", file=sys.stderr)  # fmt: skip
-    return 0 if stats.pending == 0 else 1
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -38,3 +38,16 @@ def test_package_imports_only_what_its_layer_allows(package: str) -> None:
             f"{path.name} imports {roots & FORBIDDEN_EVERYWHERE_BUT_PIPELINE}"
         )
         assert roots <= ALLOWED[package], f"{path.relative_to(ROOT)} imports {roots - ALLOWED[package]}"
+
+
+def test_only_the_command_line_prints() -> None:
+    """Everything else logs (``logging.getLogger(__name__)``); doctests may print."""
+    printing = []
+    for package in ("schemas", "models", "pipeline"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.parent.name == "pipeline" and path.name.startswith("cli"):
+                continue
+            tree = ast.parse(path.read_text(), filename=str(path))
+            calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "print"]
+            printing += [f"{path.relative_to(ROOT)}:{call.lineno}" for call in calls]
+    assert printing == []
