@@ -219,7 +219,16 @@ def signal_hints(signal: Signal, window: WindowStats, observed: float, expected:
             )
         ]
     if signal in (Signal.ITL, Signal.THROUGHPUT):
-        return [Hint(code="decode_slowdown", message="decode is slower per token than usual at this output load")]
+        # Throughput falls as decode slows, inter-token latency rises: either way, this many times slower.
+        slower = observed / expected if signal is Signal.ITL else expected / observed
+        return [
+            Hint(
+                code="decode_slowdown",
+                message=f"decode is {slower:.1f}x slower per token than expected at this demand (requests and output "
+                "tokens/s), so not from bigger batches: look at the GPUs, the engine version or its decode "
+                "settings (speculative decoding, CUDA graphs)",
+            )
+        ]
     if signal is Signal.LENGTH_TRUNCATION:
         return [
             Hint(
