@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from models.faulty_requests import FAULT_SIGNALS
+from models.faulty_requests import FAULT_SIGNALS, SLOWNESS
 from models.hints import Baseline, latency_hints, signal_hints
 from models.lifecycle import Transition, fingerprint
 from models.rates import BetaBinomialRate
@@ -335,15 +335,21 @@ class SegmentDetectors:
 
     @staticmethod
     def _evidence(window: WindowStats, spec: SignalSpec, usual: Baseline) -> list[dict[str, Any]]:
-        """Pointers that ``pipeline.evidence`` fills in: a latency event's slowest requests, or
-        a rate event's scan of the window's messages for the requests it counted as bad;
+        """Pointers that ``pipeline.evidence`` fills in: a latency event's slowest requests (kept
+        by the fold for TTFT; for the other phases, the slowest of the window's sample by
+        that phase), or a rate event's scan of the window's messages for the requests it
+        counted as bad;
         then a sample of the window and of the segment's latest normal window
         (``models.evidence_sample``), whose ranges stage 2 adds (``RecentSources``)."""
         sources = getattr(window, "sources", None)  # an engine's window has no requests
         if not sources:
             return window.evidence_records() if spec.kind == "latency" else []
         ranges = [list(s) for s in sources]
-        pointers = window.evidence_records() if spec.kind == "latency" else []
+        pointers = []
+        if spec.signal is Signal.TTFT:
+            pointers = window.evidence_records()
+        elif spec.signal in SLOWNESS:  # the window sample's slowest by the signal's own measure
+            pointers.append({"worst": spec.signal.value})
         if spec.signal in FAULT_SIGNALS:
             pointers.append({"scan": spec.signal.value, "segment": window.key, "sources": ranges})
         pointers.append(

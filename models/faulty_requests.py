@@ -22,6 +22,34 @@ from models.rows import field_getter
 from models.signal_columns import leaked
 from schemas.anomaly import Signal
 
+
+#: The latency signals whose worst requests are found when their event fires, among the
+#: window's requests read back (TTFT's slowest are kept as the window is folded), by how
+#: slow each request was in the signal's own terms: seconds of the phase, or per output token.
+def _per_output_token(get: Any) -> float | None:
+    decode, tokens = get("decode_s"), get("completion_tokens")
+    return decode / max(tokens - 1, 1) if decode is not None and tokens else None
+
+
+SLOWNESS: dict[Signal, Any] = {
+    Signal.QUEUE_TIME: lambda get: get("queue_s"),
+    Signal.PREFILL_TIME: lambda get: get("prefill_s"),
+    Signal.E2E: lambda get: get("e2e_s"),
+    Signal.ITL: _per_output_token,
+    Signal.THROUGHPUT: _per_output_token,  # tokens/s per request falls as this rises
+}
+
+
+def slowness(signal: Signal, row: Any) -> float | None:
+    """How slow ``row`` was by ``signal`` (larger is worse), None when it did not report it.
+
+    >>> slowness(Signal.ITL, {"decode_s": 2.0, "completion_tokens": 101}), slowness(Signal.QUEUE_TIME, {})
+    (0.02, None)
+    """
+    value = SLOWNESS[signal](field_getter(row))
+    return None if value is None else float(value)
+
+
 #: The rate signals whose evidence is the requests they counted.
 FAULT_SIGNALS = (Signal.LENGTH_TRUNCATION, Signal.REASONING_LEAK, Signal.EMPTY_RESPONSE, Signal.ERROR_RATE)
 

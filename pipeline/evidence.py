@@ -6,6 +6,7 @@ event fires, its pointers are filled in here, from messages read back from the r
 topic (``KafkaMessageReader``) or, in a replay, from the replayed file:
 
 - ``{"ttft_s", "location"}``: one of the window's slowest requests (``"sample": "slowest"``);
+- ``{"worst": signal}``: the slowest by that phase of the window sample below (``"slowest"``);
 - ``{"scan": signal, ...}``: a rate event's requests that show its fault, found in messages
   spread over the window (``"faulty"``; ``models.faulty_requests``);
 - ``{"window_sample": "anomalous" | "baseline", ...}``: the segment's requests of a window
@@ -27,7 +28,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from models.batch import evidence_from_row
 from models.evidence_sample import EvidenceBudget, MessageKey, location_key, spread, uniform_pick
 from models.facets import compare, window_facets
-from models.faulty_requests import shows_fault
+from models.faulty_requests import shows_fault, slowness
 from models.hints import mention_engine_versions, mention_max_tokens
 from models.rows import field_getter
 from pipeline.decode import Source, decode_message
@@ -74,7 +75,11 @@ def fill(
     for event in events:
         filled: list[dict[str, Any]] = []
         samples: dict[str, tuple[float, list[Located]]] = {}
+        worst_by: Signal | None = None
         for record in event.evidence:
+            if "worst" in record:
+                worst_by = Signal(record["worst"])
+                continue
             if "scan" in record or "window_sample" in record:
                 if segment_of is None:
                     continue
@@ -93,6 +98,8 @@ def fill(
                 filled.append({**record, "unavailable": True, "sample": "slowest"})
             else:
                 filled.extend(_shown([(location, row)], "slowest", budget))
+        if worst_by is not None and "anomalous" in samples:
+            filled.extend(_shown(_slowest(samples["anomalous"][1], worst_by, budget.worst), "slowest", budget))
         filled = filled[: budget.worst] if budget.worst else []
         shown = {location_key(r["location"]) for r in filled if "location" in r}
         for kind, k, label in (("anomalous", budget.uniform, "uniform"), ("baseline", budget.baseline, "baseline")):
@@ -114,6 +121,13 @@ def _shown(found: list[Located], sample: str, budget: EvidenceBudget) -> list[di
         {**evidence_from_row(row, budget.excerpt_chars, budget.markers), "location": location, "sample": sample}
         for location, row in found
     ]
+
+
+def _slowest(located: list[Located], signal: Signal, keep: int) -> list[Located]:
+    """The ``keep`` slowest by ``signal`` (``models.faulty_requests.slowness``), slowest first."""
+    timed = [(value, item) for item in located if (value := slowness(signal, item[1])) is not None]
+    timed.sort(key=lambda pair: pair[0], reverse=True)
+    return [item for _, item in timed[:keep]]
 
 
 def _facets(samples: dict[str, tuple[float, list[Located]]]) -> Facets | None:

@@ -145,3 +145,45 @@ def test_facets_say_what_changed_in_the_traffic() -> None:
     truncated = _first_page("truncation", Signal.LENGTH_TRUNCATION)
     assert truncated.facets is not None
     assert any(change.startswith("finish_reason=length in") for change in truncated.facets.changes)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+def _uncached_share(r: dict[str, Any]) -> float:
+    return 1 - (r.get("cached_tokens") or 0) / r["prompt_tokens"]
+
+
+def _per_output_token(r: dict[str, Any]) -> float:
+    return r["decode_s"] / max(r["completion_tokens"] - 1, 1)
+
+
+def _prefill_per_uncached_token(r: dict[str, Any]) -> float:
+    return r["prefill_s"] / max(r["prompt_tokens"] - (r.get("cached_tokens") or 0), 1)
+
+
+#: Issue #5: per injected latency case, the figure of a request that shows its fault, and
+#: the factor by which the event's slowest requests must show more of it than the
+#: segment's normal ones (its baseline sample).
+SHOWS_FAULT = {
+    ("cache_off", Signal.TTFT): (_uncached_share, 1.5),
+    ("cache_off", Signal.PREFILL_TIME): (_uncached_share, 1.5),
+    ("decode_slow", Signal.ITL): (_per_output_token, 1.5),
+    ("decode_slow", Signal.THROUGHPUT): (_per_output_token, 1.5),
+    ("long_prompts_slow", Signal.PREFILL_TIME): (_prefill_per_uncached_token, 1.5),
+}
+
+
+@pytest.mark.parametrize(("name", "signal"), sorted(SHOWS_FAULT, key=lambda k: (k[0], k[1].value)))
+def test_the_slowest_requests_of_each_latency_case_show_its_fault_against_the_baseline(
+    name: str, signal: Signal
+) -> None:
+    """The slowest requests are the worst by the event's own signal (per-token decode for
+    itl, prefill seconds for prefill_time), and they show the injected cause."""
+    event = _first_page(name, signal)
+    figure, factor = SHOWS_FAULT[(name, signal)]
+    slowest, baseline = _sampled(event, "slowest"), _sampled(event, "baseline")
+    assert len(slowest) == 3 and len(baseline) == 3
+    assert _median([figure(r) for r in slowest]) >= factor * _median([figure(r) for r in baseline])
