@@ -83,7 +83,8 @@ def internal_error(raw: bytes | None, source: Source, exc: Exception) -> DeadLet
     return dead_letter("internal_error", f"{type(exc).__name__}: {exc}", raw or b"", source)
 
 
-def _describe(exc: ValidationError) -> str:
+def describe(exc: ValidationError) -> str:
+    """A validation failure in one line, for a dead letter: the first five fields and why."""
     parts = []
     for err in exc.errors(include_url=False)[:5]:
         where = ".".join(str(p) for p in err["loc"]) or "record"
@@ -121,7 +122,7 @@ def _validate(item: Any, raw: bytes | None, source: Source, index: int | None, o
             out.accept(FastRow(**RequestLog.model_validate(item).to_row()), index)
             return
         except ValidationError as exc:
-            reason, error = "validation", _describe(exc)
+            reason, error = "validation", describe(exc)
     out.dead_letters.append(dead_letter(reason, error, _as_bytes(item) if raw is None else raw, source, index))
 
 

@@ -25,7 +25,7 @@ from models.headroom import HeadroomWatch
 from models.hints import mention_engine_config
 from models.signals import ENGINE_SPECS
 from pipeline import metrics
-from pipeline.decode import Source, dead_letter
+from pipeline.decode import Source, dead_letter, describe
 from pipeline.settings import Settings
 from schemas.anomaly import AnomalyEvent
 from schemas.dead_letter import DeadLetter
@@ -69,8 +69,7 @@ class JudgeEngines:
             try:
                 interval = EngineInterval.model_validate(item)
             except ValidationError as exc:
-                error = "; ".join(f"{'.'.join(map(str, e['loc'])) or '-'}: {e['msg']}" for e in exc.errors()[:5])
-                letters.append(dead_letter("validation", error, orjson.dumps(item), source, position))
+                letters.append(dead_letter("validation", describe(exc), orjson.dumps(item), source, position))
                 continue
             events.extend(self.judge(interval))
         for letter in letters:

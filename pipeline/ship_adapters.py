@@ -50,6 +50,7 @@ from typing import Any, Final, TypeGuard, cast
 import msgspec
 from pydantic import ValidationError
 
+from pipeline.decode import describe
 from pipeline.fast_rows import FastRow
 from schemas.request_log import Engine, RequestLog
 
@@ -201,14 +202,6 @@ def unix_seconds(value: Any) -> float | None:
     return seconds if math.isfinite(seconds) else None
 
 
-def _describe(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors(include_url=False)[:5]:
-        where = ".".join(str(p) for p in err["loc"]) or "record"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
-
-
 def validated(candidate: dict[str, Any]) -> Adapted:
     """``candidate`` as a ``RequestLog`` row (only its fields, unset ones left out), or why not.
 
@@ -232,7 +225,7 @@ def validated(candidate: dict[str, Any]) -> Adapted:
     try:
         return cast(Row, RequestLog.model_validate(candidate).to_row())
     except ValidationError as exc:
-        return Rejection("validation", _describe(exc))
+        return Rejection("validation", describe(exc))
 
 
 def _finish(candidate: dict[str, Any], prompt: Any, messages: Any, options: AdaptOptions) -> Adapted:
