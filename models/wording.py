@@ -42,6 +42,7 @@ def window_summary(
 ) -> str:
     demand = f"demand {demand_ratio:.1f}x usual" if math.isfinite(demand_ratio) else "demand as usual"
     why = f"; {hints[0].message}" if hints else ""
+    who = who[:1].upper() + who[1:]  # the sentence a person reads first
     if spec.kind == "rate":
         return f"{who} is {observed} ({reading.bad:,} of {reading.n:,} requests) against a usual {expected}{why}."
     if spec.kind == "share":
