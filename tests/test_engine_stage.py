@@ -123,7 +123,7 @@ def test_prefix_caching_switched_off_on_an_engine_pages_its_hit_rate_and_says_so
         events += judge.receive(orjson.dumps(raw))[0]
     hit = [e for e in events if e.signal is Signal.CACHE_HIT_RATE and e.pages]
     assert hit and all(e.window_start >= T0 + 600 for e in hit)
-    assert hit[0].hints[0].code == "prefix_cache_disabled" and "prefix-cache hit rate" in hit[0].summary
+    assert hit[0].hints[0].code == "prefix_cache_disabled" and hit[0].summary.startswith("Prefix-cache hit rate")
 
 
 def latency(mean_s: float) -> dict[str, float]:
