@@ -60,7 +60,17 @@ def format_event(event: AnomalyEvent, phase: str, update: bool = False) -> str:
         f"explained_by_load={str(event.explained_by_load).lower()}"
     )
     hints = f"\n      hints: {', '.join(h.code for h in event.hints)}" if event.hints else ""
-    return f"{head}\n      {event.summary}{hints}"
+    changed = ""
+    if event.facets is not None and event.facets.changes:  # what moved in the traffic, against the baseline
+        changed = f"\n      changed: {'; '.join(event.facets.changes[:3])}"
+    shown = [r for r in event.evidence if r.get("sample") in ("slowest", "faulty")][:1]
+    evidence = ""
+    if shown:  # one request to look up in one's own log store
+        r = shown[0]
+        evidence = f"\n      e.g. {r.get('request_id')} on {r.get('instance', '?')}: " + ", ".join(
+            f"{name}={r[name]}" for name in ("ttft_s", "prompt_tokens", "cached_tokens", "finish_reason") if name in r
+        )
+    return f"{head}\n      {event.summary}{hints}{changed}{evidence}"
 
 
 def start_worker(bootstrap: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:

@@ -66,3 +66,16 @@ def test_the_allocator_pin_and_heap_trims_are_settings(monkeypatch: pytest.Monke
     assert Settings().heap_trim_interval_s == 0
     trimmed = trim_heap()  # harmless at any time; False where the C library is not glibc
     assert trimmed is (platform.libc_ver()[0] == "glibc")
+
+
+def test_the_demo_shows_what_changed_and_a_request_to_look_up() -> None:
+    from pipeline.demo import format_event
+    from schemas.anomaly import Signal
+    from tests.test_scenarios import result
+
+    r = result("cache_off")
+    page = next(e for e in r.pages if e.signal is Signal.TTFT)
+    lines = format_event(page, "cache_off").splitlines()
+    assert lines[1].strip() == page.summary and lines[2].strip().startswith("hints: prefix_cache_ineffective")
+    assert lines[3].strip().startswith("changed: cached share of prompt tokens")
+    assert lines[4].strip().startswith("e.g. req-") and "cached_tokens=" in lines[4]
