@@ -110,9 +110,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
 
     evidence_budget = settings.evidence_budget()
     segment_key_of = settings.segmenter().key_of_row  # a scan's filter: never registers a segment
-    evidence_reader = KafkaMessageReader(
-        settings.bootstrap, topics.requests.get_topic_name(), settings.max_message_bytes
-    )
+    evidence_reader = KafkaMessageReader(settings.bootstrap, topics.requests.get_topic_name())
 
     async def publish(events: list[AnomalyEvent]) -> None:
         engines.explain(events)
