@@ -49,6 +49,14 @@ def _strength(a: float, b: float) -> float:
     return abs(math.log((a + 0.05) / (b + 0.05)))
 
 
+def _median_log_se(q: Quantiles, n: int) -> float:
+    """Standard error of a sample median's log, lengths taken as log-normal: 1.2533 sd / sqrt(n),
+    the log sd read off the p50-p90 gap (1.2816 sd). Twenty answers of widely spread lengths
+    put their median anywhere within ~1.5x."""
+    sd = math.log((q.p90 + 1.0) / (q.p50 + 1.0)) / 1.2816
+    return 1.2533 * max(sd, 0.05) / math.sqrt(max(n, 1))
+
+
 def _significant(a: float, b: float, n_a: int, n_b: int) -> bool:
     """Whether shares ``a`` of ``n_a`` and ``b`` of ``n_b`` requests differ beyond sampling noise."""
     if not n_a or not n_b:
@@ -122,7 +130,8 @@ def compare(now: WindowFacets, before: WindowFacets) -> list[str]:
         if a_q is None or b_q is None:
             continue
         ratio = (a_q.p50 + 1.0) / (b_q.p50 + 1.0)
-        if ratio >= LENGTH_RATIO or ratio <= 1 / LENGTH_RATIO:
+        noise = math.hypot(_median_log_se(a_q, n_now), _median_log_se(b_q, n_before))
+        if (ratio >= LENGTH_RATIO or ratio <= 1 / LENGTH_RATIO) and abs(math.log(ratio)) >= MIN_Z * noise:
             said.append((abs(math.log(ratio)), f"median {name} {a_q.p50:,.0f} tokens against {b_q.p50:,.0f}"))
     for instance in sorted(set(now.instances) | set(before.instances)):
         now_share, usual = now.instances.get(instance, 0.0), before.instances.get(instance, 0.0)

@@ -57,3 +57,13 @@ def test_changes_are_ranked_largest_first() -> None:
         "cached share of prompt tokens 0% against 80%",
         "median prompt 4,000 tokens against 1,000",
     ]
+
+
+def test_a_median_length_within_the_noise_of_a_small_sample_is_not_said() -> None:
+    spread = [50, 80, 120, 180, 250, 300, 400, 500, 700, 900, 1200, 1500, 2000]  # widely spread answers
+    before = window_facets([{**rows(1)[0], "completion_tokens": v} for v in spread], 0.0)
+    now = window_facets([{**rows(1)[0], "completion_tokens": v * 0.6} for v in spread], 10.0)  # 0.6x, 13 each
+    assert compare(now, before) == []
+    many = window_facets([{**rows(1)[0], "completion_tokens": v * 0.6} for v in spread * 20], 10.0)
+    wide = window_facets([{**rows(1)[0], "completion_tokens": v} for v in spread * 20], 0.0)
+    assert compare(many, wide) == ["median output 240 tokens against 400"]
