@@ -338,9 +338,8 @@ class SegmentDetectors:
         """Pointers that ``pipeline.evidence`` fills in: a latency event's slowest requests (kept
         by the fold for TTFT; for the other phases, the slowest of the window's sample by
         that phase), or a rate event's scan of the window's messages for the requests it
-        counted as bad;
-        then a sample of the window and of the segment's latest normal window
-        (``models.evidence_sample``), whose ranges stage 2 adds (``RecentSources``)."""
+        counted as bad; then a sample of the window and one of the segment's latest normal
+        window (``models.evidence_sample``), whose ranges stage 2 adds (``RecentSources``)."""
         sources = getattr(window, "sources", None)  # an engine's window has no requests
         if not sources:
             return window.evidence_records() if spec.kind == "latency" else []

@@ -67,47 +67,63 @@ def fill(
     are dropped."""
     read = ReadBack(messages, segment_of)
     for event in events:
-        filled: list[dict[str, Any]] = []
-        samples: dict[str, tuple[float, list[Located]]] = {}
-        worst_by: Signal | None = None
-        for record in event.evidence:
-            if "worst" in record:
-                worst_by = Signal(record["worst"])
-                continue
-            if "scan" in record or "window_sample" in record:
-                if segment_of is None:
-                    continue
-                if "scan" in record:
-                    found = _scan(record, event, read, budget.worst, budget.markers)
-                    filled.extend(_shown(found, "faulty", budget))
-                else:
-                    samples[record["window_sample"]] = (record["window_start"], _window_rows(record, read))
-                continue
-            location = record.get("location")
-            if location is None or "request_id" in record:
-                filled.append(record)
-                continue
-            row = read.rows((location["partition"], location["offset"])).get(location["index"])
-            if row is None:
-                filled.append({**record, "unavailable": True, "sample": "slowest"})
-            else:
-                filled.extend(_shown([(location, row)], "slowest", budget))
-        if worst_by is not None and "anomalous" in samples:
-            filled.extend(_shown(_slowest(samples["anomalous"][1], worst_by, budget.worst), "slowest", budget))
-        filled = filled[: budget.worst] if budget.worst else []
-        shown = {location_key(r["location"]) for r in filled if "location" in r}
-        for kind, k, label in (("anomalous", budget.uniform, "uniform"), ("baseline", budget.baseline, "baseline")):
-            if kind in samples:
-                start, located = samples[kind]
-                unseen = [item for item in located if location_key(item[0]) not in shown]
-                picked = uniform_pick(
-                    unseen, [location_key(at) for at, _ in unseen], k, seed=f"{event.fingerprint}|{start}"
-                )
-                filled.extend(_shown(picked, label, budget))
-        event.evidence = filled
+        samples = _window_samples(event, read)
+        worst = _worst(event, read, budget, samples)
+        shown = {location_key(r["location"]) for r in worst if "location" in r}
+        event.evidence = worst + _picks(event, samples, budget, shown)
         event.facets = _facets(samples)
         mention_max_tokens(event)  # what the evidence adds to its hints
         mention_engine_versions(event)
+
+
+def _window_samples(event: AnomalyEvent, read: ReadBack) -> dict[str, tuple[float, list[Located]]]:
+    """The event's window samples ("anomalous", "baseline"): window start and requests read back."""
+    if read.segment_of is None:
+        return {}
+    return {
+        pointer["window_sample"]: (pointer["window_start"], _window_rows(pointer, read))
+        for pointer in event.evidence
+        if "window_sample" in pointer
+    }
+
+
+def _worst(
+    event: AnomalyEvent, read: ReadBack, budget: EvidenceBudget, samples: dict[str, tuple[float, list[Located]]]
+) -> list[dict[str, Any]]:
+    """Up to ``budget.worst`` of the anomalous window's worst requests by the event's signal:
+    its slowest (kept by location, or the sample's slowest by a phase) or those showing its fault."""
+    worst: list[dict[str, Any]] = []
+    for pointer in event.evidence:
+        if "worst" in pointer:
+            if "anomalous" in samples:
+                slowest = _slowest(samples["anomalous"][1], Signal(pointer["worst"]), budget.worst)
+                worst.extend(_shown(slowest, "slowest", budget))
+        elif "scan" in pointer:
+            if read.segment_of is not None:
+                worst.extend(_shown(_scan(pointer, event, read, budget.worst, budget.markers), "faulty", budget))
+        elif "window_sample" in pointer:
+            continue
+        elif (location := pointer.get("location")) is None or "request_id" in pointer:
+            worst.append(pointer)  # filled already (a replayed event), or nothing to read
+        elif (row := read.rows((location["partition"], location["offset"])).get(location["index"])) is None:
+            worst.append({**pointer, "unavailable": True, "sample": "slowest"})
+        else:
+            worst.extend(_shown([(location, row)], "slowest", budget))
+    return worst[: budget.worst]
+
+
+def _picks(
+    event: AnomalyEvent, samples: dict[str, tuple[float, list[Located]]], budget: EvidenceBudget, shown: set[str]
+) -> list[dict[str, Any]]:
+    """A reproducible uniform pick of each window sample, leaving out the requests already shown."""
+    picks: list[dict[str, Any]] = []
+    for kind, k, label in (("anomalous", budget.uniform, "uniform"), ("baseline", budget.baseline, "baseline")):
+        if kind in samples:
+            start, located = samples[kind]
+            unseen = [item for item in located if location_key(item[0]) not in shown]
+            seed = f"{event.fingerprint}|{start}"
+            picks.extend(_shown(uniform_pick(unseen, [location_key(at) for at, _ in unseen], k, seed), label, budget))
+    return picks
 
 
 def _shown(found: list[Located], sample: str, budget: EvidenceBudget) -> list[dict[str, Any]]:
