@@ -48,7 +48,9 @@ TOO_LARGE = (MessageSizeTooLargeError, RecordTooLargeError)
 class Producer(Protocol):
     """What the shipper needs of ``aiokafka.AIOKafkaProducer``."""
 
-    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None) -> asyncio.Future[Any]: ...
+    async def send(
+        self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int | None = None
+    ) -> asyncio.Future[Any]: ...
 
 
 @dataclass(frozen=True)
@@ -143,6 +145,8 @@ class Shipper:
         self._give_up_at: float | None = None
         self._aborted: ShipAborted | None = None
         self._delay = self.config.retry_initial_s
+        self._partitions: list[int] | None = None  # of the requests topic, once looked up
+        self._turn = 0
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -321,7 +325,12 @@ class Shipper:
         while True:
             try:
                 left = self._remaining()
-                send = self.producer.send(message.topic, message.payload())
+                partition = await self._partition(message.topic)
+                send = (
+                    self.producer.send(message.topic, message.payload())
+                    if partition is None
+                    else self.producer.send(message.topic, message.payload(), partition=partition)
+                )
                 message.future = await (send if left is None else asyncio.wait_for(send, left))
                 return
             except TOO_LARGE as exc:
@@ -330,6 +339,22 @@ class Shipper:
                 return
             except (KafkaError, TimeoutError) as exc:
                 await self._backoff(exc)
+
+    async def _partition(self, topic: str) -> int | None:
+        """Request batches take the requests topic's partitions in turn. The worker's watermark
+        is its slowest partition's, so every partition must move with the stream: spread at
+        random, a fast backfill leaves a partition behind, and its windows then wait for the
+        wall clock to close them. None: the producer chooses (dead letters; a producer that
+        cannot list partitions)."""
+        if topic != topics.REQUESTS:
+            return None
+        if self._partitions is None:
+            lookup = getattr(self.producer, "partitions_for", None)
+            self._partitions = sorted(await lookup(topic)) if lookup is not None else []
+        if not self._partitions:
+            return None
+        self._turn += 1
+        return self._partitions[self._turn % len(self._partitions)]
 
     async def _backoff(self, exc: Exception) -> None:
         left = self._remaining()

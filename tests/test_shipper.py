@@ -282,6 +282,38 @@ async def ship(source: Any, producer: Producer, config: ShipConfig = FAST, fmt: 
     return await asyncio.wait_for(shipper.run(asyncio.Event()), 10)
 
 
+class PartitionedProducer(Producer):
+    """A producer that knows the requests topic's partitions, and notes which each message took."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.partitions: list[int | None] = []
+
+    async def partitions_for(self, topic: str) -> set[int]:
+        return {0, 1, 2, 3}
+
+    async def send(  # type: ignore[override]
+        self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int | None = None
+    ) -> asyncio.Future[Any]:
+        self.partitions.append(partition)
+        return await super().send(topic, value, key)
+
+
+async def test_request_batches_take_the_partitions_in_turn_so_every_watermark_moves(tmp_path: Path) -> None:
+    """A backfill spread at random can leave a partition behind; the worker's watermark is
+    its slowest partition's, so its windows would wait for the wall clock."""
+    log = tmp_path / "requests.jsonl"
+    append(log, *(line(n) for n in range(1000)), b"not json\n")
+    producer = PartitionedProducer()
+    await ship(follower(log, follow=False), producer, fast(batch_records=100))
+    taken = [
+        p for (topic, _), p in zip(producer.messages, producer.partitions, strict=True) if topic == topics.REQUESTS
+    ]
+    assert taken == [1, 2, 3, 0] * 2 + [1, 2]
+    assert [p for (topic, _), p in zip(producer.messages, producer.partitions, strict=True)
+            if topic == topics.DEADLETTER] == [None]  # fmt: skip
+
+
 async def test_a_file_is_shipped_in_batches_and_every_bad_line_dead_lettered_with_its_position(tmp_path: Path) -> None:
     log = tmp_path / "requests.jsonl"
     append(log, *(line(n) for n in range(600)))
