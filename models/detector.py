@@ -335,11 +335,11 @@ class SegmentDetectors:
 
     @staticmethod
     def _evidence(window: WindowStats, spec: SignalSpec, usual: Baseline) -> list[dict[str, Any]]:
-        """Pointers that ``pipeline.evidence`` fills in: a latency event's slowest requests (kept
-        by the fold for TTFT; for the other phases, the slowest of the window's sample by
-        that phase), or a rate event's scan of the window's messages for the requests it
-        counted as bad; then a sample of the window and one of the segment's latest normal
-        window (``models.evidence_sample``), whose ranges stage 2 adds (``RecentSources``)."""
+        """Pointers that ``pipeline.evidence`` fills in: a sample of the window and one of the
+        segment's latest normal window (``models.evidence_sample``; stage 2 adds the ranges of
+        the latter, ``RecentSources``), and the worst requests by the event's signal: TTFT's
+        slowest, kept by the fold; the sample's slowest by another phase; or, for a rate
+        event, the sample's requests it counted as bad."""
         sources = getattr(window, "sources", None)  # an engine's window has no requests
         if not sources:
             return window.evidence_records() if spec.kind == "latency" else []
@@ -350,7 +350,7 @@ class SegmentDetectors:
         elif spec.signal in SLOWNESS:  # the window sample's slowest by the signal's own measure
             pointers.append({"worst": spec.signal.value})
         if spec.signal in FAULT_SIGNALS:
-            pointers.append({"scan": spec.signal.value, "segment": window.key, "sources": ranges})
+            pointers.append({"scan": spec.signal.value})
         pointers.append(
             {"window_sample": "anomalous", "segment": window.key, "window_start": window.start,
              "window_end": window.end, "sources": ranges}

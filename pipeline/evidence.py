@@ -7,8 +7,8 @@ topic (``KafkaMessageReader``) or, in a replay, from the replayed file:
 
 - ``{"ttft_s", "location"}``: one of the window's slowest requests (``"sample": "slowest"``);
 - ``{"worst": signal}``: the slowest by that phase of the window sample below (``"slowest"``);
-- ``{"scan": signal, ...}``: a rate event's requests that show its fault, found in messages
-  spread over the window (``"faulty"``; ``models.faulty_requests``);
+- ``{"scan": signal}``: a rate event's requests that show its fault, found in the window
+  sample below (``"faulty"``; ``models.faulty_requests``);
 - ``{"window_sample": "anomalous" | "baseline", ...}``: the segment's requests of a window
   in messages spread over it (``models.evidence_sample``): a uniform pick of them
   (``"uniform"``, ``"baseline"``) and the event's ``facets`` (``models.facets``).
@@ -20,7 +20,7 @@ restarted) stays a pointer with ``"unavailable": true``: the event still says wh
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
@@ -44,7 +44,7 @@ def wanted(events: Iterable[AnomalyEvent]) -> set[MessageKey]:
     keys: set[MessageKey] = set()
     for event in events:
         for record in event.evidence:
-            if "scan" in record or "window_sample" in record:
+            if "window_sample" in record:
                 keys.update(spread(record.get("sources", ())))
             elif "location" in record and "request_id" not in record:
                 keys.add((record["location"]["partition"], record["location"]["offset"]))
@@ -99,8 +99,10 @@ def _worst(
                 slowest = _slowest(samples["anomalous"][1], Signal(pointer["worst"]), budget.worst)
                 worst.extend(_shown(slowest, "slowest", budget))
         elif "scan" in pointer:
-            if read.segment_of is not None:
-                worst.extend(_shown(_scan(pointer, event, read, budget.worst, budget.markers), "faulty", budget))
+            if "anomalous" in samples:
+                signal = Signal(pointer["scan"])
+                faulty = [item for item in samples["anomalous"][1] if shows_fault(signal, item[1], budget.markers)]
+                worst.extend(_shown(faulty[: budget.worst], "faulty", budget))
         elif "window_sample" in pointer:
             continue
         elif (location := pointer.get("location")) is None or "request_id" in pointer:
@@ -189,21 +191,6 @@ def _window_rows(pointer: dict[str, Any], read: ReadBack) -> list[Located]:
         for index, row in read.of_segment((partition, offset), segment):
             if _in_window(row, start, end):
                 found.append(({"partition": partition, "offset": offset, "index": index}, row))
-    return found
-
-
-def _scan(
-    pointer: dict[str, Any], event: AnomalyEvent, read: ReadBack, keep: int, markers: Sequence[str]
-) -> list[Located]:
-    """Up to ``keep`` requests of the event's segment and window that show its fault."""
-    signal, segment = Signal(pointer["scan"]), pointer["segment"]
-    found: list[Located] = []
-    for partition, offset in spread(pointer["sources"]):
-        for index, row in read.of_segment((partition, offset), segment):
-            if shows_fault(signal, row, markers) and _in_window(row, event.window_start, event.window_end):
-                found.append(({"partition": partition, "offset": offset, "index": index}, row))
-                if len(found) == keep:
-                    return found
     return found
 
 

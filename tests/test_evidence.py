@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 
+from models.evidence_sample import EvidenceBudget
 from pipeline.decode import decode_message
 from pipeline.evidence import fill, wanted
 from pipeline.replay import JsonlChunks, Replay
@@ -124,14 +125,17 @@ def test_a_scan_keeps_the_segments_faulty_requests_and_is_dropped_without_a_segm
     ]
     segmenter = Settings().segmenter()
     key = segmenter.key_of_row(rows[1])
-    pointer = {"scan": Signal.LENGTH_TRUNCATION.value, "segment": key, "sources": [[2, 40, 40]]}
+    sample = {"window_sample": "anomalous", "segment": key, "window_start": T0, "window_end": T0 + 10,
+              "sources": [[2, 40, 40]]}  # fmt: skip
+    pointer = {"scan": Signal.LENGTH_TRUNCATION.value}
     event = pointing_at()
-    event.evidence = [pointer]
-    fill([event], {(2, 40): orjson.dumps(rows)}, segment_of=segmenter.key_of_row)
+    event.evidence = [pointer, sample]
+    only_faulty = EvidenceBudget(uniform=0, baseline=0)
+    fill([event], {(2, 40): orjson.dumps(rows)}, only_faulty, segment_of=segmenter.key_of_row)
     assert [(r["request_id"], r["location"], r["sample"]) for r in event.evidence] == [
         ("cut", {"partition": 2, "offset": 40, "index": 1}, "faulty")
     ]
     bare = pointing_at()
-    bare.evidence = [dict(pointer)]
-    fill([bare], {(2, 40): orjson.dumps(rows)})
+    bare.evidence = [dict(pointer), dict(sample)]
+    fill([bare], {(2, 40): orjson.dumps(rows)}, only_faulty)
     assert bare.evidence == []
