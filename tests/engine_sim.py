@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler
 
 from tests.test_exposition import TTFT_BUCKETS, counter, gauge
 
@@ -104,3 +105,21 @@ class SimulatedVllm:
             "# TYPE vllm:cache_config_info gauge",
             f'vllm:cache_config_info{{block_size="16",enable_prefix_caching="{caching}",engine="0"}} 1.0',
         ]) + "\n"  # fmt: skip
+
+
+class ExpositionHandler(BaseHTTPRequestHandler):
+    """A loopback ``/metrics``: serves ``text()`` (a subclass's) on every GET, as an engine does."""
+
+    def text(self) -> str:
+        raise NotImplementedError
+
+    def do_GET(self) -> None:
+        data = self.text().encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: object) -> None:
+        pass

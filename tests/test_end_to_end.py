@@ -16,7 +16,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import orjson
@@ -26,7 +26,7 @@ from pipeline import topics
 from pipeline.workload import EPOCH, Phase, Workload
 from schemas.anomaly import AnomalyEvent, Signal
 from tests.conftest import first_matching, own_broker
-from tests.engine_sim import SimulatedVllm
+from tests.engine_sim import ExpositionHandler, SimulatedVllm
 
 pytestmark = pytest.mark.integration
 
@@ -37,28 +37,20 @@ broker = own_broker
 SCRAPES_ON, SCRAPES_OFF = 45, 12
 
 
-class Engine(BaseHTTPRequestHandler):
+class Engine(ExpositionHandler):
     """Each scrape sees 100 more requests served; caching goes off after ``SCRAPES_ON``."""
 
     sim = SimulatedVllm()
     scrapes = 0
     lock = threading.Lock()
 
-    def do_GET(self) -> None:
+    def text(self) -> str:
         with self.lock:
             cls = type(self)
             cls.sim.caching = cls.scrapes < SCRAPES_ON
             cls.sim.step()
             cls.scrapes += 1
-            body = cls.sim.text().encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+            return cls.sim.text()
 
 
 @pytest.fixture

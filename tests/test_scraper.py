@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -18,6 +18,7 @@ from pipeline.cli import main
 from pipeline.kafka import read_topic
 from pipeline.scraper import IntervalTracker, Scraper, check_targets, instance_of, parse_duration, run_scrapes
 from schemas.engine_interval import EngineInterval
+from tests.engine_sim import ExpositionHandler
 from tests.test_exposition import counter, gauge, histogram, sglang, vllm_v1
 
 
@@ -75,19 +76,11 @@ async def test_every_kind_of_failure_marks_the_target_down_and_the_next_good_scr
         assert (got.start, got.end) == (0.0, 50.0) and got.prompt_tokens_per_s == pytest.approx(40_000 / 50)
 
 
-class Metrics(BaseHTTPRequestHandler):
+class Metrics(ExpositionHandler):
     body = ""
 
-    def do_GET(self) -> None:  # the stdlib's name
-        data = self.body.encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: object) -> None:
-        pass
+    def text(self) -> str:
+        return self.body
 
 
 @pytest.fixture
