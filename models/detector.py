@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from models.capacity import Capacity
 from models.faulty_requests import FAULT_SIGNALS, SLOWNESS
 from models.hints import Baseline, latency_hints, signal_hints
 from models.lifecycle import Transition, fingerprint
@@ -42,7 +43,8 @@ logger = logging.getLogger(__name__)
 LOAD_MEMORY = 2
 
 #: Version of ``SegmentDetectors.state()``; ``load_state`` refuses others (start fresh).
-STATE_VERSION = 1
+#: 2: arrivals and capacity (``models.capacity``); latency models with tails, drift, floors.
+STATE_VERSION = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +76,15 @@ def _extended(layout: Layout, signal: Signal, size: int) -> Layout:
 
 #: A segment's buffer starts with its recent model load (``LOAD_MEMORY`` runs of window
 #: end and ``MODEL_FIGURES``; an end of -inf is an empty run), then its ``Baseline``; its
-#: models' numbers follow, where its ``Layout`` says.
+#: models' numbers follow, where its ``Layout`` says. Its ``Capacity`` (arrivals of its
+#: model, what the model's engines have served) comes between the two.
 _LOAD_RUN = 1 + len(MODEL_FIGURES)
 _USUAL_AT = LOAD_MEMORY * _LOAD_RUN
 _NO_LOAD = [-math.inf] + [0.0] * len(MODEL_FIGURES)
 _BASELINE = Baseline()
-_FRESH = array("d", _NO_LOAD * LOAD_MEMORY + _BASELINE.numbers)
+_CAPACITY = Capacity()
+_CAPACITY_AT = _USUAL_AT + Baseline.STATE_SIZE
+_FRESH = array("d", _NO_LOAD * LOAD_MEMORY + _BASELINE.numbers + _CAPACITY.numbers)
 _NO_MODELS = Layout(size=len(_FRESH))
 
 
@@ -116,6 +121,11 @@ class SegmentDetectors:
     def usual(self) -> Baseline:
         """The segment's normal figures (a view on ``numbers``)."""
         return _BASELINE.view(self.numbers, _USUAL_AT)
+
+    @property
+    def capacity(self) -> Capacity:
+        """Arrivals of the segment's model and what its engines can serve (a view on ``numbers``)."""
+        return _CAPACITY.view(self.numbers, _CAPACITY_AT)
 
     @property
     def recent_load(self) -> list[list[float]]:
@@ -172,6 +182,8 @@ class SegmentDetectors:
         config = self.config
         load = window.load()
         self._with_recent_load(load, window)
+        capacity = self.capacity
+        capacity.observe(window, load)
         demand_ratio = math.nan
         events: list[AnomalyEvent] = []
         any_page = False
@@ -194,7 +206,14 @@ class SegmentDetectors:
             any_page |= verdict.pages
             if spec.signal is Signal.TTFT and detector.model.n_learned:
                 demand_ratio = math.exp(detector.model.demand_index(reading.x))
-            if not verdict.pages:
+            if spec.signal in (Signal.TTFT, Signal.QUEUE_TIME) and verdict.score < config.threshold:
+                capacity.settle()  # a queue-sensitive signal is normal: no queue to explain
+            if not verdict.learnable:
+                # A surprise the model did not expect is never its normal, even when load
+                # explains it (a fault that starts during a surge must not be learned);
+                # outside an incident it still tells how heavy the segment's tails are.
+                detector.note_unlearned(reading)
+            elif not verdict.pages:
                 detector.learn(reading)
                 if spec.kind == "rate":
                     pool = pooled.get(pool_key) or pooled.setdefault(pool_key, BetaBinomialRate(grace_windows=0))
@@ -211,6 +230,7 @@ class SegmentDetectors:
                 events.append(event)
         if not any_page:
             usual.learn(load, window.start)
+            capacity.learn(load)
         if events or self.active:
             self.transitioned = True
         return events
@@ -373,6 +393,7 @@ class SegmentDetectors:
             "last_window_end": self.last_window_end if math.isfinite(self.last_window_end) else None,
             # NaN (not seen yet) as null: strict JSON, as Kafka tooling expects
             "usual": self.usual.state(),
+            "capacity": self.capacity.state(),
             "recent_load": [value for run in self.recent_load for value in run],
             "signals": {
                 signal.value: {
@@ -392,6 +413,7 @@ class SegmentDetectors:
         end = state["last_window_end"]
         self.last_window_end = -math.inf if end is None else float(end)
         self.usual.load_state(state["usual"])
+        self.capacity.load_state(state["capacity"])
         flat = [float(value) for value in state["recent_load"]]
         if len(flat) % _LOAD_RUN or len(flat) > _USUAL_AT:
             raise ValueError(f"recent load of {len(flat)} numbers")

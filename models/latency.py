@@ -1,28 +1,40 @@
 """Load-conditioned latency: what should a window's latency be, given its demand?
 
 The model is a small Bayesian linear regression (a Kalman filter whose level may drift)
-of log latency on a demand index ``D``, the mean log ratio of requests/s and prompt
-tokens/s to the segment's reference demand (learned over its first windows)::
+of log latency on a demand index ``D``, the mean log ratio of two demand figures (e.g.
+requests/s and prompt tokens/s that *arrived*) to the segment's reference demand::
 
     log(latency) = level + e * D + e_surge * max(0, D - log(surge_ratio)) + noise
 
 Latency is flat in demand at low utilisation and rises steeply near capacity, so one
-slope cannot serve both: small day-to-day jitter would teach "latency ignores demand"
-and the first real surge would page. The hinge term ``e_surge`` covers demand beyond
-``surge_ratio`` times the usual; it starts from an informative prior (latency grows at
-least in proportion to demand there) and is learned once the segment has seen surges.
-Two properties follow, and they are the point:
+slope cannot serve both: the hinge term ``e_surge`` covers demand beyond ``surge_ratio``
+times the usual. Queueing past capacity is not this model's business: a queue that builds
+because demand exceeds what the model's engines have ever served is explained by the
+capacity check (``models.capacity``), and such windows are not learned here.
 
-* a window at the usual demand is judged against a tight prediction, so a 10x TTFT at flat
-  traffic (prefix cache off) is wildly surprising;
-* a window at 3x demand is judged against a prediction that expects a rise and is unsure
-  of its size, so a surge-driven rise is *explained by load* instead of paging, and the
-  window teaches the model the segment's real response to load.
+Real traffic broke an earlier, plain version of this model in four ways, and each has a
+part here that answers it:
 
-Demand deliberately means requests/s and prompt tokens/s only. Uncached prompt tokens and
-concurrency are reported with each window but are not regressors: a disabled prefix
-cache multiplies uncached tokens, and any slowdown raises concurrency (Little's law), so
-conditioning on them would explain away the very faults servewatch exists to catch.
+* **physics as priors**: latency does not fall as demand rises, and no plausible
+  elasticity is above ``max_elasticity`` (``max_surge_elasticity`` past the hinge). The
+  slopes are projected into those bounds after every update, so a start-up ramp (demand
+  and latency stepping up together in the first minutes) cannot teach an absurd slope,
+  and the prediction never quotes less than the segment has ever shown at that demand
+  (a floor per demand band, ``floor``);
+* **robust noise**: a residual counts at most ``huber`` predictive sds in the update, so
+  one wild window (a ramp, a GC pause) cannot blind the model for an hour;
+* **heavy tails**: the predictive is a Student-t whose degrees of freedom follow how often
+  the segment's own standardised residuals exceed 3 (``tail_share``; 0.27 % for Gaussian
+  noise): a segment with fat tails is judged with fat tails, a quiet one stays sensitive;
+* **drift**: a slow anchor follows the level with a half-life of ``anchor_halflife``
+  windows; latency creeping up a little every window at flat demand (which the level
+  follows) shows as the level's distance from its anchor, against how far the level
+  usually strays (``drift_var``).
+
+Demand deliberately means arrivals (requests and tokens asking to be served), never
+uncached tokens or concurrency: a disabled prefix cache multiplies uncached tokens, and
+any slowdown raises concurrency (Little's law), so conditioning on them would explain
+away the very faults servewatch exists to catch.
 
 ``score_one`` returns the *surprise*, ``-log10`` of the upper-tail probability of the
 observation under the predictive distribution: 2 means 1 in 100, 4 means 1 in 10,000.
@@ -31,6 +43,7 @@ It does not saturate, and it means the same on every signal.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections.abc import Hashable, Sequence
@@ -41,24 +54,30 @@ from river import base
 
 from models.compact import CompactState, count
 from models.params import param, shared
+from models.tails import (
+    PRIOR_TAIL_SHARE,
+    degrees_of_freedom,
+    pair_surprise,
+    student_surprise,
+    tail_bound,
+    tail_step,
+    upper_tail_surprise,
+)
 
-_LN10 = math.log(10.0)
+__all__ = ["LoadConditionedLatency", "Prediction", "quantile_sampling_var", "upper_tail_surprise"]
+
 FEATURES: tuple[str, str] = ("requests_per_s", "prompt_tokens_per_s")
 
-
-def upper_tail_surprise(z: float) -> float:
-    """``-log10 P(Z >= z)`` for a standard normal, accurate far into the tail.
-
-    >>> round(upper_tail_surprise(0.0), 3), round(upper_tail_surprise(3.0), 2)
-    (0.301, 2.87)
-    >>> upper_tail_surprise(60.0) > upper_tail_surprise(50.0) > 500
-    True
-    """
-    if z < 8.0:
-        return -math.log10(max(0.5 * math.erfc(z / math.sqrt(2.0)), 1e-300))
-    # Mills-ratio asymptote: log sf(z) ~ -z^2/2 - log(z) - log(sqrt(2 pi)).
-    log_sf = -0.5 * z * z - math.log(z) - 0.5 * math.log(2.0 * math.pi)
-    return -log_sf / _LN10
+#: Edges of the demand bands (on the demand index ``D``) that keep their own floor.
+FLOOR_EDGES = (-0.7, -0.2, 0.2, 0.7)
+_NO_FLOOR = -1e9  # a band not seen yet (strict JSON has no infinities)
+_BANDS = len(FLOOR_EDGES) + 1
+#: Windows learned before residuals count towards the tail share: until the noise estimate
+#: has settled, a residual beyond 3 sds says more about the estimate than about the tails.
+TAIL_AFTER = 20
+#: The window's own surprise and its pair's with the window before are both looked at:
+#: the score they give is the larger less log10(2), so that two looks cost no calibration.
+_TWO_LOOKS = math.log10(2.0)
 
 
 def quantile_sampling_var(q: float, n: int, log_spread_sd: float) -> float:
@@ -92,15 +111,30 @@ def _normal_quantile(q: float) -> float:
 
 @dataclass(frozen=True)
 class Prediction:
-    mean: float  # in log space
+    mean: float  # in log space, never below the segment's floor at this demand
     sd: float  # predictive standard deviation, log space
     level: float  # load-blind baseline (log space): what the segment usually shows
     level_sd: float
+    nu: float = 1000.0  # degrees of freedom of the predictive (heavy tails: small)
+    drift: float = 0.0  # how far (log space) the level has moved from its slow anchor
+    drift_sd: float = math.inf  # how far it usually strays
 
     @property
     def expected(self) -> float:
         """Expected latency in seconds (the median of the log-normal prediction)."""
         return math.exp(self.mean)
+
+    @property
+    def anchored(self) -> float:
+        """Expected latency had the level stayed at its anchor (for a drift's message)."""
+        return math.exp(self.mean - self.drift)
+
+
+class Judgement(NamedTuple):
+    prediction: Prediction
+    conditioned: float  # surprise at this demand: max of the window's and the drift's
+    level: float  # surprise against the load-blind level
+    drifting: bool  # the drift, not the window alone, is what surprises
 
 
 def _dot(a: Sequence[float], b: Sequence[float]) -> float:
@@ -129,18 +163,32 @@ class _Params(NamedTuple):
     min_noise_sd: float
     features: tuple[str, str]
     tail: str
+    max_elasticity: float
+    max_surge_elasticity: float
+    huber: float
+    anchor_halflife: float
+    drift_sd: float
+    drift_after: int
 
 
-#: Layout of ``LoadConditionedLatency``'s learned numbers: reference log demand (2),
-#: regression weights (3), their covariance (3x3, row-major), noise variance and weight,
-#: load-blind level mean and variance; the windows learned follow.
-_STATE_SIZE = 18
+# Layout of the learned numbers (offsets into the model's run of doubles).
+_REF, _W, _COV = 0, 2, 5  # reference log demand (2), weights (3), covariance (3x3, row-major)
+_NOISE, _NOISE_W, _LEVEL, _LEVEL_VAR = 14, 15, 16, 17  # noise variance and weight; load-blind level
+# Tails: share of residuals beyond 3 sds, the run of such windows, the last window's residual
+# (sds) and the lag-one correlation of residuals; then the slow anchor and the level's usual
+# distance from it; then the floors.
+_TAIL, _RUN, _LAST_Z, _RHO, _ANCHOR, _DRIFT_VAR, _FLOOR = 18, 19, 20, 21, 22, 23, 24
+_STATE_SIZE = _FLOOR + _BANDS  # the windows learned follow
+
+
+def _band(d: float) -> int:
+    return bisect.bisect_right(FLOOR_EDGES, d)
 
 
 class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
     """Latency of a window given its demand; ``y`` is a latency in seconds (e.g. TTFT p95).
 
-    ``x`` holds the window's ``requests_per_s`` and ``prompt_tokens_per_s``, and optionally
+    ``x`` holds the window's two demand figures (``features``), and optionally
     ``sampling_var``: the variance (log space) that the observation owes to its finite sample
     (see ``quantile_sampling_var``). A p95 over 8 requests is far noisier than over 800;
     counting that keeps small segments quiet without hiding big ones.
@@ -152,13 +200,11 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
     surge_ratio
         Demand above this multiple of the usual is a surge, with its own slope.
     surge_elasticity
-        Prior mean of the extra slope beyond ``surge_ratio`` (queueing near capacity).
+        Prior mean of the extra slope beyond ``surge_ratio``.
     elasticity_sd
-        How unsure both slope priors are. Wide enough that a surge's rise of any plausible
-        size stays explainable until the segment has seen its own load changes.
+        How unsure both slope priors are.
     level_drift_sd
-        How far (log space, per window) the level may drift on its own: slow changes are
-        tracked, sudden ones are surprising.
+        How far (log space, per window) the level may drift on its own.
     noise_sd
         Prior for the window-to-window noise of log latency, refined from the data.
     noise_halflife
@@ -169,11 +215,20 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
     min_noise_sd
         Floor on the noise: below ~5 % latency jitter is measurement, not signal.
     features
-        The two demand figures of ``x`` the index is built from (e.g. requests/s and
-        output tokens/s for decode latency).
+        The two demand figures of ``x`` the index is built from.
     tail
         ``"upper"``: higher than predicted is anomalous (latency); ``"lower"``: lower is
-        (throughput), with ``elasticity`` then usually negative.
+        (throughput), and the slopes' signs are mirrored.
+    max_elasticity, max_surge_elasticity
+        Bounds on the slopes' size (their sign is fixed by ``tail``).
+    huber
+        A residual counts at most this many predictive sds in an update.
+    anchor_halflife
+        Windows over which the slow anchor follows the level (the drift check's memory).
+    drift_sd
+        Prior for how far (log space) the level usually strays from its anchor.
+    drift_after
+        Windows learned before the drift check speaks.
 
     Examples
     --------
@@ -186,17 +241,15 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
     >>> flat = {"requests_per_s": 10.0, "prompt_tokens_per_s": 10_000.0}
     >>> round(model.predict_one(flat).expected, 1)
     0.8
-    >>> model.score_one(flat, 8.0) > 10      # 10x TTFT at flat traffic: page
+    >>> model.score_one(flat, 8.0) > 4       # 10x TTFT at flat traffic: page
     True
     >>> surge = {"requests_per_s": 30.0, "prompt_tokens_per_s": 30_000.0}
     >>> model.score_one(surge, 2.4) < 2      # 3x TTFT at 3x traffic: explained by load
     True
+    >>> model.predict_one({"requests_per_s": 1.0, "prompt_tokens_per_s": 1e3}).expected > 0.4  # never absurd
+    True
     """
 
-    # Thousands of segments each hold several: the whole learned state is a run of doubles
-    # (``_STATE_SIZE`` and the count), alone or in the segment's buffer (``models.compact``).
-    # The constructor arguments live in one ``_Params`` shared by every model built with
-    # the same ones (they are read through the properties below, as river expects).
     __slots__ = ()
     STATE_SIZE = _STATE_SIZE + 1  # and the windows learned
     n_learned = count(_STATE_SIZE)
@@ -211,6 +264,12 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
     min_noise_sd = param("min_noise_sd")
     features = param("features")
     tail = param("tail")
+    max_elasticity = param("max_elasticity")
+    max_surge_elasticity = param("max_surge_elasticity")
+    huber = param("huber")
+    anchor_halflife = param("anchor_halflife")
+    drift_sd = param("drift_sd")
+    drift_after = param("drift_after")
 
     def __init__(
         self,
@@ -225,15 +284,24 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         min_noise_sd: float = 0.05,
         features: tuple[str, str] = FEATURES,
         tail: str = "upper",
+        max_elasticity: float = 1.5,
+        max_surge_elasticity: float = 3.0,
+        huber: float = 3.0,
+        anchor_halflife: float = 360.0,
+        drift_sd: float = 0.1,
+        drift_after: int = 60,
     ) -> None:
         if len(features) != 2:
             raise ValueError("features: exactly two demand figures")
         if tail not in ("upper", "lower"):
             raise ValueError("tail must be 'upper' (a rise is bad) or 'lower' (a drop is bad)")
+        if max_elasticity < 0 or max_surge_elasticity < 0:
+            raise ValueError("slope bounds are sizes: use tail to set the sign")
         self._params = shared(
             _Params,
             elasticity, surge_ratio, surge_elasticity, elasticity_sd, level_drift_sd, noise_sd, noise_halflife,
-            grace_windows, min_noise_sd, tuple(features), tail,
+            grace_windows, min_noise_sd, tuple(features), tail, max_elasticity, max_surge_elasticity, huber,
+            anchor_halflife, drift_sd, drift_after,
         )  # fmt: skip
         prior_var = elasticity_sd**2
         self._own(
@@ -243,6 +311,9 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
                 100.0, 0.0, 0.0, 0.0, prior_var, 0.0, 0.0, 0.0, prior_var,  # covariance
                 noise_sd**2, 2.0,  # noise variance, and the pseudo-windows behind that prior
                 0.0, noise_sd**2,  # load-blind level: EW mean and variance of log latency
+                PRIOR_TAIL_SHARE, 0.0, 0.0, 0.0,  # tails: share beyond 3 sds, run, last residual, correlation
+                0.0, drift_sd**2,  # slow anchor of the level, and how far the level strays from it
+                *[_NO_FLOOR] * _BANDS,  # lowest (sign-adjusted) log value per demand band
                 0.0,  # windows learned
             ],
         )  # fmt: skip
@@ -257,7 +328,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         """Mean log ratio of demand to the reference: 0 is usual, log(3) is three times."""
         if self.n_learned == 0:
             return 0.0
-        reference = self.numbers[0:2]
+        reference = self.numbers[_REF : _REF + 2]
         return sum(now - usual for now, usual in zip(self._log_demand(x), reference, strict=True)) / 2
 
     def _phi(self, x: dict[Hashable, Any]) -> tuple[float, float, float]:
@@ -268,6 +339,25 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
     def _decay(self) -> float:
         return float(0.5 ** (1.0 / self.noise_halflife))
 
+    @property
+    def _sign(self) -> float:
+        return 1.0 if self._params.tail == "upper" else -1.0
+
+    def _project(self, weights: list[float], phi: Sequence[float]) -> list[float]:
+        """Slopes into their physical range; the level takes up the difference at ``phi``,
+        so the prediction where the model just learned is unchanged."""
+        sign, p = self._sign, self._params
+        slope = sign * min(max(sign * weights[1], 0.0), p.max_elasticity)
+        surge = sign * min(max(sign * weights[2], 0.0), p.max_surge_elasticity)
+        level = weights[0] + (weights[1] - slope) * phi[1] + (weights[2] - surge) * phi[2]
+        return [level, slope, surge]
+
+    def _floor(self, state: Sequence[float], d: float) -> float:
+        """The lowest (sign-adjusted) log value the segment has shown at demand ``d`` or
+        below: latency does not fall as demand rises, so none of those is a rare low."""
+        floors = state[_FLOOR : _FLOOR + _band(d) + 1]
+        return max(floors)
+
     # -- river API -----------------------------------------------------------------
     def learn_one(self, x: dict[Hashable, Any], y: base.typing.Target) -> None:
         y = float(y)
@@ -275,54 +365,98 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
             return
         log_y = math.log(y)
         state = self.numbers
-        reference, weights, cov = state[0:2], state[2:5], state[5:14]
-        noise_var, noise_weight, level_mean, level_var = state[14:18]
+        reference, weights, cov = state[_REF:_W], state[_W:_COV], state[_COV:_NOISE]
+        noise_var, noise_weight, level_mean, level_var = state[_NOISE:_TAIL]
+        tail_share, run, last_z, rho, anchor, drift_var = state[_TAIL:_FLOOR]
+        floors = state[_FLOOR:_STATE_SIZE]
         n = self.n_learned
-        if n < self.grace_windows:
+        p = self._params
+        if n < p.grace_windows:
             # Reference demand = running mean over the grace windows but the first: a stream
             # usually starts mid-window, and a partial first window would set the reference
             # so low that normal traffic would look like a surge and teach the surge slope.
             now = self._log_demand(x)
             weight = 1.0 if n <= 1 else 1.0 / n
             reference = [r + (d - r) * weight for r, d in zip(reference, now, strict=True)]
-            self._set_numbers(0, reference)
+            self._set_numbers(_REF, reference)
         if n == 0:
             weights[0] = level_mean = log_y
         phi = self._phi(x)
         sampling_var = float(x.get("sampling_var", 0.0))
         # Predict step: the level may drift a little each window.
-        cov[0] += self.level_drift_sd**2
+        cov[0] += p.level_drift_sd**2
         residual = log_y - _dot(phi, weights)
         cov_phi = _matvec(cov, phi)
         param_var = _dot(phi, cov_phi)
-        # Noise between windows: exponentially weighted mean of squared innovations, net of
-        # parameter uncertainty and of this window's own sampling noise.
+        total_var = max(noise_var, p.min_noise_sd**2) + sampling_var + param_var
+        sd = math.sqrt(total_var)
+        z = residual / sd
         decay = self._decay
-        sample = max(residual * residual - param_var - sampling_var, 0.0)
+        if n >= TAIL_AFTER:
+            tail_share, run = tail_step(tail_share, run, z, n)
+            # Lag-one correlation of ordinary residuals (each clipped: a wild one says little).
+            clip = max(-3.0, min(3.0, z)) * max(-3.0, min(3.0, last_z))
+            rho += (clip - rho) * (1.0 - decay)
+        # Bounded influence: a wild window moves the model as far as a ``huber``-sd one would.
+        clipped = max(-p.huber * sd, min(p.huber * sd, residual))
+        sample = max(clipped * clipped - param_var - sampling_var, 0.0)
         weight = decay * noise_weight
         noise_var = (weight * noise_var + sample) / (weight + 1.0)
         noise_weight = weight + 1.0
-        total_var = max(noise_var, self.min_noise_sd**2) + sampling_var + param_var
         # Update step (Sherman-Morrison form of the Bayesian update).
         gain = [c / total_var for c in cov_phi]
-        weights = [w + g * residual for w, g in zip(weights, gain, strict=True)]
+        weights = self._project([w + g * clipped for w, g in zip(weights, gain, strict=True)], phi)
         cov = [cov[3 * i + j] - gain[i] * cov_phi[j] for i in range(3) for j in range(3)]
         # Load-blind level, for "is latency above its usual value at all?".
         alpha = max(1.0 - decay, 1.0 / (n + 1))
         delta = log_y - level_mean
         level_mean += alpha * delta
         level_var = (1.0 - alpha) * (level_var + alpha * delta * delta)
-        self._set_numbers(2, [*weights, *cov, noise_var, noise_weight, level_mean, level_var, float(n + 1)])
+        # The slow anchor starts once the level has settled; the level's usual distance from
+        # it is learned from ordinary windows only (a drift in progress must not widen it).
+        if n + 1 == p.grace_windows:
+            anchor = weights[0]
+        elif n + 1 > p.grace_windows:
+            lag = weights[0] - anchor
+            anchor += lag * (1.0 - 0.5 ** (1.0 / p.anchor_halflife))
+            if lag * lag < 9.0 * drift_var:
+                drift_var += (lag * lag - drift_var) * (1.0 - 0.5 ** (0.5 / p.anchor_halflife))
+        if n + 1 >= p.grace_windows:
+            band, low = _band(phi[1]), self._sign * log_y
+            floors[band] = min(low, floors[band]) if floors[band] > _NO_FLOOR else low
+        self._set_numbers(
+            _W,
+            [*weights, *cov, noise_var, noise_weight, level_mean, level_var, tail_share, run, z, rho, anchor,
+             drift_var, *floors, float(n + 1)],
+        )  # fmt: skip
+
+    def note_unlearned(self, x: dict[Hashable, Any], y: float, *, tails: bool = True) -> None:
+        """A judged window the model does not learn (it was anomalous): remember its residual
+        for the next window's pair, and, with ``tails`` (outside an incident: inside one the
+        fault is not the noise), count it towards the tail share. Otherwise the windows that
+        show a segment's heavy tails would never teach them."""
+        if not self.warm or not (y > 0 and math.isfinite(y)):
+            return
+        prediction = self.predict_one(x)
+        z = (math.log(y) - prediction.mean) / prediction.sd
+        share, run = self.numbers[_TAIL:_LAST_Z]
+        if tails and self.n_learned >= TAIL_AFTER:
+            share, run = tail_step(share, run, z, self.n_learned)
+        self._set_numbers(_TAIL, [share, run, z])
 
     def predict_one(self, x: dict[Hashable, Any]) -> Prediction:
         phi = self._phi(x)
         state = self.numbers
-        noise_var, _, level_mean, level_var = state[14:18]
+        noise_var, _, level_mean, level_var = state[_NOISE:_TAIL]
+        tail_share, _, _, _, anchor, drift_var = state[_TAIL:_FLOOR]
         sampling_var = float(x.get("sampling_var", 0.0))
         floor = self.min_noise_sd**2
-        sd = math.sqrt(max(noise_var, floor) + sampling_var + _dot(phi, _matvec(state[5:14], phi)))
+        sd = math.sqrt(max(noise_var, floor) + sampling_var + _dot(phi, _matvec(state[_COV:_NOISE], phi)))
         level_sd = math.sqrt(max(level_var, floor) + sampling_var)
-        return Prediction(_dot(phi, state[2:5]), sd, level_mean, level_sd)
+        sign = self._sign
+        mean = sign * max(sign * _dot(phi, state[_W:_COV]), self._floor(state, phi[1]))
+        nu = degrees_of_freedom(round(tail_bound(tail_share, self.n_learned), 4))
+        return Prediction(mean, sd, level_mean, level_sd, nu, state[_W] - anchor, math.sqrt(drift_var + floor))
 
     @property
     def warm(self) -> bool:
@@ -330,33 +464,38 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
 
     def score_one(self, x: dict[Hashable, Any], y: base.typing.Target) -> float:
         """Surprise of latency ``y`` at demand ``x`` (0 while the model is in its grace period)."""
-        y = float(y)
-        if not self.warm or not (y > 0 and math.isfinite(y)):
-            return 0.0
-        prediction = self.predict_one(x)
-        return upper_tail_surprise(self._sign * (math.log(y) - prediction.mean) / prediction.sd)
-
-    @property
-    def _sign(self) -> float:
-        return 1.0 if self._params.tail == "upper" else -1.0
+        return self.judge(x, float(y)).conditioned
 
     def level_score(self, x: dict[Hashable, Any], y: float) -> float:
         """Surprise of ``y`` against the load-blind level: is latency high at all?"""
-        return self.judge(x, y)[2]
+        return self.judge(x, y).level
 
-    def judge(self, x: dict[Hashable, Any], y: float) -> tuple[Prediction, float, float]:
-        """The prediction at ``x``, and both surprises of ``y`` (``score_one``, ``level_score``)
-        from one prediction: what a detector asks of every window."""
+    def judge(self, x: dict[Hashable, Any], y: float) -> Judgement:
+        """The prediction at ``x``, and both surprises of ``y`` (at this demand, with the
+        previous window and the drift check; against the load-blind level) from one
+        prediction: what a detector asks of every window."""
         prediction = self.predict_one(x)
         if not self.warm or not (y > 0 and math.isfinite(y)):
-            return prediction, 0.0, 0.0
-        log_y, sign = math.log(y), self._sign
-        conditioned = upper_tail_surprise(sign * (log_y - prediction.mean) / prediction.sd)
-        return prediction, conditioned, upper_tail_surprise(sign * (log_y - prediction.level) / prediction.level_sd)
+            return Judgement(prediction, 0.0, 0.0, False)
+        state = self.numbers
+        last_z, rho = state[_LAST_Z], state[_RHO]
+        log_y, sign, nu = math.log(y), self._sign, prediction.nu
+        z = sign * (log_y - prediction.mean) / prediction.sd
+        alone = student_surprise(z, nu)
+        paired = pair_surprise(z, sign * last_z, rho, nu) if self.n_learned > self.grace_windows else 0.0
+        window = max(alone, paired) - _TWO_LOOKS
+        drift = 0.0
+        if self.n_learned >= self.drift_after:
+            # The level's lag behind a latency that is still above it counts as well: a
+            # window at the drifted level is surprising against the anchor, not the level.
+            drift = upper_tail_surprise(sign * prediction.drift / prediction.drift_sd)
+            drift = min(drift, student_surprise(z + sign * prediction.drift / prediction.sd, nu))
+        level = student_surprise(sign * (log_y - prediction.level) / prediction.level_sd, nu)
+        return Judgement(prediction, max(window, drift, 0.0), level, drift > window)
 
     def borrow(self, other: LoadConditionedLatency) -> None:
-        """Cold start: take a warm model's response to load (reference demand, slopes, noise)
-        while keeping this model's own level, learned from its first window.
+        """Cold start: take a warm model's response to load (reference demand, slopes, noise,
+        tails) while keeping this model's own level, learned from its first window.
 
         Meant for a new segment of a model whose other segments are known: latency is
         conditioned on the model's load, so its demand reference and elasticities carry
@@ -366,26 +505,32 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         if self.n_learned != 1 or not other.warm:
             return
         mine, theirs = self.numbers, other.numbers
-        mine[0:2] = theirs[0:2]  # reference demand
-        mine[3:5] = theirs[3:5]  # slopes
+        mine[_REF : _REF + 2] = theirs[_REF : _REF + 2]  # reference demand
+        mine[_W + 1 : _COV] = theirs[_W + 1 : _COV]  # slopes
         for i in (1, 2):  # their slopes' (co)variances, and none with our level
             for j in (1, 2):
-                mine[5 + 3 * i + j] = theirs[5 + 3 * i + j]
-            mine[5 + 3 * i] = mine[5 + i] = 0.0
-        mine[14] = theirs[14]  # noise variance
+                mine[_COV + 3 * i + j] = theirs[_COV + 3 * i + j]
+            mine[_COV + 3 * i] = mine[_COV + i] = 0.0
+        mine[_NOISE] = theirs[_NOISE]  # noise variance
+        mine[_TAIL] = theirs[_TAIL]
+        mine[_RHO] = theirs[_RHO]
+        mine[_ANCHOR] = mine[_W]
         mine[_STATE_SIZE] = max(self.n_learned, self.grace_windows - 1)
         self._set_numbers(0, mine)
 
     def adopt(self, x: dict[Hashable, Any], y: float) -> None:
         """A lasting change was accepted as the new normal: re-level so that the prediction
-        at demand ``x`` is ``y`` (the slopes are kept), and be unsure of the level again."""
+        at demand ``x`` is ``y`` (the slopes are kept), and be unsure of the level again.
+        The anchor and the floors start again from there: the old normal is history."""
         if not (y > 0 and math.isfinite(y)) or self.n_learned == 0:
             return
         log_y = math.log(y)
         state = self.numbers
-        state[2] += log_y - _dot(self._phi(x), state[2:5])
-        state[5] = max(state[5], 0.1)  # level variance
-        state[16] = log_y  # load-blind level
+        state[_W] += log_y - _dot(self._phi(x), state[_W:_COV])
+        state[_COV] = max(state[_COV], 0.1)  # level variance
+        state[_LEVEL] = log_y
+        state[_ANCHOR] = state[_W]
+        state[_FLOOR:_STATE_SIZE] = [_NO_FLOOR] * (_STATE_SIZE - _FLOOR)
         self._set_numbers(0, state)
 
     # -- compact state (no pickled river objects) ------------------------------------
@@ -393,17 +538,21 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         s = self.numbers
         return {
             "n_learned": self.n_learned,
-            "reference": s[0:2],
-            "weights": s[2:5],
-            "cov": [s[5:8], s[8:11], s[11:14]],
-            "noise": s[14:16],
-            "level": s[16:18],
+            "reference": s[_REF:_W],
+            "weights": s[_W:_COV],
+            "cov": [s[_COV : _COV + 3], s[_COV + 3 : _COV + 6], s[_COV + 6 : _NOISE]],
+            "noise": s[_NOISE:_LEVEL],
+            "level": s[_LEVEL:_TAIL],
+            "tails": s[_TAIL:_ANCHOR],
+            "anchor": s[_ANCHOR : _DRIFT_VAR + 1],
+            "floor": [None if v <= _NO_FLOOR else v for v in s[_FLOOR:_STATE_SIZE]],
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
         values = [
             *state["reference"], *state["weights"], *(v for row in state["cov"] for v in row), *state["noise"],
-            *state["level"],
+            *state["level"], *state["tails"], *state["anchor"],
+            *(_NO_FLOOR if v is None else v for v in state["floor"]),
         ]  # fmt: skip
         if len(values) != _STATE_SIZE:
             raise ValueError(f"latency model state has {len(values)} numbers, expected {_STATE_SIZE}")

@@ -28,10 +28,19 @@ from models.batch import RowBatch
 from models.segments import Segmenter, parse_key
 from models.signal_columns import DEFAULT_REASONING_MARKERS, PrefixMemory, signal_columns
 from models.sketch import bucket_indices
-from models.window import COLUMN_OF, REASONS, SUMS, WindowBlock, WindowStats, pack_location
+from models.window import ARRIVAL_LAGS, COLUMN_OF, REASONS, SUMS, WindowBlock, WindowStats, pack_location
 
 _ERROR_CODES = np.array([REASONS.index("error"), REASONS.index("abort")])
 _LABEL_DIMENSIONS = ("model", "route", "tenant", "instance", "engine")
+#: A segment's figures that add up to its model's (``_set_model_load``), and where they go.
+_OWN = (
+    "requests",
+    "prompt_tokens",
+    "completion_tokens",
+    *(f"arrived{what}_{lag}" for what in ("", "_tokens") for lag in range(ARRIVAL_LAGS)),
+)
+_OWN_COLUMNS = [COLUMN_OF[name] for name in _OWN]
+_MODEL_COLUMNS = [COLUMN_OF["model_" + name.replace("completion_tokens", "output_tokens")] for name in _OWN]
 
 
 class OpenWindow:
@@ -125,10 +134,10 @@ class OpenWindow:
         code_of = {name: code for code, name in enumerate(dict.fromkeys(models))}
         codes = np.fromiter(map(code_of.__getitem__, models), dtype=np.intp, count=n)
         sums = self.block.sums
-        own = sums[:n][:, [COLUMN_OF["requests"], COLUMN_OF["prompt_tokens"], COLUMN_OF["completion_tokens"]]]
-        totals = np.zeros((len(code_of), 3))
+        own = sums[:n][:, _OWN_COLUMNS]
+        totals = np.zeros((len(code_of), len(_OWN_COLUMNS)))
         np.add.at(totals, codes, own)
-        sums[:n, COLUMN_OF["model_requests"] : COLUMN_OF["model_output_tokens"] + 1] = totals[codes]
+        sums[:n][:, _MODEL_COLUMNS] = totals[codes]
 
 
 def fold_batch(
@@ -178,7 +187,9 @@ def fold_batch(
     partitions = np.broadcast_to(np.asarray(partition, dtype=np.int64), n)
     offsets = np.broadcast_to(np.asarray(offset, dtype=np.int64), n)
 
-    window_ids = np.floor(batch.column("timestamp") / window_s).astype(np.int64)
+    timestamps, e2e = batch.column("timestamp"), batch.column("e2e_s")
+    window_ids = np.floor(timestamps / window_s).astype(np.int64)
+    columns.update(_arrival_columns(window_ids, np.floor((timestamps - e2e) / window_s), prompt))
     low, high = int(window_ids.min()), int(window_ids.max())
     touched = []
     for window_id in range(low, high + 1):
@@ -247,6 +258,19 @@ def _fold_into(
     kept = records[keep]
     at = np.column_stack(pack_location(partitions[kept], offsets[kept], batch.positions[kept]))
     window.offer_evidence(rows[keep], ranks[ranks < window.evidence_k], times[keep], at)
+
+
+def _arrival_columns(window_ids: np.ndarray, start_ids: np.ndarray, prompt: np.ndarray) -> dict[str, np.ndarray]:
+    """Per record, a 1 (and its prompt tokens) in the column of the window it started in,
+    counted back from the window it finished in; starts older than ``ARRIVAL_LAGS`` windows
+    are in none."""
+    lag = window_ids - start_ids  # NaN e2e: NaN, in no column
+    out: dict[str, np.ndarray] = {}
+    for back in range(ARRIVAL_LAGS):
+        started = lag == back
+        out[f"arrived_{back}"] = started
+        out[f"arrived_tokens_{back}"] = np.where(started, prompt, 0.0)
+    return out
 
 
 def _counts(slots: np.ndarray, codes: np.ndarray, n_slots: int, like: np.ndarray) -> np.ndarray:

@@ -32,7 +32,11 @@ class ScoredPoint:
 def _inputs(point: Mapping[str, Any], kind: str) -> dict[Any, Any]:
     if kind == "latency":
         # Missing load: a constant demand, so the model is the load-blind level it starts as.
-        return {f"model_{name}": float(point.get(name) or 1.0) for name in LOAD_COLUMNS}
+        x = {f"model_{name}": float(point.get(name) or 1.0) for name in LOAD_COLUMNS}
+        # A series' load is what was served; arrivals are not known apart from it.
+        x["model_arrivals_per_s"] = x["model_requests_per_s"]
+        x["model_arrival_prompt_tokens_per_s"] = x["model_prompt_tokens_per_s"]
+        return x
     return {"trials": int(point.get("trials") or 100)}
 
 

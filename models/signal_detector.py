@@ -53,6 +53,14 @@ class Verdict:
     pages: bool
     explained: bool
     usual: float  # load-blind usual value (latency) or the expected one
+    # Why, when the window alone does not say: "saturated" (demand beyond the capacity the
+    # model has shown: explained by load), "drift" (the level crept away from its anchor).
+    cause: str | None = None
+    learnable: bool = True  # the model may learn this window (it is what the model expects)
+
+
+#: Signals a queue in front of the engines lengthens: saturation explains their rise.
+QUEUE_SENSITIVE = frozenset({Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E})
 
 
 @dataclass(slots=True)
@@ -70,12 +78,19 @@ class SignalDetector:
     def judge(self, reading: Reading, config: DetectorConfig) -> Verdict:
         model, kind = self.model, self.spec.kind
         if kind == "latency":
-            prediction, conditioned, level = model.judge(reading.x, reading.value)
+            prediction, conditioned, level, drifting = model.judge(reading.x, reading.value)
             worse = (math.log(reading.value) - prediction.level) * (1 if model.tail == "upper" else -1) > 0
-            pages = conditioned >= config.threshold and worse
-            explained = not pages and level >= config.threshold
+            surprising = conditioned >= config.threshold
+            if surprising and self.spec.signal in QUEUE_SENSITIVE and reading.x.get("saturated", 0.0) > 0:
+                # Demand beyond anything the engines have kept up with: the queue is load.
+                return Verdict(max(conditioned, level), prediction.expected, False, True,
+                               math.exp(prediction.level), "saturated", learnable=False)  # fmt: skip
+            pages = surprising and (worse or drifting)
+            explained = not surprising and level >= config.threshold
             score = max(conditioned, level) if explained else conditioned
-            return Verdict(score, prediction.expected, pages, explained, math.exp(prediction.level))
+            expected = prediction.anchored if drifting and pages else prediction.expected
+            return Verdict(score, expected, pages, explained, math.exp(prediction.level),
+                           "drift" if drifting and pages else None, learnable=not surprising)  # fmt: skip
         if kind == "rate":
             score = model.score_one(reading.x, reading.bad)
             return Verdict(score, model.expected_rate, score >= config.threshold, False, model.expected_rate)
@@ -88,6 +103,13 @@ class SignalDetector:
 
     def learn(self, reading: Reading) -> None:
         self.model.learn_one(reading.x, reading.bad if self.spec.kind == "rate" else reading.value)
+
+    def note_unlearned(self, reading: Reading) -> None:
+        """A window the model does not learn (latency models only): it still sets the next
+        window's pair, and outside an incident it counts towards how heavy the segment's
+        tails are (``LoadConditionedLatency.note_unlearned``)."""
+        if self.spec.kind == "latency":
+            self.model.note_unlearned(reading.x, reading.value, tails=self.tracker is None or not self.tracker.firing)
 
     def note_run(self, pages: bool, reading: Reading, adopt_after: int) -> bool:
         """Count the anomalous windows of the current run; True when it is long enough to adopt.

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from models.capacity import ARRIVAL_FIGURES
 from models.latency import LoadConditionedLatency, quantile_sampling_var
 from models.rates import BetaBinomialRate
 from models.share import ShareLevel, shortfall_surprise
@@ -32,8 +33,11 @@ Kind = Literal["latency", "rate", "share"]
 # Latency is conditioned on the load of the segment's *model* (every segment it serves
 # shares its engines' batches and queues), not on the segment's own traffic: a rare
 # segment's own rate is a noisy proxy, and a surge on one route slows all of them.
+# Prefill and queueing answer to what *arrived* (``models.capacity``): a slowing server
+# finishes fewer requests and must not lower its own expectation. Decode answers to the
+# batch it runs, which the requests and output tokens it finishes measure.
 DECODE_DEMAND = ("model_requests_per_s", "model_output_tokens_per_s")
-PREFILL_DEMAND = ("model_requests_per_s", "model_prompt_tokens_per_s")
+PREFILL_DEMAND = ARRIVAL_FIGURES
 #: Load figures of a window's model (``WindowStats.load``: ``model_<figure>``).
 MODEL_FIGURES = ("requests_per_s", "prompt_tokens_per_s", "output_tokens_per_s")
 

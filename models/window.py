@@ -33,6 +33,12 @@ EVIDENCE_FIELDS = (
     "finish_reason", "status_code", "engine", "engine_version",
 )  # fmt: skip
 
+#: Windows back that a request's start is counted in (``arrived_<lag>``): 0 is this window.
+ARRIVAL_LAGS = 4
+ARRIVAL_COLUMNS = tuple(
+    f"{scope}arrived{what}_{lag}" for scope in ("", "model_") for what in ("", "_tokens") for lag in range(ARRIVAL_LAGS)
+)
+
 #: Figures that simply add up under ``merge``: the columns of ``WindowBlock.sums``.
 #: Counts of requests and tokens; for each timed phase (queue, prefill, inter-token
 #: latency, end-to-end) the number of requests that reported it and the sum and sum of
@@ -51,6 +57,11 @@ SUMS = (
     # the load of the segment's whole model in the window (every segment of a model shares
     # its engines), set by stage 1 when the window closes and summed over stage-1 workers
     "model_requests", "model_prompt_tokens", "model_output_tokens",
+    # arrivals: requests (and their prompt tokens) that finished here, by the window they
+    # *started* in, 0 to ARRIVAL_LAGS - 1 windows back (``timestamp - e2e_s``); older starts
+    # are not counted. The model's too. Demand is what arrived, not what finished: a
+    # slowing server finishes fewer requests, and must not lower its own expectation.
+    *ARRIVAL_COLUMNS,
 )  # fmt: skip
 INTEGER_SUMS = frozenset(name for name in SUMS if not name.endswith(("_sum", "_log", "_log2", "_s")))
 #: Timed phases whose log moments a window keeps (``WindowStats.phase``).
@@ -314,6 +325,15 @@ class WindowStats:
         if (decode_s := self.decode_s) > 0:
             figures["decode_tokens_per_s_per_request"] = self.decode_tokens / decode_s
         return figures
+
+    def arrival_counts(self) -> list[tuple[float, float]]:
+        """The model's requests (and their prompt tokens) that finished in this window, by
+        the window they started in: this one first, then 1 to ``ARRIVAL_LAGS - 1`` back."""
+        sums = self.block.sums[self.row]
+        return [
+            (float(sums[COLUMN_OF[f"model_arrived_{lag}"]]), float(sums[COLUMN_OF[f"model_arrived_tokens_{lag}"]]))
+            for lag in range(ARRIVAL_LAGS)
+        ]
 
     @property
     def evidence(self) -> list[tuple[float, Location]]:

@@ -1,0 +1,176 @@
+"""Demand from arrivals, and what a model's engines can serve: is a queue load, or a fault?
+
+Request logs are written when a request *finishes*, so a window's request count is what
+the engines served, not what asked to be served. Judged against that, a server that slows
+down finishes fewer requests, measures less demand, and lowers its own expectation. So a
+window also counts its requests by the window they *started* in (``timestamp - e2e_s``;
+the ``arrived_<lag>`` columns of ``models.window``), and a segment keeps the last few
+windows' arrivals of its model as they fill in (``ARRIVAL_LAGS`` windows: a request that
+takes longer than that is not counted as an arrival at all). Demand is the highest arrival
+rate among them: a slow server cannot hide the requests that did arrive and did finish.
+
+Capacity is the most the model's engines have served in a window (requests and prompt
+tokens per second, finished), forgetting slowly (``halflife`` windows). When arrivals
+exceed it, demand is beyond anything the engines have ever kept up with, and a queue
+that builds is explained by load: the segment is *saturated*. Saturation holds while the
+engines keep serving near their capacity (``held_share``) and latency stays up; it ends at
+the first normal window (the queue drained). Served throughput that falls well below
+capacity during saturation is the opposite: capacity lost, a fault, and it pages.
+
+Arrivals of requests still waiting are invisible in request logs, so during a long queue
+arrivals read low; that is why saturation is entered when arrivals are seen to exceed
+capacity and then held on served throughput, not re-tested window by window.
+
+>>> from models.window import WindowStats
+>>> usual = dict(requests=50, prompt_tokens=50_000, model_requests=50, model_prompt_tokens=50_000,
+...              model_arrived_1=50, model_arrived_tokens_1=50_000)
+>>> capacity = Capacity()
+>>> for start in range(0, 400, 10):
+...     load = WindowStats("model=m", float(start), 10.0, **usual).load()
+...     capacity.observe(WindowStats("model=m", float(start), 10.0, **usual), load)
+...     capacity.learn(load)
+>>> load["model_arrivals_per_s"], load["capacity_requests_per_s"], load["saturated"]
+(5.0, 5.0, 0.0)
+>>> burst = dict(usual, model_arrived_1=90, model_arrived_tokens_1=90_000)
+>>> load = WindowStats("model=m", 400.0, 10.0, **burst).load()
+>>> capacity.observe(WindowStats("model=m", 400.0, 10.0, **burst), load)
+>>> load["model_arrivals_per_s"], load["saturated"]
+(9.0, 1.0)
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from typing import Any
+
+from models.compact import CompactState, count, number
+from models.window import ARRIVAL_LAGS
+
+#: Load figures this module adds to a window's ``load``.
+ARRIVAL_FIGURES = ("model_arrivals_per_s", "model_arrival_prompt_tokens_per_s")
+#: The served figures capacity is learned from (``WindowStats.load``), in the same order.
+SERVED_FIGURES = ("model_requests_per_s", "model_prompt_tokens_per_s")
+
+_RING = 2 * ARRIVAL_LAGS  # arrivals (requests, prompt tokens) per window, latest first
+
+
+class Capacity(CompactState):
+    """A segment's view of its model's arrivals and capacity (``15`` doubles).
+
+    Parameters
+    ----------
+    halflife
+        Windows over which a capacity not reached again is forgotten (a day by default:
+        an engine upgrade or a scale-down shows within a day, a quiet night does not).
+    margin
+        Arrivals must exceed capacity by this share before a queue is called load.
+    held_share
+        Saturation holds while served throughput stays above this share of capacity.
+    warm_windows
+        Windows seen before capacity is trusted (before that, nothing is saturated).
+    surge_ratio
+        Saturation also needs arrivals this many times their usual rate: a chance
+        fluctuation that tops the record by a few per cent at usual demand is not load.
+    usual_halflife
+        Windows over which the usual arrival rate forgets.
+    """
+
+    __slots__ = ()
+    STATE_SIZE = 1 + _RING + 2 + 1 + 1 + 2
+    ring_end = number(0)  # end of the latest window in the ring (-1e18: empty)
+    capacity_requests_per_s = number(1 + _RING)
+    capacity_prompt_tokens_per_s = number(2 + _RING)
+    saturated = number(3 + _RING)  # 1.0 while saturated
+    windows = count(4 + _RING)
+    usual_arrivals_per_s = number(5 + _RING)  # EW mean of arrivals (requests, prompt tokens)
+    usual_arrival_tokens_per_s = number(6 + _RING)
+
+    def __init__(
+        self,
+        halflife: float = 8640.0,
+        margin: float = 0.05,
+        held_share: float = 0.8,
+        warm_windows: int = 30,
+        surge_ratio: float = 1.3,
+        usual_halflife: float = 60.0,
+    ) -> None:
+        self._params = (
+            float(halflife), float(margin), float(held_share), int(warm_windows), float(surge_ratio),
+            float(usual_halflife),
+        )  # fmt: skip
+        self._own([-1e18, *[0.0] * _RING, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+
+    def _ring(self) -> list[float]:
+        return self._buf[self._at + 1 : self._at + 1 + _RING].tolist()
+
+    def observe(self, window: Any, load: dict[str, float]) -> None:
+        """Add ``window``'s arrivals to the ring and write demand and capacity into ``load``:
+        ``model_arrivals_per_s`` and ``model_arrival_prompt_tokens_per_s`` (the highest of the
+        ring's windows; the served figures when the window says nothing of arrivals),
+        ``capacity_requests_per_s``, ``capacity_prompt_tokens_per_s``, ``demand_vs_capacity``,
+        ``served_vs_capacity`` and ``saturated`` (1.0 or 0.0)."""
+        ring = self._ring()
+        length = float(window.length)
+        shift = round((window.end - self.ring_end) / length) if self.ring_end > -1e17 else ARRIVAL_LAGS
+        if shift > 0:  # newer window: the ring moves on (pairs older than the ring fall out)
+            ring = ([0.0, 0.0] * min(shift, ARRIVAL_LAGS) + ring)[:_RING]
+            self.ring_end = window.end
+        counts = getattr(window, "arrival_counts", None)
+        arrived = counts() if counts is not None else None
+        if arrived is not None and shift >= 0:  # windows come in order: an older one adds nothing
+            for lag, (requests_then, tokens_then) in enumerate(arrived):
+                ring[2 * lag] += requests_then
+                ring[2 * lag + 1] += tokens_then
+        self._buf[self._at + 1 : self._at + 1 + _RING] = array("d", ring)
+        requests = max(ring[0::2]) / length
+        tokens = max(ring[1::2]) / length
+        if requests <= 0:  # no arrivals known (an engine's window, a series): what was served
+            requests, tokens = (load.get(name, 0.0) for name in SERVED_FIGURES)
+        load["model_arrivals_per_s"], load["model_arrival_prompt_tokens_per_s"] = requests, tokens
+        capacity = (self.capacity_requests_per_s, self.capacity_prompt_tokens_per_s)
+        _, margin, held_share, warm, surge_ratio, _ = self._params
+        load["capacity_requests_per_s"], load["capacity_prompt_tokens_per_s"] = capacity
+        known = self.windows >= warm and capacity[0] > 0
+        demand = _ratio((requests, tokens), capacity) if known else 0.0
+        surge = _ratio((requests, tokens), (self.usual_arrivals_per_s, self.usual_arrival_tokens_per_s))
+        served = _ratio(tuple(load.get(name, 0.0) for name in SERVED_FIGURES), capacity) if known else 1.0
+        load["demand_vs_capacity"], load["served_vs_capacity"] = round(demand, 4), round(served, 4)
+        if served < held_share:
+            self.saturated = 0.0  # the engines serve less than they can: not load any more
+        elif known and demand >= 1.0 + margin and surge >= surge_ratio:
+            # A surge beyond anything served: a chance fluctuation at usual demand is not one.
+            self.saturated = 1.0
+        load["saturated"] = self.saturated
+
+    def learn(self, load: dict[str, float]) -> None:
+        """Capacity: the most served, forgetting with ``halflife`` (call for windows that did
+        not page: a fault's throughput is not capacity)."""
+        decay = 0.5 ** (1.0 / self._params[0])
+        served = [load.get(name, 0.0) for name in SERVED_FIGURES]
+        self.capacity_requests_per_s = max(self.capacity_requests_per_s * decay, served[0])
+        self.capacity_prompt_tokens_per_s = max(self.capacity_prompt_tokens_per_s * decay, served[1])
+        alpha = max(1.0 - 0.5 ** (1.0 / self._params[5]), 1.0 / (self.windows + 1))
+        arrivals = [load.get(name, 0.0) for name in ARRIVAL_FIGURES]
+        self.usual_arrivals_per_s += alpha * (arrivals[0] - self.usual_arrivals_per_s)
+        self.usual_arrival_tokens_per_s += alpha * (arrivals[1] - self.usual_arrival_tokens_per_s)
+        self.windows += 1
+
+    def settle(self) -> None:
+        """A queue-sensitive signal was normal again: the queue drained, saturation ends."""
+        self.saturated = 0.0
+
+    def state(self) -> list[float]:
+        return self.numbers
+
+    def load_state(self, numbers: list[float]) -> None:
+        if len(numbers) != self.STATE_SIZE:
+            raise ValueError(f"capacity state has {len(numbers)} numbers, expected {self.STATE_SIZE}")
+        self._set_numbers(0, [float(v) for v in numbers])
+
+
+def _ratio(now: tuple[float, ...], usual: tuple[float, float]) -> float:
+    """Geometric mean of the ratios of two figures (requests, tokens) to their usual values;
+    a figure with no usual value is left out."""
+    logs = [math.log(max(a, 1e-9) / b) for a, b in zip(now, usual, strict=True) if b > 0]
+    return math.exp(sum(logs) / len(logs)) if logs else 0.0

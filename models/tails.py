@@ -1,0 +1,167 @@
+"""How surprising is a residual, when noise has heavy tails and faults last?
+
+Pure functions behind the latency models' scores (``models.latency``):
+
+* ``student_surprise``: ``-log10`` of a Student-t tail, scaled to unit variance, so the
+  same standardised residual is less surprising for a segment with heavier tails;
+* ``degrees_of_freedom`` and ``tail_bound``: the tails a segment has shown, as the share
+  of its residuals beyond 3 sds (0.27 % for Gaussian noise), read cautiously while the
+  count of such rare windows is small;
+* ``tail_step``: that share, learned from short runs beyond 3 sds only (heavy-tailed
+  noise throws single wild windows; a fault shifts a run of them, and must not teach the
+  model that its tails are heavy);
+* ``pair_surprise``: two windows in a row both high. A fault lasts; noise, however heavy
+  its tails, rarely throws two wild windows in a row (their correlation ``rho`` is
+  learned). So a 2x slowdown that is 3.5 sds per window, unremarkable alone under heavy
+  tails, is very surprising twice.
+
+Scores are ``-log10`` of a tail probability: 4 means 1 in 10,000, on every signal.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+from scipy.special import stdtr
+
+_LN10 = math.log(10.0)
+#: Residuals beyond this many sds count as tail events.
+TAIL_Z = 3.0
+#: Runs of windows beyond ``TAIL_Z`` at most this long count as tails; longer ones as a change.
+TAIL_RUN = 2
+#: Share of residuals beyond 3 sds a segment starts from: that of a Student-t of 12
+#: degrees (Gaussian noise gives 0.27 %); what that prior is worth, in windows; and how
+#: many windows the share remembers (about three hours of 10 s windows).
+PRIOR_TAIL_SHARE = 0.0065
+TAIL_PRIOR_WINDOWS = 100.0
+TAIL_MEMORY = 1000.0
+#: Standard errors added to the estimated share before it sets the tails (``tail_bound``).
+TAIL_CAUTION = 1.0
+#: A window this surprising alone (1 in 10,000) speaks for itself: no pair with the next.
+PAIR_PREVIOUS_MAX = 4.0
+
+
+def upper_tail_surprise(z: float) -> float:
+    """``-log10 P(Z >= z)`` for a standard normal, accurate far into the tail.
+
+    >>> round(upper_tail_surprise(0.0), 3), round(upper_tail_surprise(3.0), 2)
+    (0.301, 2.87)
+    >>> upper_tail_surprise(60.0) > upper_tail_surprise(50.0) > 500
+    True
+    """
+    if z < 8.0:
+        return -math.log10(max(0.5 * math.erfc(z / math.sqrt(2.0)), 1e-300))
+    # Mills-ratio asymptote: log sf(z) ~ -z^2/2 - log(z) - log(sqrt(2 pi)).
+    log_sf = -0.5 * z * z - math.log(z) - 0.5 * math.log(2.0 * math.pi)
+    return -log_sf / _LN10
+
+
+def student_surprise(z: float, nu: float) -> float:
+    """``-log10 P(T >= z)`` for a Student-t of ``nu`` degrees scaled to unit variance.
+
+    Heavy tails cost sensitivity where they are real: 1 in 10,000 is 3.7 sds for Gaussian
+    noise, about 9.2 for ``nu=4``.
+
+    >>> round(student_surprise(3.72, 1000.0), 1), round(student_surprise(9.2, 4.0), 1)
+    (4.0, 4.0)
+    """
+    if nu >= 200.0:
+        return upper_tail_surprise(z)
+    scaled = z * math.sqrt(nu / (nu - 2.0))
+    return -math.log10(max(float(stdtr(nu, -scaled)), 1e-300))
+
+
+def _tail_share_of(nu: float) -> float:
+    """P(|T| > TAIL_Z) for a unit-variance Student-t of ``nu`` degrees."""
+    return 2.0 * float(stdtr(nu, -TAIL_Z * math.sqrt(nu / (nu - 2.0))))
+
+
+#: Degrees of freedom from 3 (the heaviest judged) to near-Gaussian, and the share of
+#: unit-variance residuals beyond 3 each implies (falling with nu over this range).
+_NU_GRID = (3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 20.0, 40.0, 100.0, 1000.0)
+_SHARE_GRID = tuple(_tail_share_of(nu) for nu in _NU_GRID)
+
+
+@functools.lru_cache(maxsize=1024)
+def degrees_of_freedom(tail_share: float) -> float:
+    """The Student-t degrees of freedom whose share of residuals beyond 3 sds is ``tail_share``.
+
+    >>> degrees_of_freedom(0.0027) > 500, round(degrees_of_freedom(0.0065)), degrees_of_freedom(0.05)
+    (True, 12, 3.0)
+    """
+    if tail_share >= _SHARE_GRID[0]:
+        return _NU_GRID[0]
+    if tail_share <= _SHARE_GRID[-1]:
+        return _NU_GRID[-1]
+    for i in range(len(_NU_GRID) - 1):  # the shares fall with nu: interpolate in log share
+        high, low = _SHARE_GRID[i], _SHARE_GRID[i + 1]
+        if low <= tail_share <= high:
+            w = math.log(high / tail_share) / math.log(high / low)
+            return _NU_GRID[i] + w * (_NU_GRID[i + 1] - _NU_GRID[i])
+    return _NU_GRID[-1]
+
+
+def tail_bound(share: float, windows: int) -> float:
+    """The tail share plus ``TAIL_CAUTION`` standard errors of its estimate, a count of rare
+    events over the ``windows`` seen (with the prior's, at most ``TAIL_MEMORY``).
+
+    The share beyond 3 sds fixes the shoulder of the distribution; real residuals are
+    mixtures (a heavy-tailed part plus Gaussian sampling noise) whose far tail is heavier
+    than a Student-t fitted to the shoulder, so the model errs towards heavy tails while
+    its evidence is thin.
+
+    >>> tail_bound(0.0065, 0) == 0.0065, round(tail_bound(0.0027, 5000), 4)
+    (True, 0.0043)
+    """
+    seen = min(float(windows), TAIL_MEMORY - TAIL_PRIOR_WINDOWS)
+    return share + TAIL_CAUTION * math.sqrt(share * seen) / (TAIL_PRIOR_WINDOWS + seen)
+
+
+def tail_step(share: float, run: float, z: float, windows: int) -> tuple[float, float]:
+    """The tail share and the run of windows beyond ``TAIL_Z`` after one more window of
+    standardised residual ``z``, the ``windows``-th seen. A run counts once it is over,
+    and only if it was short (``TAIL_RUN`` windows at most): one or two wild windows are
+    the noise's tails (two when it is autocorrelated), a longer run is a change.
+
+    >>> share, run = PRIOR_TAIL_SHARE, 0.0
+    >>> for z in (0.5, 4.2, 0.1):
+    ...     share, run = tail_step(share, run, z, 400)
+    >>> round(share, 4), run
+    (0.0085, 0.0)
+    """
+    rate = max(1.0 / TAIL_MEMORY, 1.0 / (windows + TAIL_PRIOR_WINDOWS))
+    share -= share * rate  # this window, as an ordinary one for now
+    if abs(z) > TAIL_Z:
+        return share, run + 1.0
+    if 0 < run <= TAIL_RUN:
+        share += run * rate  # the short run that just ended: tails after all
+    return share, 0.0
+
+
+def pair_surprise(z: float, last_z: float, rho: float, nu: float) -> float:
+    """``-log10 P(both >= m)`` for two consecutive residuals whose smaller one is ``m``, with
+    lag-one correlation ``rho``: the first at least ``m``, then the second given the first
+    (its conditional mean ``rho * m``, its sd ``sqrt(1 - rho^2)``), and no more than what
+    the first leaves unexplained.
+
+    Meant for moderate shifts, neither window remarkable alone: a previous window that was
+    (``last_z`` beyond ``PAIR_PREVIOUS_MAX`` in surprise) has spoken for itself, and the
+    window after a wild one is mostly its echo, so no pair is formed then.
+
+    >>> round(pair_surprise(3.5, 3.6, 0.0, 1000.0), 1), round(pair_surprise(3.5, -0.2, 0.0, 1000.0), 1)
+    (7.3, 0.0)
+    >>> pair_surprise(5.0, 12.0, 0.4, 1000.0)  # the echo of a wild window
+    0.0
+    >>> pair_surprise(3.5, 3.6, 0.5, 1000.0) < pair_surprise(3.5, 3.6, 0.0, 1000.0)
+    True
+    """
+    m = min(z, last_z)
+    if m <= 0.0 or student_surprise(last_z, nu) >= PAIR_PREVIOUS_MAX:
+        return 0.0
+    rho = min(max(rho, 0.0), 0.9)
+    # This window given the previous one: no higher than its innovation (what the previous
+    # one does not explain: the echo of a high one explains most of a high one after it).
+    innovation = (z - rho * last_z) / math.sqrt(1.0 - rho * rho)
+    given = min(m * math.sqrt((1.0 - rho) / (1.0 + rho)), innovation)
+    return student_surprise(m, nu) + max(student_surprise(given, nu), 0.0)
