@@ -171,7 +171,7 @@ class SegmentDetectors:
         self,
         window: WindowStats,
         pooled: dict[tuple[str, Signal], BetaBinomialRate],
-        templates: dict[tuple[str, Signal], Any] | None = None,
+        templates: dict[tuple[str, Any], Any] | None = None,
     ) -> list[AnomalyEvent]:
         """Judge one window (latency against its model's load, ``WindowStats.load``)."""
         if window.end <= self.last_window_end:
@@ -183,11 +183,11 @@ class SegmentDetectors:
         load = window.load()
         self._with_recent_load(load, window)
         capacity = self.capacity
+        self._borrow_or_lend_capacity(capacity, model_name := window.labels.get("model", "other"), templates)
         capacity.observe(window, load)
         demand_ratio = math.nan
         events: list[AnomalyEvent] = []
         any_page = False
-        model_name = window.labels.get("model", "other")
         usual = self.usual  # one view for the whole window
         usual_requests = usual.requests_per_s * window.length
         sparse = usual.windows >= config.grace_windows and window.requests < config.min_share_of_usual * usual_requests
@@ -206,8 +206,8 @@ class SegmentDetectors:
             any_page |= verdict.pages
             if spec.signal is Signal.TTFT and detector.model.n_learned:
                 demand_ratio = math.exp(detector.model.demand_index(reading.x))
-            if spec.signal in (Signal.TTFT, Signal.QUEUE_TIME) and verdict.score < config.threshold:
-                capacity.settle()  # a queue-sensitive signal is normal: no queue to explain
+            if spec.signal in (Signal.TTFT, Signal.QUEUE_TIME) and verdict.score < config.threshold / 2:
+                capacity.settle()  # no queue to speak of (not merely below paging): none to explain
             if not verdict.learnable:
                 # A surprise the model did not expect is never its normal, even when load
                 # explains it (a fault that starts during a surge must not be learned);
@@ -236,7 +236,18 @@ class SegmentDetectors:
         return events
 
     @staticmethod
-    def _borrow_or_lend(model: Any, key: tuple[str, Signal], templates: dict[tuple[str, Signal], Any]) -> None:
+    def _borrow_or_lend_capacity(capacity: Capacity, model_name: str, templates: dict[tuple[str, Any], Any]) -> None:
+        """Capacity is the model's, not the segment's: a segment that has seen too few windows
+        to know it (a rare prompt band) takes the best-known segment's of its model."""
+        key = (model_name, "capacity")
+        best = templates.get(key)
+        if best is not None and capacity.borrow(best):
+            return
+        if best is None or capacity.windows > best.windows:
+            templates[key] = capacity
+
+    @staticmethod
+    def _borrow_or_lend(model: Any, key: tuple[str, Any], templates: dict[tuple[str, Any], Any]) -> None:
         """Latency cold start: a segment's first window borrows the response to load of the
         best-known segment of its model; the best-known one is remembered (a reference,
         one per model and signal)."""
@@ -445,7 +456,7 @@ class DetectorBank:
     # Model-level rates, learned from every segment of a model: a new segment's prior.
     pooled: dict[tuple[str, Signal], BetaBinomialRate] = field(default_factory=dict)
     # Per model and latency signal, its best-known segment's model: what a new one borrows.
-    templates: dict[tuple[str, Signal], Any] = field(default_factory=dict)
+    templates: dict[tuple[str, Any], Any] = field(default_factory=dict)
     restore: Callable[[str], dict[str, Any] | None] | None = None
     save_every: int = 1
     windows_judged: int = 0

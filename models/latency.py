@@ -56,6 +56,7 @@ from models.compact import CompactState, count
 from models.params import param, shared
 from models.tails import (
     PRIOR_TAIL_SHARE,
+    clipped_square_mean,
     degrees_of_freedom,
     pair_surprise,
     student_surprise,
@@ -75,6 +76,9 @@ _BANDS = len(FLOOR_EDGES) + 1
 #: Windows learned before residuals count towards the tail share: until the noise estimate
 #: has settled, a residual beyond 3 sds says more about the estimate than about the tails.
 TAIL_AFTER = 20
+#: What the prior noise is worth, in windows: a young segment's first windows cannot make
+#: it look quiet (or wild) on their own.
+NOISE_PRIOR_WINDOWS = 10.0
 #: The window's own surprise and its pair's with the window before are both looked at:
 #: the score they give is the larger less log10(2), so that two looks cost no calibration.
 _TWO_LOOKS = math.log10(2.0)
@@ -309,7 +313,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
                 0.0, 0.0,  # reference log demand: set over the grace windows
                 0.0, elasticity, surge_elasticity,  # weights: level, slope, surge slope
                 100.0, 0.0, 0.0, 0.0, prior_var, 0.0, 0.0, 0.0, prior_var,  # covariance
-                noise_sd**2, 2.0,  # noise variance, and the pseudo-windows behind that prior
+                noise_sd**2, NOISE_PRIOR_WINDOWS,  # noise variance, and the pseudo-windows behind that prior
                 0.0, noise_sd**2,  # load-blind level: EW mean and variance of log latency
                 PRIOR_TAIL_SHARE, 0.0, 0.0, 0.0,  # tails: share beyond 3 sds, run, last residual, correlation
                 0.0, drift_sd**2,  # slow anchor of the level, and how far the level strays from it
@@ -353,10 +357,11 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         return [level, slope, surge]
 
     def _floor(self, state: Sequence[float], d: float) -> float:
-        """The lowest (sign-adjusted) log value the segment has shown at demand ``d`` or
-        below: latency does not fall as demand rises, so none of those is a rare low."""
-        floors = state[_FLOOR : _FLOOR + _band(d) + 1]
-        return max(floors)
+        """The lowest (sign-adjusted) log value the segment has ever shown at demand ``d`` or
+        below (latency does not fall as demand rises): an expectation below it is absurd.
+        ``_NO_FLOOR`` until a band at or below ``d`` has been seen."""
+        floors = [v for v in state[_FLOOR : _FLOOR + _band(d) + 1] if v > _NO_FLOOR]
+        return min(floors) if floors else _NO_FLOOR
 
     # -- river API -----------------------------------------------------------------
     def learn_one(self, x: dict[Hashable, Any], y: base.typing.Target) -> None:
@@ -371,17 +376,20 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         floors = state[_FLOOR:_STATE_SIZE]
         n = self.n_learned
         p = self._params
-        if n < p.grace_windows:
-            # Reference demand = running mean over the grace windows but the first: a stream
-            # usually starts mid-window, and a partial first window would set the reference
-            # so low that normal traffic would look like a surge and teach the surge slope.
+        grace = n < p.grace_windows
+        if grace:
+            # A segment's first windows are often a start-up ramp (demand and latency climbing
+            # together), not its normal: the reference demand and the level follow the latest
+            # of them (half-life of a window, the very first, usually partial, window aside),
+            # the slopes keep their priors, and no noise is learned from the climb.
             now = self._log_demand(x)
-            weight = 1.0 if n <= 1 else 1.0 / n
+            weight = 1.0 if n <= 1 else 0.5
             reference = [r + (d - r) * weight for r, d in zip(reference, now, strict=True)]
             self._set_numbers(_REF, reference)
+            cov[0] += p.noise_sd**2
         if n == 0:
             weights[0] = level_mean = log_y
-        phi = self._phi(x)
+        phi = (1.0, 0.0, 0.0) if grace else self._phi(x)
         sampling_var = float(x.get("sampling_var", 0.0))
         # Predict step: the level may drift a little each window.
         cov[0] += p.level_drift_sd**2
@@ -393,16 +401,25 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         z = residual / sd
         decay = self._decay
         if n >= TAIL_AFTER:
-            tail_share, run = tail_step(tail_share, run, z, n)
+            tail_share, run = tail_step(tail_share, run, z, last_z, rho, n)
             # Lag-one correlation of ordinary residuals (each clipped: a wild one says little).
             clip = max(-3.0, min(3.0, z)) * max(-3.0, min(3.0, last_z))
             rho += (clip - rho) * (1.0 - decay)
-        # Bounded influence: a wild window moves the model as far as a ``huber``-sd one would.
+        # Bounded influence: a wild window moves the model as far as a ``huber``-sd one would,
+        # and the noise as far as a residual ``huber`` times the noise itself (not counting
+        # what the model is unsure of: an unsettled level is not noise).
         clipped = max(-p.huber * sd, min(p.huber * sd, residual))
-        sample = max(clipped * clipped - param_var - sampling_var, 0.0)
-        weight = decay * noise_weight
-        noise_var = (weight * noise_var + sample) / (weight + 1.0)
-        noise_weight = weight + 1.0
+        if not grace:
+            bound = p.huber**2 * (max(noise_var, p.min_noise_sd**2) + sampling_var)
+            # Clipping shrinks residuals' mean square, the more so the heavier their tails:
+            # divide by how much, for the tails the segment has shown, to estimate the variance.
+            capped = min(residual * residual, bound) / clipped_square_mean(
+                p.huber, degrees_of_freedom(round(tail_share, 4))
+            )
+            sample = max(capped - param_var - sampling_var, 0.0)
+            weight = decay * noise_weight
+            noise_var = (weight * noise_var + sample) / (weight + 1.0)
+            noise_weight = weight + 1.0
         # Update step (Sherman-Morrison form of the Bayesian update).
         gain = [c / total_var for c in cov_phi]
         weights = self._project([w + g * clipped for w, g in zip(weights, gain, strict=True)], phi)
@@ -439,9 +456,9 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
             return
         prediction = self.predict_one(x)
         z = (math.log(y) - prediction.mean) / prediction.sd
-        share, run = self.numbers[_TAIL:_LAST_Z]
+        share, run, last_z, rho = self.numbers[_TAIL:_ANCHOR]
         if tails and self.n_learned >= TAIL_AFTER:
-            share, run = tail_step(share, run, z, self.n_learned)
+            share, run = tail_step(share, run, z, last_z, rho, self.n_learned)
         self._set_numbers(_TAIL, [share, run, z])
 
     def predict_one(self, x: dict[Hashable, Any]) -> Prediction:

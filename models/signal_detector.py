@@ -89,8 +89,11 @@ class SignalDetector:
             explained = not surprising and level >= config.threshold
             score = max(conditioned, level) if explained else conditioned
             expected = prediction.anchored if drifting and pages else prediction.expected
+            # A window within a decade of paging is not learned either: a fault's first windows
+            # often fall just short, and learning them would teach the model the fault.
+            learnable = conditioned < config.threshold - 1.0
             return Verdict(score, expected, pages, explained, math.exp(prediction.level),
-                           "drift" if drifting and pages else None, learnable=not surprising)  # fmt: skip
+                           "drift" if drifting and pages else None, learnable=learnable)  # fmt: skip
         if kind == "rate":
             score = model.score_one(reading.x, reading.bad)
             return Verdict(score, model.expected_rate, score >= config.threshold, False, model.expected_rate)

@@ -35,6 +35,10 @@ def bucket_value(index: int) -> float:
     return float(10.0 ** (_LOG_LOWEST + (index - 0.5) / PER_DECADE))
 
 
+#: Natural log of every bucket's representative value (``bucket_value``).
+_LOG_MIDPOINTS = np.log([bucket_value(i) for i in range(N_BUCKETS)])
+
+
 class LogHistogram:
     """Counts per log bucket; ``add`` takes a numpy array, ``merge`` another histogram.
 
@@ -72,6 +76,24 @@ class LogHistogram:
             return [float("nan")] * len(qs)
         ranks = [q * (total - 1) for q in qs]
         return [bucket_value(int(i)) for i in np.searchsorted(cumulative, ranks, side="right").tolist()]
+
+    def log_moments(self) -> tuple[int, float, float]:
+        """(count, mean, variance) of the natural log of the values, each taken at its
+        bucket's midpoint: a bucket is 15 % wide, so a value is off by at most 7 % and a mean
+        over a window's requests by far less.
+
+        >>> h = LogHistogram()
+        >>> h.add(np.array([0.5, 0.5, 2.0, 2.0]))
+        >>> n, mean, var = h.log_moments()
+        >>> n, round(float(np.exp(mean)), 1), round(var, 2)
+        (4, 1.0, 0.48)
+        """
+        total = int(self.counts.sum())
+        if total == 0:
+            return 0, float("nan"), float("nan")
+        weights = self.counts / total
+        mean = float(weights @ _LOG_MIDPOINTS)
+        return total, mean, float(weights @ (_LOG_MIDPOINTS - mean) ** 2)
 
     def to_sparse(self) -> dict[int, int]:
         """Non-zero buckets only: what crosses the wire."""

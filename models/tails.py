@@ -30,14 +30,15 @@ _LN10 = math.log(10.0)
 TAIL_Z = 3.0
 #: Runs of windows beyond ``TAIL_Z`` at most this long count as tails; longer ones as a change.
 TAIL_RUN = 2
-#: Share of residuals beyond 3 sds a segment starts from: that of a Student-t of 12
-#: degrees (Gaussian noise gives 0.27 %); what that prior is worth, in windows; and how
-#: many windows the share remembers (about three hours of 10 s windows).
-PRIOR_TAIL_SHARE = 0.0065
+#: Innovation (sds beyond the echo of the window before) that keeps a run going.
+RUN_PUSH = 1.5
+#: Degrees of freedom a segment's tails start from; what that prior is worth, in windows;
+#: and how many windows the tail share remembers (about three hours of 10 s windows).
+PRIOR_NU = 12.0
 TAIL_PRIOR_WINDOWS = 100.0
 TAIL_MEMORY = 1000.0
 #: Standard errors added to the estimated share before it sets the tails (``tail_bound``).
-TAIL_CAUTION = 1.0
+TAIL_CAUTION = 1.5
 #: A window this surprising alone (1 in 10,000) speaks for itself: no pair with the next.
 PAIR_PREVIOUS_MAX = 4.0
 
@@ -77,6 +78,9 @@ def _tail_share_of(nu: float) -> float:
     return 2.0 * float(stdtr(nu, -TAIL_Z * math.sqrt(nu / (nu - 2.0))))
 
 
+#: Share of residuals beyond ``TAIL_Z`` a segment starts from (``PRIOR_NU``'s).
+PRIOR_TAIL_SHARE = _tail_share_of(PRIOR_NU)
+
 #: Degrees of freedom from 3 (the heaviest judged) to near-Gaussian, and the share of
 #: unit-variance residuals beyond 3 each implies (falling with nu over this range).
 _NU_GRID = (3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 20.0, 40.0, 100.0, 1000.0)
@@ -102,6 +106,33 @@ def degrees_of_freedom(tail_share: float) -> float:
     return _NU_GRID[-1]
 
 
+@functools.lru_cache(maxsize=4096)
+def clipped_square_mean(c: float, nu: float) -> float:
+    """E[min(T^2, c^2)] for a unit-variance Student-t of ``nu`` degrees (a Gaussian above 200):
+    what clipping residuals at ``c`` sds leaves of their mean square. Dividing a clipped
+    mean square by it estimates the variance again, consistently for tails that heavy.
+
+    >>> round(clipped_square_mean(2.0, 1000.0), 3), round(clipped_square_mean(3.0, 3.0), 2)
+    (0.92, 0.48)
+    """
+    if nu >= 200.0:
+        density = math.exp(-0.5 * c * c) / math.sqrt(2.0 * math.pi)
+        beyond = math.erfc(c / math.sqrt(2.0))
+        return (1.0 - beyond) - 2.0 * c * density + c * c * beyond
+    # Midpoint rule over |T| < c on the unit-variance scale (t = z * sqrt(nu / (nu - 2))).
+    scale = math.sqrt(nu / (nu - 2.0))
+    steps = 400
+    log_norm = math.lgamma((nu + 1.0) / 2.0) - math.lgamma(nu / 2.0) - 0.5 * math.log(nu * math.pi)
+    inside = 0.0
+    for i in range(steps):
+        z = (i + 0.5) * c / steps
+        t = z * scale
+        density = math.exp(log_norm - 0.5 * (nu + 1.0) * math.log1p(t * t / nu)) * scale
+        inside += 2.0 * z * z * density * c / steps
+    beyond = 2.0 * float(stdtr(nu, -c * scale))
+    return inside + c * c * beyond
+
+
 def tail_bound(share: float, windows: int) -> float:
     """The tail share plus ``TAIL_CAUTION`` standard errors of its estimate, a count of rare
     events over the ``windows`` seen (with the prior's, at most ``TAIL_MEMORY``).
@@ -118,32 +149,48 @@ def tail_bound(share: float, windows: int) -> float:
     return share + TAIL_CAUTION * math.sqrt(share * seen) / (TAIL_PRIOR_WINDOWS + seen)
 
 
-def tail_step(share: float, run: float, z: float, windows: int) -> tuple[float, float]:
-    """The tail share and the run of windows beyond ``TAIL_Z`` after one more window of
-    standardised residual ``z``, the ``windows``-th seen. A run counts once it is over,
-    and only if it was short (``TAIL_RUN`` windows at most): one or two wild windows are
-    the noise's tails (two when it is autocorrelated), a longer run is a change.
+def tail_step(share: float, run: float, z: float, last_z: float, rho: float, windows: int) -> tuple[float, float]:
+    """The tail share and the current run after one more window of standardised residual
+    ``z`` (sds), the ``windows``-th seen; ``last_z`` and ``rho``: the window before and the
+    lag-one correlation. ``run`` is signed: windows in the run, in the direction it went.
+
+    A run starts with a window beyond ``TAIL_Z`` and goes on while each window pushes the
+    same way by more than its predecessor's echo explains (``RUN_PUSH`` sds of
+    innovation). It counts once it is over, and only if it was short (``TAIL_RUN`` windows
+    at most): a wild window and its fading echo are the noise's tails; a fault keeps
+    pushing, and must not teach the model that its tails are heavy.
 
     >>> share, run = PRIOR_TAIL_SHARE, 0.0
-    >>> for z in (0.5, 4.2, 0.1):
-    ...     share, run = tail_step(share, run, z, 400)
+    >>> for last_z, z in ((0.0, 0.5), (0.5, 6.0), (6.0, 2.5), (2.5, 0.3)):  # a wild window, its echo
+    ...     share, run = tail_step(share, run, z, last_z, 0.4, 400)
     >>> round(share, 4), run
-    (0.0085, 0.0)
+    (0.0084, 0.0)
+    >>> for last_z, z in ((0.0, 4.0), (4.0, 3.9), (3.9, 2.9), (2.9, 3.2)):  # a fault that holds
+    ...     share, run = tail_step(share, run, z, last_z, 0.4, 400)
+    >>> run
+    4.0
     """
     rate = max(1.0 / TAIL_MEMORY, 1.0 / (windows + TAIL_PRIOR_WINDOWS))
     share -= share * rate  # this window, as an ordinary one for now
+    if run:
+        direction = 1.0 if run > 0 else -1.0
+        rho = min(max(rho, 0.0), 0.9)
+        push = direction * (z - rho * last_z) / math.sqrt(1.0 - rho * rho)
+        if push > RUN_PUSH:
+            return share, run + direction
+        if abs(run) <= TAIL_RUN:
+            share += abs(run) * rate  # a short run, now over: the tails after all
+        run = 0.0
     if abs(z) > TAIL_Z:
-        return share, run + 1.0
-    if 0 < run <= TAIL_RUN:
-        share += run * rate  # the short run that just ended: tails after all
+        return share, 1.0 if z > 0 else -1.0
     return share, 0.0
 
 
 def pair_surprise(z: float, last_z: float, rho: float, nu: float) -> float:
     """``-log10 P(both >= m)`` for two consecutive residuals whose smaller one is ``m``, with
     lag-one correlation ``rho``: the first at least ``m``, then the second given the first
-    (its conditional mean ``rho * m``, its sd ``sqrt(1 - rho^2)``), and no more than what
-    the first leaves unexplained.
+    (its conditional mean ``rho`` times the first's expected size beyond ``m``, its sd
+    ``sqrt(1 - rho^2)``), and no more than what the first leaves unexplained.
 
     Meant for moderate shifts, neither window remarkable alone: a previous window that was
     (``last_z`` beyond ``PAIR_PREVIOUS_MAX`` in surprise) has spoken for itself, and the
@@ -160,8 +207,11 @@ def pair_surprise(z: float, last_z: float, rho: float, nu: float) -> float:
     if m <= 0.0 or student_surprise(last_z, nu) >= PAIR_PREVIOUS_MAX:
         return 0.0
     rho = min(max(rho, 0.0), 0.9)
-    # This window given the previous one: no higher than its innovation (what the previous
-    # one does not explain: the echo of a high one explains most of a high one after it).
-    innovation = (z - rho * last_z) / math.sqrt(1.0 - rho * rho)
-    given = min(m * math.sqrt((1.0 - rho) / (1.0 + rho)), innovation)
+    sd = math.sqrt(1.0 - rho * rho)
+    # This window given that the previous one was at least m: with heavy tails the previous
+    # one was likely well beyond m (on average m nu / (nu - 1) for a power-law tail), and its
+    # echo, rho times that, explains part of this one. No higher than its own innovation.
+    beyond = nu / (nu - 1.0) if nu < 200.0 else 1.0
+    innovation = (z - rho * last_z) / sd
+    given = min(m * (1.0 - rho * beyond) / sd, innovation)
     return student_surprise(m, nu) + max(student_surprise(given, nu), 0.0)
