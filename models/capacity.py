@@ -63,7 +63,7 @@ _RING = 2 * ARRIVAL_LAGS  # arrivals (requests, prompt tokens) per window, lates
 
 
 class Capacity(CompactState):
-    """A segment's view of its model's arrivals and capacity (``17`` doubles).
+    """A segment's view of its model's arrivals and capacity (``18`` doubles).
 
     Parameters
     ----------
@@ -85,7 +85,7 @@ class Capacity(CompactState):
     """
 
     __slots__ = ()
-    STATE_SIZE = 1 + _RING + 2 + 1 + 1 + 2 + 2
+    STATE_SIZE = 1 + _RING + 2 + 1 + 1 + 2 + 2 + 1
     ring_end = number(0)  # end of the latest window in the ring (-1e18: empty)
     capacity_requests_per_s = number(1 + _RING)
     capacity_prompt_tokens_per_s = number(2 + _RING)
@@ -95,6 +95,7 @@ class Capacity(CompactState):
     usual_arrival_tokens_per_s = number(6 + _RING)
     served_requests_per_s = number(7 + _RING)  # served, smoothed over a few windows
     served_prompt_tokens_per_s = number(8 + _RING)
+    most_running = number(9 + _RING)  # the most slots the model's engines kept busy in a window
 
     def __init__(
         self,
@@ -109,7 +110,7 @@ class Capacity(CompactState):
             float(halflife), float(busy_share), float(held_share), int(warm_windows), float(surge_ratio),
             float(usual_halflife),
         )  # fmt: skip
-        self._own([-1e18, *[0.0] * _RING, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+        self._own([-1e18, *[0.0] * _RING, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
 
     def _ring(self) -> list[float]:
         return self._buf[self._at + 1 : self._at + 1 + _RING].tolist()
@@ -118,8 +119,9 @@ class Capacity(CompactState):
         """Add ``window``'s arrivals to the ring and write demand and capacity into ``load``:
         ``model_arrivals_per_s`` and ``model_arrival_prompt_tokens_per_s`` (the highest of the
         ring's windows; the served figures when the window says nothing of arrivals),
-        ``capacity_requests_per_s``, ``capacity_prompt_tokens_per_s``, ``demand_vs_usual``
-        (arrivals), ``served_vs_capacity`` and ``saturated`` (1.0 or 0.0)."""
+        ``capacity_requests_per_s``, ``capacity_prompt_tokens_per_s``, ``arrivals_vs_usual``
+        (arrivals), ``served_vs_capacity``, ``running_vs_most`` (slots kept busy against the
+        most ever) and ``saturated`` (1.0 or 0.0)."""
         ring = self._ring()
         length = float(window.length)
         shift = round((window.end - self.ring_end) / length) if self.ring_end > -1e17 else ARRIVAL_LAGS
@@ -153,7 +155,9 @@ class Capacity(CompactState):
         usual = (self.usual_arrivals_per_s, self.usual_arrival_tokens_per_s)
         surge = _ratio((requests, tokens), usual) if known else 0.0
         busy = _ratio(served, capacity) if known else 0.0
-        load["demand_vs_usual"], load["served_vs_capacity"] = round(surge, 4), round(busy, 4)
+        load["arrivals_vs_usual"], load["served_vs_capacity"] = round(surge, 4), round(busy, 4)
+        most = self.most_running
+        load["running_vs_most"] = round(load.get("model_running", 0.0) / most, 4) if known and most > 0 else 0.0
         if not known or busy < held_share:
             self.saturated = 0.0  # the engines serve less than they can: not load (any more)
         elif busy >= busy_share and surge >= surge_ratio:
@@ -171,6 +175,7 @@ class Capacity(CompactState):
         self.capacity_prompt_tokens_per_s = max(
             self.capacity_prompt_tokens_per_s * decay, self.served_prompt_tokens_per_s
         )
+        self.most_running = max(self.most_running * decay, load.get("model_running", 0.0))
         if not self.saturated:  # a surge is not the usual demand
             alpha = max(1.0 - 0.5 ** (1.0 / self._params[5]), 1.0 / (self.windows + 1))
             arrivals = [load.get(name, 0.0) for name in ARRIVAL_FIGURES]

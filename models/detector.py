@@ -26,9 +26,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from models.baseline import Baseline
 from models.capacity import Capacity
 from models.faulty_requests import FAULT_SIGNALS, SLOWNESS
-from models.hints import Baseline, latency_hints, signal_hints
+from models.hints import fallback_hint, latency_hints, signal_hints
 from models.lifecycle import Transition, fingerprint
 from models.rates import BetaBinomialRate
 from models.signal_detector import DetectorConfig, SignalDetector, Verdict
@@ -285,6 +286,10 @@ class SegmentDetectors:
             if not anomalous:
                 return None
             detector.tracker = config.tracker()
+        elif anomalous and detector.tracker.reopens(paging=verdict.pages) is False:
+            # Back soon after resolving, but the other kind (a page after load's info event, or
+            # the reverse): a new incident, not the old one reopened under its fingerprint.
+            detector.tracker = config.tracker()
         tracker = detector.tracker
         severity = (
             Severity.CRITICAL
@@ -324,11 +329,14 @@ class SegmentDetectors:
                 summary = f"Resolved: {who} is back to {observed} against {expected} expected."
         else:
             if spec.kind == "latency":
-                hints = latency_hints(load, usual, explained_by_load=explained)
+                hints = latency_hints(load, usual, explained_by_load=explained, signal=spec.signal,
+                                      cause=verdict.cause)  # fmt: skip
             if not explained:  # explained by load: the load is the cause, not the signal's own fault
                 known = {hint.code for hint in hints}  # the load-side reading of a cause ranks first
                 hints += [h for h in signal_hints(spec.signal, window, reading.value, verdict.expected)
                           if h.code not in known]  # fmt: skip
+            if not hints and spec.kind == "latency":
+                hints.append(fallback_hint(spec.what))  # every event names a likely cause
             learned = detector.model.n_learned
             if learned < config.young_windows and not explained:
                 hints.append(

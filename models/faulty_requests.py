@@ -19,7 +19,7 @@ from typing import Any
 
 from models.batch import normalise_reason
 from models.rows import field_getter
-from models.signal_columns import leaked
+from models.signal_columns import MIN_PREFILL_TOKENS, leaked
 from schemas.anomaly import Signal
 
 
@@ -31,9 +31,20 @@ def _per_output_token(get: Any) -> float | None:
     return decode / max(tokens - 1, 1) if decode is not None and tokens else None
 
 
+def _prefill_per_1k(get: Any) -> float | None:
+    prompt, cached = get("prompt_tokens"), get("cached_tokens") or 0
+    seconds = get("prefill_s")
+    if seconds is None and get("ttft_s") is not None:
+        seconds = get("ttft_s") - (get("queue_s") or 0.0)
+    if seconds is None or prompt is None:
+        return None
+    return seconds / (max(prompt - cached, MIN_PREFILL_TOKENS) / 1000.0)
+
+
 SLOWNESS: dict[Signal, Any] = {
     Signal.QUEUE_TIME: lambda get: get("queue_s"),
     Signal.PREFILL_TIME: lambda get: get("prefill_s"),
+    Signal.PREFILL_PER_TOKEN: _prefill_per_1k,
     Signal.E2E: lambda get: get("e2e_s"),
     Signal.ITL: _per_output_token,
     Signal.THROUGHPUT: _per_output_token,  # tokens/s per request falls as this rises

@@ -8,9 +8,9 @@ moved, so the first hint is the best guess. Codes are a documented, stable set.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from models.compact import CompactState, count, number
+from models.baseline import Baseline
 from models.window import WindowStats
 from schemas.anomaly import AnomalyEvent, Hint, Signal
 
@@ -32,100 +32,11 @@ HINT_CODES: dict[str, str] = {
     "error_burst": "requests fail (error, abort or HTTP 5xx)",
     "new_segment": "the segment's baseline is young: a new workload, judged against its model's usual",
     "level_shift": "a lasting change was adopted as the new normal",
+    "capacity_saturated": "arrivals far above usual while the engines serve flat out: the queue is load, not a fault",
+    "capacity_lost": "the engines serve well below the capacity they have shown while requests queue",
+    "latency_drift": "latency crept up over hours at the same demand (the level left its slow anchor)",
+    "latency_rise": "latency rose while demand, mix, cache, prefill per token and queue stayed usual",
 }
-
-
-class Baseline(CompactState):
-    """Exponentially weighted figures of a segment's normal windows (cheap, O(1)).
-
-    Seven doubles, alone or in the segment's buffer (``models.compact``); ``halflife`` is
-    its only constructor argument. ``last_window_start`` is where the latest normal window
-    began: a firing event's baseline sample is read from there (``pipeline.evidence``).
-
-    >>> usual = Baseline()
-    >>> usual.learn({"requests_per_s": 2.0, "uncached_prompt_tokens_per_s": 500.0, "cache_hit_rate": 0.8,
-    ...              "prompt_tokens_per_s": 2500.0, "output_tokens_per_s": 400.0}, window_start=60.0)
-    >>> usual.requests_per_s, usual.uncached_tokens_per_request, usual.prompt_tokens_per_request, usual.windows
-    (2.0, 250.0, 1250.0, 1)
-    >>> usual.last_window_start
-    60.0
-    """
-
-    __slots__ = ()
-    STATE_SIZE = 7
-    FIGURES = (
-        "cache_hit_rate", "uncached_tokens_per_request", "requests_per_s",
-        "prompt_tokens_per_request", "output_tokens_per_request", "last_window_start",
-    )  # fmt: skip
-    cache_hit_rate = number(0)
-    uncached_tokens_per_request = number(1)
-    requests_per_s = number(2)
-    windows = count(3)
-    prompt_tokens_per_request = number(4)
-    output_tokens_per_request = number(5)
-    last_window_start = number(6)  # not averaged: the latest
-
-    def __init__(
-        self,
-        halflife: float = 30.0,
-        cache_hit_rate: float = math.nan,
-        uncached_tokens_per_request: float = math.nan,
-        requests_per_s: float = math.nan,
-        windows: int = 0,
-        prompt_tokens_per_request: float = math.nan,
-        output_tokens_per_request: float = math.nan,
-        last_window_start: float = math.nan,
-    ) -> None:
-        self._params = float(halflife)
-        self._own(
-            [
-                cache_hit_rate, uncached_tokens_per_request, requests_per_s, float(windows),
-                prompt_tokens_per_request, output_tokens_per_request, last_window_start,
-            ]
-        )  # fmt: skip
-
-    @property
-    def halflife(self) -> float:
-        return float(self._params)
-
-    def state(self) -> dict[str, float | None]:
-        """Strict JSON: NaN (not seen yet) as null."""
-        figures = {name: getattr(self, name) for name in self.FIGURES}
-        return {
-            "halflife": self.halflife,
-            **{name: None if math.isnan(value) else value for name, value in figures.items()},
-            "windows": self.windows,
-        }
-
-    def load_state(self, state: dict[str, float | None]) -> None:
-        """Figures a state lacks (stored before they existed) start unknown."""
-        figures = {name: math.nan if (value := state.get(name)) is None else float(value) for name in self.FIGURES}
-        self._set_numbers(0, [figures[name] for name in self.FIGURES[:3]])
-        self._set_numbers(3, [float(int(state.get("windows") or 0))])
-        self._set_numbers(4, [figures[name] for name in self.FIGURES[3:]])
-
-    def learn(self, load: dict[str, float], window_start: float = math.nan) -> None:
-        alpha = max(1.0 - 0.5 ** (1.0 / self.halflife), 1.0 / (self.windows + 1))
-        rate = load["requests_per_s"]
-
-        def per_request(name: str) -> float:
-            return load.get(name, math.nan) / rate if rate > 0 else math.nan
-
-        figures = {
-            "cache_hit_rate": load.get("cache_hit_rate", math.nan),
-            "uncached_tokens_per_request": per_request("uncached_prompt_tokens_per_s"),
-            "requests_per_s": rate,
-            "prompt_tokens_per_request": per_request("prompt_tokens_per_s"),
-            "output_tokens_per_request": per_request("output_tokens_per_s"),
-        }
-        for name, value in figures.items():
-            if math.isnan(value):
-                continue
-            old = getattr(self, name)
-            setattr(self, name, value if math.isnan(old) else old + alpha * (value - old))
-        self.windows += 1
-        if not math.isnan(window_start):
-            self.last_window_start = window_start
 
 
 #: Tokens per request (prompt or output) this many times the usual: the mix moved.
@@ -138,47 +49,52 @@ def _ratio(now: float, usual: float) -> float:
     return now / usual
 
 
-def latency_hints(load: dict[str, float], usual: Baseline, *, explained_by_load: bool) -> list[Hint]:
-    """Hints for a latency (TTFT) anomaly, best first.
+#: Signals whose time includes prefill: only for these can the prefix cache be the cause.
+PREFILL_SIGNALS = frozenset({Signal.TTFT, Signal.PREFILL_TIME, Signal.E2E, Signal.PREFILL_PER_TOKEN})
+#: Signals whose time includes waiting for a slot.
+QUEUE_SIGNALS = frozenset({Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E})
+#: Served throughput below this share of capacity while requests queue: capacity was lost.
+CAPACITY_LOST_SHARE = 0.75
+#: Queue time (or prefill time per token) this many times the usual is a cause worth naming.
+QUEUE_RATIO = 3.0
+PREFILL_SLOWER_RATIO = 1.5
+
+
+def latency_hints(
+    load: dict[str, float],
+    usual: Baseline,
+    *,
+    explained_by_load: bool,
+    signal: Signal = Signal.TTFT,
+    cause: str | None = None,
+) -> list[Hint]:
+    """Hints for a latency anomaly of ``signal``, best first; ``cause`` is the verdict's
+    (``"saturated"``, ``"drift"``; see ``SignalDetector.judge``).
 
     Longer prompts mean more uncached tokens too: prefill work that grew *per prompt token*
     points at the cache (``prefill_bound``), prefill work that grew with the prompts at the
-    mix of requests (``traffic_shift``).
+    mix of requests (``traffic_shift``). The cache and prefill are named only for signals
+    whose time includes prefill; queueing and lost capacity only for those that include
+    the queue.
     """
     ranked: list[tuple[float, Hint]] = []
 
     def rank(score: float, code: str, message: str) -> None:
         ranked.append((score, Hint(code=code, message=message)))
 
-    hit_now = load.get("cache_hit_rate", math.nan)
     requests_per_s = load.get("requests_per_s", 0.0)
 
     def per_request(name: str) -> float:
         return load.get(name, math.nan) / requests_per_s if requests_per_s > 0 else math.nan
 
-    uncached_now = per_request("uncached_prompt_tokens_per_s")
-    uncached_ratio = _ratio(uncached_now, usual.uncached_tokens_per_request)
     prompt_now, output_now = per_request("prompt_tokens_per_s"), per_request("output_tokens_per_s")
     prompt_ratio = _ratio(prompt_now, usual.prompt_tokens_per_request)
     output_ratio = _ratio(output_now, usual.output_tokens_per_request)
     traffic_ratio = _ratio(requests_per_s, usual.requests_per_s)
-
-    if not math.isnan(hit_now) and usual.cache_hit_rate >= 0.2 and hit_now < usual.cache_hit_rate / 2:
-        rank(
-            10.0 + (usual.cache_hit_rate - hit_now) * 10,
-            "prefix_cache_ineffective",
-            f"prefix-cache hit rate fell to {hit_now:.0%} from a usual {usual.cache_hit_rate:.0%}; "
-            "check that prefix caching is enabled (enable_prefix_caching) on the serving instances",
-        )
-    # The rise in uncached tokens that longer prompts do not account for.
-    beyond_prompts = uncached_ratio / max(prompt_ratio, 1.0) if not math.isnan(prompt_ratio) else uncached_ratio
-    if not math.isnan(beyond_prompts) and beyond_prompts >= 2.0:
-        rank(
-            5.0 + math.log(beyond_prompts),
-            "prefill_bound",
-            f"uncached prompt tokens per request rose {uncached_ratio:.1f}x "
-            f"({uncached_now:,.0f} vs {usual.uncached_tokens_per_request:,.0f}): prefill work grew",
-        )
+    if cause == "saturated" or (explained_by_load and load.get("saturated", 0.0) > 0 and signal in QUEUE_SIGNALS):
+        rank(9.0, "capacity_saturated", _saturated(load))
+    if signal in PREFILL_SIGNALS:
+        _prefill_hints(load, usual, prompt_ratio, per_request("uncached_prompt_tokens_per_s"), rank)
     longer = [
         (ratio, what, now, before)
         for ratio, what, now, before in (
@@ -196,7 +112,17 @@ def latency_hints(load: dict[str, float], usual: Baseline, *, explained_by_load:
             f"the request mix moved to longer {what}: {now:,.0f} tokens per request against "
             f"{before:,.0f} usual ({ratio:.1f}x) at {rate} the usual requests/s",
         )
-    if explained_by_load and not math.isnan(traffic_ratio):
+    if signal in QUEUE_SIGNALS and not explained_by_load:  # a queue that load explains is no fault
+        _queue_hints(load, usual, rank)
+    if cause == "drift":
+        rank(
+            3.5,
+            "latency_drift",
+            "latency has crept up over the last hours at the same demand, a little every window: "
+            "look for what accumulates (memory fragmentation, a growing KV-cache offload tier, "
+            "a leak in the serving process, thermal throttling)",
+        )
+    if explained_by_load and not ranked and not math.isnan(traffic_ratio):
         rank(
             4.0 + abs(math.log(max(traffic_ratio, 1e-9))),
             "queueing",
@@ -207,8 +133,96 @@ def latency_hints(load: dict[str, float], usual: Baseline, *, explained_by_load:
     return [hint for _, hint in ranked]
 
 
+def _saturated(load: dict[str, float]) -> str:
+    served, capacity = load.get("model_requests_per_s", math.nan), load.get("capacity_requests_per_s", math.nan)
+    surge = load.get("arrivals_vs_usual", math.nan)
+    return (
+        f"requests arrive at {surge:.1f}x their usual rate while the model's engines serve "
+        f"{served:.1f} req/s, as much as they have ever served ({capacity:.1f}): requests queue for "
+        "a slot; capacity, not a fault (add engines or raise max_num_seqs if memory allows)"
+    )
+
+
+def _prefill_hints(
+    load: dict[str, float], usual: Baseline, prompt_ratio: float, uncached_now: float, rank: Callable[..., None]
+) -> None:
+    hit_now = load.get("cache_hit_rate", math.nan)
+    if not math.isnan(hit_now) and usual.cache_hit_rate >= 0.2 and hit_now < usual.cache_hit_rate / 2:
+        rank(
+            10.0 + (usual.cache_hit_rate - hit_now) * 10,
+            "prefix_cache_ineffective",
+            f"prefix-cache hit rate fell to {hit_now:.0%} from a usual {usual.cache_hit_rate:.0%}; "
+            "check that prefix caching is enabled (enable_prefix_caching) on the serving instances",
+        )
+    uncached_ratio = _ratio(uncached_now, usual.uncached_tokens_per_request)
+    # The rise in uncached tokens that longer prompts do not account for.
+    beyond_prompts = uncached_ratio / max(prompt_ratio, 1.0) if not math.isnan(prompt_ratio) else uncached_ratio
+    if not math.isnan(beyond_prompts) and beyond_prompts >= 2.0:
+        rank(
+            5.0 + math.log(beyond_prompts),
+            "prefill_bound",
+            f"uncached prompt tokens per request rose {uncached_ratio:.1f}x "
+            f"({uncached_now:,.0f} vs {usual.uncached_tokens_per_request:,.0f}): prefill work grew",
+        )
+        return
+    per_1k, usual_per_1k = Baseline.prefill_per_1k(load), usual.prefill_s_per_1k_tokens
+    slower = _ratio(per_1k, usual_per_1k)
+    if not math.isnan(slower) and slower >= PREFILL_SLOWER_RATIO:
+        rank(
+            6.0 + math.log(slower),
+            "prefill_bound",
+            f"prefill takes {per_1k:.2f} s per 1,000 uncached prompt tokens against {usual_per_1k:.2f} s "
+            f"usually ({slower:.1f}x slower per token, at the same cache hit rate): slower prefill kernels, "
+            "chunked-prefill settings, or long prompts on a busier GPU",
+        )
+
+
+def _queue_hints(load: dict[str, float], usual: Baseline, rank: Callable[..., None]) -> None:
+    served, capacity = load.get("model_requests_per_s", math.nan), load.get("capacity_requests_per_s", math.nan)
+    share = load.get("served_vs_capacity", math.nan)
+    queue_now, queue_usual = load.get("queue_s", math.nan), usual.queue_s
+    queue_ratio = _ratio(queue_now, queue_usual)
+    queued = not math.isnan(queue_ratio) and queue_ratio >= QUEUE_RATIO
+    demand = load.get("arrivals_vs_usual", math.nan)
+    if not math.isnan(share) and share < CAPACITY_LOST_SHARE and (queued or math.isnan(queue_ratio)):
+        at_demand = f" at {demand:.1f}x the usual arrivals" if not math.isnan(demand) and demand > 0 else ""
+        rank(
+            7.5 + (1.0 - share) * 5,
+            "capacity_lost",
+            f"the model's engines serve {served:.1f} req/s against {capacity:.1f} they have served{at_demand}, "
+            "and requests queue: capacity was lost (an engine down or restarted, fewer slots or less KV-cache "
+            "memory, slower kernels)",
+        )
+    if queued:
+        rank(
+            7.0 + math.log(queue_ratio),
+            "queue_building",
+            f"requests wait {queue_now:.2f} s for a slot against {queue_usual:.2f} s usually "
+            f"({queue_ratio:.0f}x): the engines are short of batch slots or KV blocks for this demand",
+        )
+
+
+def fallback_hint(what: str) -> Hint:
+    """The hint a latency event names when nothing it measures points at a cause: demand,
+    the request mix, the cache, prefill per token and the queue are all as usual."""
+    return Hint(
+        code="latency_rise",
+        message=f"{what} rose with demand, request mix, prefix cache and queue as usual: look at the serving "
+        "instances themselves (GPU health, a noisy neighbour, a recent deploy or config change)",
+    )
+
+
 def signal_hints(signal: Signal, window: WindowStats, observed: float, expected: float) -> list[Hint]:
     """The likely cause that goes with each non-latency signal (issue #5 refines these)."""
+    if signal is Signal.PREFILL_PER_TOKEN:
+        return [
+            Hint(
+                code="prefill_bound",
+                message=f"prefill takes {observed / expected:.1f}x its expected time per uncached prompt token: "
+                "slower prefill for some or all prompts (long prompts on a busier GPU, chunked-prefill or "
+                "attention-kernel settings, a slower engine version)",
+            )
+        ]
     if signal is Signal.PREFILL_TIME:
         return [
             Hint(

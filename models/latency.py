@@ -139,6 +139,7 @@ class Judgement(NamedTuple):
     conditioned: float  # surprise at this demand: max of the window's and the drift's
     level: float  # surprise against the load-blind level
     drifting: bool  # the drift, not the window alone, is what surprises
+    usual_demand: bool = True  # about the usual demand, engines not saturated: load explains nothing
 
 
 def _dot(a: Sequence[float], b: Sequence[float]) -> float:
@@ -181,7 +182,8 @@ _NOISE, _NOISE_W, _LEVEL, _LEVEL_VAR = 14, 15, 16, 17  # noise variance and weig
 # Tails: share of residuals beyond 3 sds, the run of such windows, the last window's residual
 # (sds) and the lag-one correlation of residuals; then the slow anchor and the level's usual
 # distance from it; then the floors.
-_TAIL, _RUN, _LAST_Z, _RHO, _ANCHOR, _DRIFT_VAR, _FLOOR = 18, 19, 20, 21, 22, 23, 24
+_TAIL, _RUN, _LAST_Z, _RHO, _ANCHOR, _DRIFT_VAR = 18, 19, 20, 21, 22, 23
+_WITHIN, _FLOOR = 24, 25  # usual variance of log latency within a window; the floors
 _STATE_SIZE = _FLOOR + _BANDS  # the windows learned follow
 
 
@@ -317,6 +319,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
                 0.0, noise_sd**2,  # load-blind level: EW mean and variance of log latency
                 PRIOR_TAIL_SHARE, 0.0, 0.0, 0.0,  # tails: share beyond 3 sds, run, last residual, correlation
                 0.0, drift_sd**2,  # slow anchor of the level, and how far the level strays from it
+                0.0,  # usual variance of log latency among a window's requests, as a log (0: not seen yet)
                 *[_NO_FLOOR] * _BANDS,  # lowest (sign-adjusted) log value per demand band
                 0.0,  # windows learned
             ],
@@ -372,7 +375,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         state = self.numbers
         reference, weights, cov = state[_REF:_W], state[_W:_COV], state[_COV:_NOISE]
         noise_var, noise_weight, level_mean, level_var = state[_NOISE:_TAIL]
-        tail_share, run, last_z, rho, anchor, drift_var = state[_TAIL:_FLOOR]
+        tail_share, run, last_z, rho, anchor, drift_var, within = state[_TAIL:_FLOOR]
         floors = state[_FLOOR:_STATE_SIZE]
         n = self.n_learned
         p = self._params
@@ -390,7 +393,10 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         if n == 0:
             weights[0] = level_mean = log_y
         phi = (1.0, 0.0, 0.0) if grace else self._phi(x)
-        sampling_var = float(x.get("sampling_var", 0.0))
+        sampling_var = self._sampling_var(x, within)
+        if "within_var" in x:  # as a mean of logs: one window of a burst's spread does not set it
+            log_within = math.log(max(float(x["within_var"]), 1e-4))
+            within += (log_within - within) * max(1.0 - self._decay, 1.0 / (n + 1)) if n else log_within - within
         # Predict step: the level may drift a little each window.
         cov[0] += p.level_drift_sd**2
         residual = log_y - _dot(phi, weights)
@@ -400,7 +406,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         sd = math.sqrt(total_var)
         z = residual / sd
         decay = self._decay
-        if n >= TAIL_AFTER:
+        if n >= TAIL_AFTER and self._ordinary(x, phi[1]):
             tail_share, run = tail_step(tail_share, run, z, last_z, rho, n)
             # Lag-one correlation of ordinary residuals (each clipped: a wild one says little).
             clip = max(-3.0, min(3.0, z)) * max(-3.0, min(3.0, last_z))
@@ -409,7 +415,11 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         # and the noise as far as a residual ``huber`` times the noise itself (not counting
         # what the model is unsure of: an unsettled level is not noise).
         clipped = max(-p.huber * sd, min(p.huber * sd, residual))
-        if not grace:
+        # The noise is learned where it is judged most: at about the usual demand. A surge's
+        # windows teach the slopes; their residuals, which an imperfect slope leaves, are not
+        # the segment's noise, and would widen its judgement at the usual demand.
+        usual_demand = self._ordinary(x, phi[1])
+        if not grace and usual_demand:
             bound = p.huber**2 * (max(noise_var, p.min_noise_sd**2) + sampling_var)
             # Clipping shrinks residuals' mean square, the more so the heavier their tails:
             # divide by how much, for the tails the segment has shown, to estimate the variance.
@@ -424,11 +434,13 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         gain = [c / total_var for c in cov_phi]
         weights = self._project([w + g * clipped for w, g in zip(weights, gain, strict=True)], phi)
         cov = [cov[3 * i + j] - gain[i] * cov_phi[j] for i in range(3) for j in range(3)]
-        # Load-blind level, for "is latency above its usual value at all?".
-        alpha = max(1.0 - decay, 1.0 / (n + 1))
-        delta = log_y - level_mean
-        level_mean += alpha * delta
-        level_var = (1.0 - alpha) * (level_var + alpha * delta * delta)
+        # Load-blind level, for "is latency above its usual value at all?": learned at about
+        # the usual demand only, so that a surge does not become what is usual.
+        if usual_demand or grace:
+            alpha = max(1.0 - decay, 1.0 / (n + 1))
+            delta = log_y - level_mean
+            level_mean += alpha * delta
+            level_var = (1.0 - alpha) * (level_var + alpha * delta * delta)
         # The slow anchor starts once the level has settled; the level's usual distance from
         # it is learned from ordinary windows only (a drift in progress must not widen it).
         if n + 1 == p.grace_windows:
@@ -444,7 +456,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         self._set_numbers(
             _W,
             [*weights, *cov, noise_var, noise_weight, level_mean, level_var, tail_share, run, z, rho, anchor,
-             drift_var, *floors, float(n + 1)],
+             drift_var, within, *floors, float(n + 1)],
         )  # fmt: skip
 
     def note_unlearned(self, x: dict[Hashable, Any], y: float, *, tails: bool = True) -> None:
@@ -457,7 +469,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         prediction = self.predict_one(x)
         z = (math.log(y) - prediction.mean) / prediction.sd
         share, run, last_z, rho = self.numbers[_TAIL:_ANCHOR]
-        if tails and self.n_learned >= TAIL_AFTER:
+        if tails and self.n_learned >= TAIL_AFTER and self._ordinary(x, self.demand_index(x)):
             share, run = tail_step(share, run, z, last_z, rho, self.n_learned)
         self._set_numbers(_TAIL, [share, run, z])
 
@@ -465,8 +477,8 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         phi = self._phi(x)
         state = self.numbers
         noise_var, _, level_mean, level_var = state[_NOISE:_TAIL]
-        tail_share, _, _, _, anchor, drift_var = state[_TAIL:_FLOOR]
-        sampling_var = float(x.get("sampling_var", 0.0))
+        tail_share, _, _, _, anchor, drift_var, within = state[_TAIL:_FLOOR]
+        sampling_var = self._sampling_var(x, within)
         floor = self.min_noise_sd**2
         sd = math.sqrt(max(noise_var, floor) + sampling_var + _dot(phi, _matvec(state[_COV:_NOISE], phi)))
         level_sd = math.sqrt(max(level_var, floor) + sampling_var)
@@ -474,6 +486,26 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         mean = sign * max(sign * _dot(phi, state[_W:_COV]), self._floor(state, phi[1]))
         nu = degrees_of_freedom(round(tail_bound(tail_share, self.n_learned), 4))
         return Prediction(mean, sd, level_mean, level_sd, nu, state[_W] - anchor, math.sqrt(drift_var + floor))
+
+    def _ordinary(self, x: dict[Hashable, Any], d: float) -> bool:
+        """Whether a window's residual says something of the segment's noise: at about the
+        usual demand, engines not saturated. Elsewhere it says more about the slopes, or the
+        queue, than about how wild the segment's windows are."""
+        return abs(d) < math.log(self.surge_ratio) and not x.get("saturated", 0.0)
+
+    @staticmethod
+    def _sampling_var(x: dict[Hashable, Any], within: float) -> float:
+        """The variance the observation owes to its finite sample: ``sampling_var`` as given,
+        or, where ``x`` gives ``n`` requests and their ``within_var`` (variance of log
+        latency), the segment's usual within-window variance (a geometric mean over windows)
+        over ``n``: a score test against the spread of normal windows. Meant for a figure
+        whose spread within a window is narrow (prefill per token): a fault that slows a
+        subset of requests widens that spread as it lifts the mean, and judged by its own
+        spread it would hide itself."""
+        if "within_var" not in x:
+            return float(x.get("sampling_var", 0.0))
+        spread = math.exp(within) if within != 0.0 else float(x["within_var"])
+        return max(spread, 0.01) / max(float(x["n"]), 1.0)
 
     @property
     def warm(self) -> bool:
@@ -493,7 +525,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         prediction: what a detector asks of every window."""
         prediction = self.predict_one(x)
         if not self.warm or not (y > 0 and math.isfinite(y)):
-            return Judgement(prediction, 0.0, 0.0, False)
+            return Judgement(prediction, 0.0, 0.0, False, self._ordinary(x, self.demand_index(x)))
         state = self.numbers
         last_z, rho = state[_LAST_Z], state[_RHO]
         log_y, sign, nu = math.log(y), self._sign, prediction.nu
@@ -507,8 +539,16 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
             # window at the drifted level is surprising against the anchor, not the level.
             drift = upper_tail_surprise(sign * prediction.drift / prediction.drift_sd)
             drift = min(drift, student_surprise(z + sign * prediction.drift / prediction.sd, nu))
-        level = student_surprise(sign * (log_y - prediction.level) / prediction.level_sd, nu)
-        return Judgement(prediction, max(window, drift, 0.0), level, drift > window)
+        level_z = sign * (log_y - prediction.level) / prediction.level_sd
+        usual_demand = self._ordinary(x, self.demand_index(x))
+        if usual_demand:
+            # At the usual demand, the usual level is as good a prediction as the regression's,
+            # and sharper where a past surge left the slopes unsure: a rise against it pages.
+            window = max(window, student_surprise(level_z, nu) - _TWO_LOOKS)
+        # Against the usual level with Gaussian tails, this score only ever says "explained by
+        # load" (an info event), never pages, so it may be as quick to speak as the level is sure.
+        level = upper_tail_surprise(level_z)
+        return Judgement(prediction, max(window, drift, 0.0), level, drift > window, usual_demand)
 
     def borrow(self, other: LoadConditionedLatency) -> None:
         """Cold start: take a warm model's response to load (reference demand, slopes, noise,
@@ -562,13 +602,14 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
             "level": s[_LEVEL:_TAIL],
             "tails": s[_TAIL:_ANCHOR],
             "anchor": s[_ANCHOR : _DRIFT_VAR + 1],
+            "within": s[_WITHIN],
             "floor": [None if v <= _NO_FLOOR else v for v in s[_FLOOR:_STATE_SIZE]],
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
         values = [
             *state["reference"], *state["weights"], *(v for row in state["cov"] for v in row), *state["noise"],
-            *state["level"], *state["tails"], *state["anchor"],
+            *state["level"], *state["tails"], *state["anchor"], state["within"],
             *(_NO_FLOOR if v is None else v for v in state["floor"]),
         ]  # fmt: skip
         if len(values) != _STATE_SIZE:

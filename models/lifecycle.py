@@ -106,6 +106,14 @@ class IncidentTracker:
             return Transition.RESOLVED
         return None
 
+    def reopens(self, *, paging: bool) -> bool | None:
+        """Whether an anomalous window now would reopen the incident that resolved recently
+        (None: none did). Only the same kind reopens: a paging window does not reopen an
+        incident that load explained (severity ``info``), nor the reverse."""
+        if self.firing or self.since_resolved is None:
+            return None
+        return (self.severity != "info") == paging
+
     @property
     def idle(self) -> bool:
         """Nothing to remember: not firing, no anomalous window in view, no reopening possible."""

@@ -37,6 +37,7 @@ _OWN = (
     "requests",
     "prompt_tokens",
     "completion_tokens",
+    "running_s",
     *(f"arrived{what}_{lag}" for what in ("", "_tokens") for lag in range(ARRIVAL_LAGS)),
 )
 _OWN_COLUMNS = [COLUMN_OF[name] for name in _OWN]
@@ -190,6 +191,8 @@ def fold_batch(
     timestamps, e2e = batch.column("timestamp"), batch.column("e2e_s")
     window_ids = np.floor(timestamps / window_s).astype(np.int64)
     columns.update(_arrival_columns(window_ids, np.floor((timestamps - e2e) / window_s), prompt))
+    queue = batch.column("queue_s")
+    columns["running_s"] = e2e - np.where(np.isnan(queue), 0.0, queue)
     low, high = int(window_ids.min()), int(window_ids.max())
     touched = []
     for window_id in range(low, high + 1):

@@ -86,6 +86,23 @@ def leaked(content: str | None, markers: Sequence[str]) -> bool:
     return content is not None and any(marker in content for marker in markers)
 
 
+#: Uncached prompt tokens below this count as this many for prefill per token: a prompt
+#: served almost whole from the cache still pays a fixed cost to start.
+MIN_PREFILL_TOKENS = 256
+
+
+def prefill_per_1k_tokens(prefill: np.ndarray, queue: np.ndarray, ttft: np.ndarray, uncached: np.ndarray) -> np.ndarray:
+    """Seconds of prefill per 1,000 uncached prompt tokens, per request: logged prefill time,
+    else TTFT less queue time, else TTFT (NaN where none is known).
+
+    >>> prefill_per_1k_tokens(*map(np.array, ([0.5, np.nan, np.nan], [0.1, 0.2, np.nan], [0.6, 0.7, 0.4],
+    ...                                      [2000.0, 1000.0, 100.0]))).round(2).tolist()
+    [0.25, 0.5, 1.56]
+    """
+    seconds = np.where(np.isnan(prefill), np.where(np.isnan(queue), ttft, ttft - queue), prefill)
+    return seconds / (np.maximum(uncached, MIN_PREFILL_TOKENS) / 1000.0)
+
+
 def signal_columns(
     batch: RowBatch,
     completion: np.ndarray,
@@ -122,7 +139,8 @@ def signal_columns(
     with np.errstate(divide="ignore", invalid="ignore"):
         itl = decode / decode_tokens  # NaN or inf where there is no decode to speak of
     itl[decode_tokens <= 0] = np.nan
-    for phase, seconds in zip(PHASES, (queue, prefill, itl, batch.column("e2e_s")), strict=True):
+    per_1k = prefill_per_1k_tokens(prefill, queue, batch.column("ttft_s"), uncached)
+    for phase, seconds in zip(PHASES, (queue, prefill, itl, batch.column("e2e_s"), per_1k), strict=True):
         known = ~np.isnan(seconds)
         if not known.any():
             continue

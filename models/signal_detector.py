@@ -60,7 +60,10 @@ class Verdict:
 
 
 #: Signals a queue in front of the engines lengthens: saturation explains their rise.
-QUEUE_SENSITIVE = frozenset({Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E})
+#: (Prefill per token is TTFT less queue time where the logs do not split them.)
+#: Slots kept busy, as a share of the most ever: the engines are full (``SignalDetector._saturated``).
+MOMENTARY_BUSY = 0.8
+QUEUE_SENSITIVE = frozenset({Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E, Signal.PREFILL_PER_TOKEN})
 
 
 @dataclass(slots=True)
@@ -78,15 +81,21 @@ class SignalDetector:
     def judge(self, reading: Reading, config: DetectorConfig) -> Verdict:
         model, kind = self.model, self.spec.kind
         if kind == "latency":
-            prediction, conditioned, level, drifting = model.judge(reading.x, reading.value)
+            prediction, conditioned, level, drifting, usual_demand = model.judge(reading.x, reading.value)
             worse = (math.log(reading.value) - prediction.level) * (1 if model.tail == "upper" else -1) > 0
             surprising = conditioned >= config.threshold
-            if surprising and self.spec.signal in QUEUE_SENSITIVE and reading.x.get("saturated", 0.0) > 0:
+            if surprising and self.spec.signal in QUEUE_SENSITIVE and self._saturated(reading):
                 # Demand beyond anything the engines have kept up with: the queue is load.
                 return Verdict(max(conditioned, level), prediction.expected, False, True,
                                math.exp(prediction.level), "saturated", learnable=False)  # fmt: skip
             pages = surprising and (worse or drifting)
-            explained = not surprising and level >= config.threshold
+            # Above its usual level at all, but as expected at this demand: load. While the
+            # engines are saturated a rise that is merely unusual (1 in 100) is reported too:
+            # capacity is binding, and on-call should see it before it becomes a fault.
+            # At the usual demand, load explains nothing.
+            saturated = reading.x.get("saturated", 0.0) > 0 and self.spec.signal in QUEUE_SENSITIVE
+            bar = config.threshold / 2 if saturated else config.threshold
+            explained = not surprising and not usual_demand and level >= bar
             score = max(conditioned, level) if explained else conditioned
             expected = prediction.anchored if drifting and pages else prediction.expected
             # A window within a decade of paging is not learned either: a fault's first windows
@@ -103,6 +112,24 @@ class SignalDetector:
             if structural > score:  # judged against what sharing implies, not only history
                 score, expected = structural, floor
         return Verdict(score, expected, score >= config.threshold, False, model.expected)
+
+    def _saturated(self, reading: Reading) -> bool:
+        """Whether a queue-sensitive rise is the engines' capacity binding: saturation (a surge
+        beyond what they serve, ``models.capacity``), or a logged queue that makes up most of
+        the signal while the model's engines keep as many slots busy as they ever have. That
+        is a burst too short to lift a window's arrivals (seconds of them fill every slot).
+        A fault that slows service shows in its own signals (prefill per token, inter-token
+        latency), which still page; one that loses slots keeps fewer busy, and pages here."""
+        x = reading.x
+        if x.get("saturated", 0.0) > 0:
+            return True
+        flat_out = x.get("running_vs_most", 0.0) >= MOMENTARY_BUSY
+        queue = x.get("queue_s", math.nan)
+        # End-to-end time also grows with a full batch (every token decodes slower), queue or not.
+        queued = self.spec.signal in (Signal.QUEUE_TIME, Signal.E2E) or (
+            queue == queue and queue >= 0.5 * reading.value
+        )
+        return flat_out and queued
 
     def learn(self, reading: Reading) -> None:
         self.model.learn_one(reading.x, reading.bad if self.spec.kind == "rate" else reading.value)

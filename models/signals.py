@@ -73,16 +73,21 @@ def _ttft(window: WindowStats, load: dict[str, float], _: float) -> Reading | No
     return Reading(math.exp(mean_log), n, x)
 
 
-def _phase(name: str, floor_s: float) -> Callable[[WindowStats, dict[str, float], float], Reading | None]:
-    """Geometric mean of a phase; below ``floor_s`` differences are noise, not signal."""
+def _phase(
+    name: str, floor_s: float, usual_spread: bool = False
+) -> Callable[[WindowStats, dict[str, float], float], Reading | None]:
+    """Geometric mean of a phase; below ``floor_s`` differences are noise, not signal. With
+    ``usual_spread`` its sampling noise is judged from the segment's usual spread within a
+    window, not this window's (``LoadConditionedLatency._sampling_var``)."""
 
     def read(window: WindowStats, load: dict[str, float], _: float) -> Reading | None:
         phase = window.phase(name)
         if phase.n == 0:
             return None
-        # Sampling variance of a mean of logs, with a floor so a window of identical values
-        # does not claim certainty.
-        x: dict[Any, Any] = {**load, "sampling_var": max(phase.var_log, 0.01) / phase.n}
+        if usual_spread:
+            x: dict[Any, Any] = {**load, "n": phase.n, "within_var": phase.var_log}
+        else:  # a mean of logs' sampling variance, floored: identical values claim no certainty
+            x = {**load, "sampling_var": max(phase.var_log, 0.01) / phase.n}
         return Reading(max(phase.geometric_mean, floor_s), phase.n, x)
 
     return read
@@ -157,6 +162,10 @@ SPECS: tuple[SignalSpec, ...] = (
     SignalSpec(Signal.QUEUE_TIME, "latency", _phase("queue", 0.02),
                _latency(elasticity=0.5, surge_elasticity=3.0, elasticity_sd=1.5), what="queue time"),
     SignalSpec(Signal.PREFILL_TIME, "latency", _phase("prefill", 0.005), _latency(), what="prefill time"),
+    # Conditioned per request on prompt length: the per-token cost barely varies within a
+    # band, so a slowdown of a subset (the longest prompts) moves it where the time does not.
+    SignalSpec(Signal.PREFILL_PER_TOKEN, "latency", _phase("prefill_token", 0.001, usual_spread=True), _latency(),
+               what="prefill time per 1,000 uncached prompt tokens"),
     SignalSpec(
         Signal.ITL, "latency", _phase("itl", 0.001), _latency(DECODE_DEMAND, elasticity=0.1), what="inter-token latency"
     ),

@@ -86,7 +86,7 @@ class LogHistogram:
         >>> h.add(np.array([0.5, 0.5, 2.0, 2.0]))
         >>> n, mean, var = h.log_moments()
         >>> n, round(float(np.exp(mean)), 1), round(var, 2)
-        (4, 1.0, 0.48)
+        (4, 1.0, 0.42)
         """
         total = int(self.counts.sum())
         if total == 0:

@@ -31,7 +31,7 @@ TAIL_Z = 3.0
 #: Runs of windows beyond ``TAIL_Z`` at most this long count as tails; longer ones as a change.
 TAIL_RUN = 2
 #: Innovation (sds beyond the echo of the window before) that keeps a run going.
-RUN_PUSH = 1.5
+RUN_PUSH = 1.0
 #: Degrees of freedom a segment's tails start from; what that prior is worth, in windows;
 #: and how many windows the tail share remembers (about three hours of 10 s windows).
 PRIOR_NU = 12.0
@@ -112,8 +112,8 @@ def clipped_square_mean(c: float, nu: float) -> float:
     what clipping residuals at ``c`` sds leaves of their mean square. Dividing a clipped
     mean square by it estimates the variance again, consistently for tails that heavy.
 
-    >>> round(clipped_square_mean(2.0, 1000.0), 3), round(clipped_square_mean(3.0, 3.0), 2)
-    (0.92, 0.48)
+    >>> round(clipped_square_mean(2.0, 1000.0), 2), round(clipped_square_mean(3.0, 3.0), 2)
+    (0.92, 0.73)
     """
     if nu >= 200.0:
         density = math.exp(-0.5 * c * c) / math.sqrt(2.0 * math.pi)
@@ -143,7 +143,7 @@ def tail_bound(share: float, windows: int) -> float:
     its evidence is thin.
 
     >>> tail_bound(0.0065, 0) == 0.0065, round(tail_bound(0.0027, 5000), 4)
-    (True, 0.0043)
+    (True, 0.005)
     """
     seen = min(float(windows), TAIL_MEMORY - TAIL_PRIOR_WINDOWS)
     return share + TAIL_CAUTION * math.sqrt(share * seen) / (TAIL_PRIOR_WINDOWS + seen)

@@ -53,6 +53,10 @@ SUMS = (
     "content_reported", "reasoning_leaks", "empty_answers", "prefix_reported", "prefix_shared",
     "queue_n", "queue_log", "queue_log2", "prefill_n", "prefill_log", "prefill_log2",
     "itl_n", "itl_log", "itl_log2", "e2e_n", "e2e_log", "e2e_log2",
+    # prefill seconds per 1,000 uncached prompt tokens, per request (TTFT less queue time
+    # where prefill is not logged): prefill time with the prompt's length taken out, so a
+    # slowdown of the long prompts of a band shows wherever within the band they start
+    "prefill_token_n", "prefill_token_log", "prefill_token_log2",
     "decode_tokens", "decode_s", "prefill_tokens", "prefill_s",
     # the load of the segment's whole model in the window (every segment of a model shares
     # its engines), set by stage 1 when the window closes and summed over stage-1 workers
@@ -62,10 +66,13 @@ SUMS = (
     # are not counted. The model's too. Demand is what arrived, not what finished: a
     # slowing server finishes fewer requests, and must not lower its own expectation.
     *ARRIVAL_COLUMNS,
+    # seconds requests spent in service (end-to-end less queue time, where logged), and the
+    # model's: over the window's length, the slots its engines kept busy (Little's law)
+    "running_s", "model_running_s",
 )  # fmt: skip
 INTEGER_SUMS = frozenset(name for name in SUMS if not name.endswith(("_sum", "_log", "_log2", "_s")))
 #: Timed phases whose log moments a window keeps (``WindowStats.phase``).
-PHASES = ("queue", "prefill", "itl", "e2e")
+PHASES = ("queue", "prefill", "itl", "e2e", "prefill_token")
 #: Phase times are kept as ``log(max(t, LOG_FLOOR_S) / LOG_FLOOR_S)``: never negative (the
 #: wire format rejects negative sums), and 0.1 ms is far below any phase worth judging.
 LOG_FLOOR_S = 1e-4
@@ -319,6 +326,11 @@ class WindowStats:
         figures["model_output_tokens_per_s"] = model[2] * per_s
         if not math.isnan(hit := self.cache_hit_rate):
             figures["cache_hit_rate"] = hit
+        queue = self.phase("queue")
+        if queue.n:
+            figures["queue_s"] = queue.geometric_mean
+        running = self.model_running_s if self.model_requests > 0 else self.running_s
+        figures["model_running"] = running * per_s  # slots busy on average (Little's law)
         # Engine throughput per request: tokens per second of prefill and of decode.
         if (prefill_s := self.prefill_s) > 0:
             figures["prefill_tokens_per_s_per_request"] = self.prefill_tokens / prefill_s

@@ -21,6 +21,7 @@ class Signal(StrEnum):
     THROUGHPUT = "throughput"
     QUEUE_TIME = "queue_time"
     PREFILL_TIME = "prefill_time"
+    PREFILL_PER_TOKEN = "prefill_per_token"
     E2E = "e2e"
     LENGTH_TRUNCATION = "length_truncation"
     REASONING_LEAK = "reasoning_leak"

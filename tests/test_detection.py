@@ -5,6 +5,7 @@ Scenario: normal traffic, a 3x surge, recovery, prefix caching off at flat traff
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import orjson
@@ -37,8 +38,9 @@ def test_surge_is_explained_by_load_and_never_pages(demo_events: tuple[Workload,
     assert surge, "a 3x surge raises TTFT: it should be reported (as info)"
     assert all(e.explained_by_load and e.severity is Severity.INFO and not e.pages for e in surge)
     assert {Signal.TTFT, Signal.QUEUE_TIME} <= {e.signal for e in surge}
-    assert all(e.hints and e.hints[0].code == "queueing" for e in surge)
-    assert all(e.load["demand_vs_usual"] > 2 for e in surge if e.signal is Signal.TTFT)
+    # at its peak, the engines serve as much as they ever have: saturated, which is load too
+    assert all(e.hints and e.hints[0].code in ("queueing", "capacity_saturated") for e in surge)
+    assert all(e.load["demand_vs_usual"] > 1.5 for e in surge if e.signal is Signal.TTFT)  # 3x, as it arrives
 
 
 def test_cache_off_pages_ttft_with_the_right_hint(demo_events: tuple[Workload, list[AnomalyEvent]]) -> None:
@@ -79,8 +81,11 @@ def test_every_incident_resolves_or_is_still_firing_with_one_fingerprint(
     for chain in by_fp.values():
         assert len({e.signal for e in chain}) == 1 and len({tuple(e.segment.items()) for e in chain}) == 1
         assert chain[0].status is Status.FIRING
-        assert sum(e.status is Status.RESOLVED for e in chain) <= 1
-        assert all(e.status is Status.FIRING for e in chain[:-1])
+        # An incident back soon after resolving is reopened under its fingerprint (flap
+        # damping): a resolve is followed by nothing or by its firing again, of the same kind.
+        for before, after in itertools.pairwise(chain):
+            assert not (before.status is Status.RESOLVED and after.status is Status.RESOLVED)
+        assert len({e.pages for e in chain if e.status is Status.FIRING}) == 1, "a page never reopens an info"
 
 
 def test_replay_is_deterministic() -> None:

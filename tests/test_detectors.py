@@ -127,7 +127,7 @@ def test_a_new_latency_segment_borrows_its_models_response_to_load() -> None:
     assert not new.warm
     new.learn_one(flat, 2.1)
     assert new.warm and 1.6 < new.predict_one(flat).expected < 2.5
-    assert new.score_one(flat, 20.0) > 8  # 10x its own level: pages already
+    assert new.score_one(flat, 20.0) > 6  # 10x its own level: pages already
     assert new.score_one(flat, 2.2) < 2
 
 

@@ -33,7 +33,7 @@ def test_scenario_pages_what_it_must_and_nothing_before(name: str) -> None:
         assert not r.pages, f"{name} must not page: {sorted({e.signal.value for e in r.pages})}"
 
 
-@pytest.mark.parametrize("name", [s.name for s in SCENARIOS if s.must_page])
+@pytest.mark.parametrize("name", [s.name for s in SCENARIOS if s.must_page and s.family == "synthetic"])
 def test_injected_faults_are_caught_within_a_few_windows(name: str) -> None:
     r = result(name)
     for signal in r.scenario.must_page:
