@@ -1,19 +1,21 @@
-"""Detection: the scenario suite as a table (what paged, how fast, what paged by mistake).
+"""Detection: the scenario suite as tables (what paged, how fast, what paged by mistake), per family.
 
-    python bench/detection.py [--seeds 7 8 9]
+    python bench/detection.py [--seeds 7 8 9] [--only NAME ...] [--family "real arrivals"]
 
-Each scenario (``pipeline/scenarios.py``) is normal traffic followed by one injected
-condition, replayed through the worker's code (windows, detectors, lifecycle; no broker).
-Per scenario and seed it prints the signals that must page and the delay of each (event
-seconds from the fault to the end of the first paging window; 10 s windows), the signals
-that paged in the injected phase, pages before the fault (false alarms), and the replay's
-records/s. The last line sums up: faults caught, and false pages over all normal windows.
+Each scenario (``pipeline/scenarios.py``) is normal traffic, one injected condition (or none)
+and normal traffic again, replayed through the worker's code (windows, detectors, lifecycle;
+no broker). Three families: ``synthetic`` (the bundled generator), ``real arrivals`` (the
+Mooncake trace through slot-limited engines) and ``real GPU runs`` (kv-cache-tester's runs on
+a real server, with faults injected).
 
-Then the same runs judged by two naive TTFT detectors (``bench/baselines.py``: a fixed
-fleet-wide p95 threshold, and a load-blind rolling z-score), side by side with servewatch:
-faults caught (an incident in the injected phase: for servewatch, of a signal that must
-page), the median delay in windows, and false incidents per simulated day of normal
-traffic (incidents outside the injected phase; servewatch's counted by fingerprint).
+First, per scenario and seed: the signals that must page and, for each, the windows from the
+first window that holds a faulty request to the end of the first paging window (2 is the
+least: an incident needs 2 anomalous windows of 3), its first hint, the signals that paged in
+the fault, and false incidents (incidents outside the fault and its aftermath, counted by
+fingerprint). Then, per family, servewatch beside two naive TTFT detectors
+(``bench/baselines.py``: a fixed fleet-wide p95 threshold, a load-blind rolling z-score) on
+the same records: faults caught, median delay in windows, false incidents per simulated day
+of normal traffic, and the replay's records/s.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from bench.baselines import (
     rolling_z_incidents,
     ttft_p95_series,
 )
-from pipeline.scenarios import AFTERMATH_S, SCENARIOS, ScenarioResult, run_scenario
+from pipeline.scenarios import FAMILIES, SCENARIOS, ScenarioResult, run_scenario
 from pipeline.settings import Settings
 
 DETECTORS = ("servewatch", "fixed p95 threshold", "rolling z-score (TTFT)")
@@ -55,57 +57,66 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[7])
     parser.add_argument("--only", nargs="+", help="scenario names")
+    parser.add_argument("--family", choices=FAMILIES, help="one family only")
     args = parser.parse_args()
 
-    print(f"{'scenario':18} {'seed':>4} {'must page (delay)':42} {'paged in the fault':44} {'false':>5} {'rec/s':>8}")
-    caught = total = false_pages = 0
-    # Per detector: faults caught, delays (windows), false incidents; and the normal traffic judged.
-    tally: dict[str, dict[str, list[float]]] = {d: defaultdict(list) for d in DETECTORS}
-    faults, normal_s = 0, 0.0
+    print(f"{'scenario':28} {'seed':>4}  {'must page: windows, first hint':64} {'false':>5} {'rec/s':>8}")
+    # Per family and detector: faults caught, delays (windows), false incidents; normal seconds judged.
+    tally: dict[str, dict[str, dict[str, list[float]]]] = defaultdict(lambda: {d: defaultdict(list) for d in DETECTORS})
+    faults: dict[str, int] = defaultdict(int)
+    normal_s: dict[str, float] = defaultdict(float)
+    rates: dict[str, list[float]] = defaultdict(list)
     for scenario in SCENARIOS:
-        if args.only and scenario.name not in args.only:
+        if (args.only and scenario.name not in args.only) or (args.family and scenario.family != args.family):
             continue
+        family = scenario.family
         for seed in args.seeds:
             r = run_scenario(scenario, seed=seed)
-            delays = []
+            cells = []
             for signal in sorted(scenario.must_page, key=lambda s: s.value):
-                delay = r.first_page_delay(signal)
-                delays.append(f"{signal.value} {'MISSED' if delay is None else f'{delay:.0f}s'}")
-            paged = ", ".join(sorted(s.value for s in r.paged_signals)) or "-"
-            total += 1
-            caught += r.caught and (bool(scenario.must_page) or not r.pages)
-            false_pages += len(r.false_pages)
-            print(f"{scenario.name:18} {seed:4} {', '.join(delays) or '(none)':42} {paged:44} "
-                  f"{len(r.false_pages):5} {r.records / r.seconds:8,.0f}")  # fmt: skip
-            fault_end = r.injected_end + AFTERMATH_S if scenario.must_page else r.injected_at
-            faults += bool(scenario.must_page)
-            normal_s += (r.stream_end - r.scenario.build(seed).start) - (fault_end - r.injected_at)
+                windows, first = r.windows_to_page(signal), r.first_page(signal)
+                hint = first.hints[0].code if first is not None and first.hints else "-"
+                cells.append(f"{signal.value} {'MISSED' if windows is None else windows} ({hint})")
+            false = {e.fingerprint for e in r.false_pages}
+            rates[family].append(r.records / r.seconds)
+            print(f"{scenario.name:28} {seed:4}  {'; '.join(cells) or '(none may page)':64} {len(false):5} "
+                  f"{r.records / r.seconds:8,.0f}")  # fmt: skip
+            faults[family] += bool(scenario.must_page)
+            normal_s[family] += r.normal_s
+            fault_end = r.stream_end if scenario.after_fault else r.injected_end + scenario.aftermath_s
             mine = [e for e in r.pages if e.signal in scenario.must_page and e.window_end > r.injected_at]
-            starts = {DETECTORS[0]: [min((e.window_start for e in mine), default=math.inf)] if mine else []}
+            starts = {DETECTORS[0]: [min(e.window_start for e in mine)] if mine else []}
             starts.update(judged_by_baselines(r, seed))
-            tally[DETECTORS[0]]["false"].append(len({e.fingerprint for e in r.false_pages}))
+            tally[family][DETECTORS[0]]["false"].append(len(false))
             for detector in DETECTORS:
                 in_fault = [t for t in starts[detector] if r.injected_at - WINDOW_S < t < fault_end]
+                if not scenario.must_page:
+                    in_fault = []
                 if detector != DETECTORS[0]:
-                    tally[detector]["false"].append(len(starts[detector]) - len(in_fault))
+                    tally[family][detector]["false"].append(len(starts[detector]) - len(in_fault))
                 if scenario.must_page and in_fault:
-                    tally[detector]["caught"].append(1)
-                    tally[detector]["delay"].append((min(in_fault) + WINDOW_S - r.injected_at) / WINDOW_S)
+                    tally[family][detector]["caught"].append(1)
+                    onset = WINDOW_S * math.floor(r.first_evidence / WINDOW_S)
+                    tally[family][detector]["delay"].append((min(in_fault) + WINDOW_S - onset) / WINDOW_S)
     print()
-    print(f"caught as specified: {caught}/{total} scenario runs; false pages outside the faults: {false_pages}")
-    print("delay: event seconds from the fault to the end of the first paging window (windows of 10 s, a page")
-    print("needs 2 anomalous windows of the last 3). 'paged in the fault' may include consequences (a slower")
-    print("decode also lengthens end-to-end time).")
-    days = normal_s / 86_400
+    print("windows: from the first window holding a faulty request to the end of the first paging one (an")
+    print("incident needs 2 anomalous windows of 3, so 2 is the least); false: incidents outside the fault")
+    print("and its aftermath (60 s; 300 s on real arrivals, where a backlog drains), by fingerprint.")
     print()
-    print(f"{'detector':24} {'faults caught':>14} {'median delay':>13} {'false incidents':>16} {'per day':>8}")
-    for detector in DETECTORS:
-        t = tally[detector]
-        delay = f"{statistics.median(t['delay']):.1f} win" if t["delay"] else "-"
-        false = sum(t["false"])
-        print(f"{detector:24} {len(t['caught']):>6}/{faults:<7} {delay:>13} {false:>16} {false / days:>8.1f}")
-    print(f"over {faults} fault runs and {days:.2f} simulated days of normal traffic; delay: windows from the")
-    print("fault's start to the end of the window that fired (an incident needs 2 anomalous windows of 3).")
+    print(f"{'family':15} {'detector':24} {'faults caught':>14} {'median delay':>13} {'false':>6} {'per day':>8} "
+          f"{'rec/s':>8}")  # fmt: skip
+    for family in FAMILIES:
+        if family not in tally:
+            continue
+        days = normal_s[family] / 86_400
+        for detector in DETECTORS:
+            t = tally[family][detector]
+            delay = f"{statistics.median(t['delay']):.1f} win" if t["delay"] else "-"
+            false = sum(t["false"])
+            rate = f"{statistics.median(rates[family]):8,.0f}" if detector == DETECTORS[0] else ""
+            print(f"{family:15} {detector:24} {len(t['caught']):>6}/{faults[family]:<7} {delay:>13} {false:>6} "
+                  f"{false / days if days else 0:>8.1f} {rate:>8}")  # fmt: skip
+        print(f"{'':15} over {faults[family]} fault runs and {days:.2f} simulated days of normal traffic")
 
 
 if __name__ == "__main__":

@@ -213,7 +213,7 @@ class SegmentDetectors:
                 # A surprise the model did not expect is never its normal, even when load
                 # explains it (a fault that starts during a surge must not be learned);
                 # outside an incident it still tells how heavy the segment's tails are.
-                detector.note_unlearned(reading)
+                detector.note_unlearned(reading, verdict)
             elif not verdict.pages:
                 detector.learn(reading)
                 if spec.kind == "rate":

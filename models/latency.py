@@ -121,7 +121,8 @@ class Prediction:
     level_sd: float
     nu: float = 1000.0  # degrees of freedom of the predictive (heavy tails: small)
     drift: float = 0.0  # how far (log space) the level has moved from its slow anchor
-    drift_sd: float = math.inf  # how far it usually strays
+    drift_sd: float = math.inf  # how far the recent distance from the anchor usually strays
+    recent: float = 0.0  # recent windows' distance above the anchored level (averaged over a few)
 
     @property
     def expected(self) -> float:
@@ -183,8 +184,25 @@ _NOISE, _NOISE_W, _LEVEL, _LEVEL_VAR = 14, 15, 16, 17  # noise variance and weig
 # (sds) and the lag-one correlation of residuals; then the slow anchor and the level's usual
 # distance from it; then the floors.
 _TAIL, _RUN, _LAST_Z, _RHO, _ANCHOR, _DRIFT_VAR = 18, 19, 20, 21, 22, 23
-_WITHIN, _FLOOR = 24, 25  # usual variance of log latency within a window; the floors
+_WITHIN, _RECENT, _FLOOR = 24, 25, 26  # usual spread within a window; recent distance from the anchor; floors
+#: Weight of the latest window in the recent distance from the anchor (a few windows' memory).
+_RECENT_WEIGHT = 0.2
 _STATE_SIZE = _FLOOR + _BANDS  # the windows learned follow
+
+
+def _recent_noise_share(rho: float) -> float:
+    """Variance of the recent average of windows' standardised residuals: an exponential
+    average of weight ``_RECENT_WEIGHT`` keeps this share of one window's noise, more when
+    consecutive windows are correlated (``rho``)."""
+    rho = min(max(rho, 0.0), 0.9)
+    return _RECENT_WEIGHT / (2.0 - _RECENT_WEIGHT) * (1.0 + rho) / (1.0 - rho)
+
+
+def _clip_recent(distance: float, level_distance: float, bound: float) -> float:
+    """A window's distance above the anchored level as the recent average takes it: at most
+    ``bound`` beyond the level's own distance, so one wild window (heavy tails) moves the
+    average as far as an ordinary high one would, and only a run can move it far."""
+    return min(distance, level_distance + bound)
 
 
 def _band(d: float) -> int:
@@ -232,9 +250,11 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
     anchor_halflife
         Windows over which the slow anchor follows the level (the drift check's memory).
     drift_sd
-        Prior for how far (log space) the level usually strays from its anchor.
+        Prior for how far (log space) the average of recent windows usually stands from what
+        the anchored level predicts; learned from the segment's ordinary windows.
     drift_after
-        Windows learned before the drift check speaks.
+        Windows learned before the drift check speaks (0: no drift check, for a figure too
+        spiky or too dependent on the request mix for a creeping level to mean anything).
 
     Examples
     --------
@@ -294,8 +314,8 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         max_surge_elasticity: float = 3.0,
         huber: float = 3.0,
         anchor_halflife: float = 360.0,
-        drift_sd: float = 0.1,
-        drift_after: int = 60,
+        drift_sd: float = 0.07,
+        drift_after: int = 360,
     ) -> None:
         if len(features) != 2:
             raise ValueError("features: exactly two demand figures")
@@ -318,8 +338,9 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
                 noise_sd**2, NOISE_PRIOR_WINDOWS,  # noise variance, and the pseudo-windows behind that prior
                 0.0, noise_sd**2,  # load-blind level: EW mean and variance of log latency
                 PRIOR_TAIL_SHARE, 0.0, 0.0, 0.0,  # tails: share beyond 3 sds, run, last residual, correlation
-                0.0, drift_sd**2,  # slow anchor of the level, and how far the level strays from it
+                0.0, drift_sd**2,  # slow anchor of the level, and how far recent windows usually stand from it
                 0.0,  # usual variance of log latency among a window's requests, as a log (0: not seen yet)
+                0.0,  # recent windows' distance (log) above what the anchored level predicts
                 *[_NO_FLOOR] * _BANDS,  # lowest (sign-adjusted) log value per demand band
                 0.0,  # windows learned
             ],
@@ -333,13 +354,16 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
 
     def demand_index(self, x: dict[Hashable, Any]) -> float:
         """Mean log ratio of demand to the reference: 0 is usual, log(3) is three times."""
-        if self.n_learned == 0:
-            return 0.0
-        reference = self.numbers[_REF : _REF + 2]
-        return sum(now - usual for now, usual in zip(self._log_demand(x), reference, strict=True)) / 2
+        return self._demand_index(x, self.numbers)
 
-    def _phi(self, x: dict[Hashable, Any]) -> tuple[float, float, float]:
-        d = self.demand_index(x)
+    def _demand_index(self, x: dict[Hashable, Any], state: Sequence[float]) -> float:
+        if state[_STATE_SIZE] == 0:
+            return 0.0
+        now = self._log_demand(x)
+        return (now[0] - state[_REF] + now[1] - state[_REF + 1]) / 2
+
+    def _phi(self, x: dict[Hashable, Any], state: Sequence[float] | None = None) -> tuple[float, float, float]:
+        d = self._demand_index(x, self.numbers if state is None else state)
         return (1.0, d, max(0.0, d - math.log(self.surge_ratio)))
 
     @property
@@ -375,7 +399,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         state = self.numbers
         reference, weights, cov = state[_REF:_W], state[_W:_COV], state[_COV:_NOISE]
         noise_var, noise_weight, level_mean, level_var = state[_NOISE:_TAIL]
-        tail_share, run, last_z, rho, anchor, drift_var, within = state[_TAIL:_FLOOR]
+        tail_share, run, last_z, rho, anchor, drift_var, within, recent = state[_TAIL:_FLOOR]
         floors = state[_FLOOR:_STATE_SIZE]
         n = self.n_learned
         p = self._params
@@ -405,6 +429,10 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         total_var = max(noise_var, p.min_noise_sd**2) + sampling_var + param_var
         sd = math.sqrt(total_var)
         z = residual / sd
+        level_distance = self._sign * (weights[0] - anchor)
+        recent += _RECENT_WEIGHT * (
+            _clip_recent(self._sign * residual + level_distance, level_distance, p.huber * sd) - recent
+        )
         decay = self._decay
         if n >= TAIL_AFTER and self._ordinary(x, phi[1]):
             tail_share, run = tail_step(tail_share, run, z, last_z, rho, n)
@@ -441,51 +469,65 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
             delta = log_y - level_mean
             level_mean += alpha * delta
             level_var = (1.0 - alpha) * (level_var + alpha * delta * delta)
-        # The slow anchor starts once the level has settled; the level's usual distance from
-        # it is learned from ordinary windows only (a drift in progress must not widen it).
+        # The slow anchor starts once the level has settled. How far recent windows usually
+        # stand from it is learned from ordinary windows only, and robustly: a drift in
+        # progress must not widen what counts as usual.
         if n + 1 == p.grace_windows:
             anchor = weights[0]
         elif n + 1 > p.grace_windows:
-            lag = weights[0] - anchor
-            anchor += lag * (1.0 - 0.5 ** (1.0 / p.anchor_halflife))
-            if lag * lag < 9.0 * drift_var:
-                drift_var += (lag * lag - drift_var) * (1.0 - 0.5 ** (0.5 / p.anchor_halflife))
+            anchor += (weights[0] - anchor) * (1.0 - 0.5 ** (1.0 / p.anchor_halflife))
+            noise = _recent_noise_share(rho) * total_var  # what the windows' own noise explains
+            if usual_demand and recent * recent < 9.0 * (drift_var + noise):
+                excess = max(recent * recent - noise, 0.0)
+                drift_var += (excess - drift_var) * (1.0 - 0.5 ** (0.5 / p.anchor_halflife))
         if n + 1 >= p.grace_windows:
             band, low = _band(phi[1]), self._sign * log_y
             floors[band] = min(low, floors[band]) if floors[band] > _NO_FLOOR else low
         self._set_numbers(
             _W,
             [*weights, *cov, noise_var, noise_weight, level_mean, level_var, tail_share, run, z, rho, anchor,
-             drift_var, within, *floors, float(n + 1)],
+             drift_var, within, recent, *floors, float(n + 1)],
         )  # fmt: skip
 
-    def note_unlearned(self, x: dict[Hashable, Any], y: float, *, tails: bool = True) -> None:
+    def note_unlearned(self, x: dict[Hashable, Any], y: float, *, tails: bool = True, drift: bool = False) -> None:
         """A judged window the model does not learn (it was anomalous): remember its residual
         for the next window's pair, and, with ``tails`` (outside an incident: inside one the
         fault is not the noise), count it towards the tail share. Otherwise the windows that
-        show a segment's heavy tails would never teach them."""
+        show a segment's heavy tails would never teach them. With ``drift`` (the window is
+        unlearned because recent windows drift), it goes on into the recent distance from the
+        anchor; a window anomalous on its own does not: a fault or a surge is not a drift,
+        and must not leave one behind when it ends."""
         if not self.warm or not (y > 0 and math.isfinite(y)):
             return
         prediction = self.predict_one(x)
         z = (math.log(y) - prediction.mean) / prediction.sd
         share, run, last_z, rho = self.numbers[_TAIL:_ANCHOR]
+        recent = self.numbers[_RECENT]
+        if drift:
+            now = self._sign * (math.log(y) - prediction.mean + prediction.drift)
+            bound = self.huber * prediction.sd
+            recent += _RECENT_WEIGHT * (_clip_recent(now, self._sign * prediction.drift, bound) - recent)
         if tails and self.n_learned >= TAIL_AFTER and self._ordinary(x, self.demand_index(x)):
             share, run = tail_step(share, run, z, last_z, rho, self.n_learned)
         self._set_numbers(_TAIL, [share, run, z])
+        self._set_numbers(_RECENT, [recent])
 
     def predict_one(self, x: dict[Hashable, Any]) -> Prediction:
-        phi = self._phi(x)
-        state = self.numbers
+        return self._predict(x, self.numbers)
+
+    def _predict(self, x: dict[Hashable, Any], state: list[float]) -> Prediction:
+        phi = self._phi(x, state)
         noise_var, _, level_mean, level_var = state[_NOISE:_TAIL]
-        tail_share, _, _, _, anchor, drift_var, within = state[_TAIL:_FLOOR]
+        tail_share, _, _, rho, anchor, drift_var, within, recent = state[_TAIL:_FLOOR]
         sampling_var = self._sampling_var(x, within)
         floor = self.min_noise_sd**2
         sd = math.sqrt(max(noise_var, floor) + sampling_var + _dot(phi, _matvec(state[_COV:_NOISE], phi)))
         level_sd = math.sqrt(max(level_var, floor) + sampling_var)
         sign = self._sign
         mean = sign * max(sign * _dot(phi, state[_W:_COV]), self._floor(state, phi[1]))
-        nu = degrees_of_freedom(round(tail_bound(tail_share, self.n_learned), 4))
-        return Prediction(mean, sd, level_mean, level_sd, nu, state[_W] - anchor, math.sqrt(drift_var + floor))
+        nu = degrees_of_freedom(round(tail_bound(tail_share, int(state[_STATE_SIZE])), 4))
+        recent_sd = math.sqrt(drift_var + floor + _recent_noise_share(rho) * sd * sd)
+        return Prediction(mean, sd, level_mean, level_sd, nu, state[_W] - anchor, recent_sd, recent)
 
     def _ordinary(self, x: dict[Hashable, Any], d: float) -> bool:
         """Whether a window's residual says something of the segment's noise: at about the
@@ -523,10 +565,11 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         """The prediction at ``x``, and both surprises of ``y`` (at this demand, with the
         previous window and the drift check; against the load-blind level) from one
         prediction: what a detector asks of every window."""
-        prediction = self.predict_one(x)
-        if not self.warm or not (y > 0 and math.isfinite(y)):
-            return Judgement(prediction, 0.0, 0.0, False, self._ordinary(x, self.demand_index(x)))
         state = self.numbers
+        prediction = self._predict(x, state)
+        usual_demand = self._ordinary(x, self._demand_index(x, state))
+        if not self.warm or not (y > 0 and math.isfinite(y)):
+            return Judgement(prediction, 0.0, 0.0, False, usual_demand)
         last_z, rho = state[_LAST_Z], state[_RHO]
         log_y, sign, nu = math.log(y), self._sign, prediction.nu
         z = sign * (log_y - prediction.mean) / prediction.sd
@@ -534,13 +577,14 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         paired = pair_surprise(z, sign * last_z, rho, nu) if self.n_learned > self.grace_windows else 0.0
         window = max(alone, paired) - _TWO_LOOKS
         drift = 0.0
-        if self.n_learned >= self.drift_after:
-            # The level's lag behind a latency that is still above it counts as well: a
-            # window at the drifted level is surprising against the anchor, not the level.
-            drift = upper_tail_surprise(sign * prediction.drift / prediction.drift_sd)
-            drift = min(drift, student_surprise(z + sign * prediction.drift / prediction.sd, nu))
+        if 0 < self.drift_after <= self.n_learned and usual_demand:  # a drift is judged at flat demand
+            # How far recent windows, this one included, stand above the anchored level: the
+            # latency itself, not the level (which stops following once windows surprise).
+            now = sign * (log_y - prediction.mean + prediction.drift)
+            clipped = _clip_recent(now, sign * prediction.drift, self.huber * prediction.sd)
+            recent = prediction.recent + _RECENT_WEIGHT * (clipped - prediction.recent)
+            drift = upper_tail_surprise(recent / prediction.drift_sd) if now > 0 else 0.0
         level_z = sign * (log_y - prediction.level) / prediction.level_sd
-        usual_demand = self._ordinary(x, self.demand_index(x))
         if usual_demand:
             # At the usual demand, the usual level is as good a prediction as the regression's,
             # and sharper where a past surge left the slopes unsure: a rise against it pages.
@@ -603,13 +647,14 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
             "tails": s[_TAIL:_ANCHOR],
             "anchor": s[_ANCHOR : _DRIFT_VAR + 1],
             "within": s[_WITHIN],
+            "recent": s[_RECENT],
             "floor": [None if v <= _NO_FLOOR else v for v in s[_FLOOR:_STATE_SIZE]],
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
         values = [
             *state["reference"], *state["weights"], *(v for row in state["cov"] for v in row), *state["noise"],
-            *state["level"], *state["tails"], *state["anchor"], state["within"],
+            *state["level"], *state["tails"], *state["anchor"], state["within"], state["recent"],
             *(_NO_FLOOR if v is None else v for v in state["floor"]),
         ]  # fmt: skip
         if len(values) != _STATE_SIZE:

@@ -57,12 +57,16 @@ class Verdict:
     # model has shown: explained by load), "drift" (the level crept away from its anchor).
     cause: str | None = None
     learnable: bool = True  # the model may learn this window (it is what the model expects)
+    drifting: bool = False  # what surprises is the drift of recent windows, not this one alone
 
 
 #: Signals a queue in front of the engines lengthens: saturation explains their rise.
 #: (Prefill per token is TTFT less queue time where the logs do not split them.)
-#: Slots kept busy, as a share of the most ever: the engines are full (``SignalDetector._saturated``).
-MOMENTARY_BUSY = 0.8
+#: Slots kept busy over a window, as a share of the most ever: the engines were full for much of
+#: it (a burst of seconds straddles windows, so its average is below the most) (``SignalDetector._saturated``).
+MOMENTARY_BUSY = 0.7
+#: Share of a signal's time that queueing must make up for a full engine to explain it.
+QUEUE_SHARE = 0.25
 QUEUE_SENSITIVE = frozenset({Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E, Signal.PREFILL_PER_TOKEN})
 
 
@@ -102,7 +106,8 @@ class SignalDetector:
             # often fall just short, and learning them would teach the model the fault.
             learnable = conditioned < config.threshold - 1.0
             return Verdict(score, expected, pages, explained, math.exp(prediction.level),
-                           "drift" if drifting and pages else None, learnable=learnable)  # fmt: skip
+                           "drift" if drifting and pages else None, learnable=learnable,
+                           drifting=drifting)  # fmt: skip
         if kind == "rate":
             score = model.score_one(reading.x, reading.bad)
             return Verdict(score, model.expected_rate, score >= config.threshold, False, model.expected_rate)
@@ -115,8 +120,9 @@ class SignalDetector:
 
     def _saturated(self, reading: Reading) -> bool:
         """Whether a queue-sensitive rise is the engines' capacity binding: saturation (a surge
-        beyond what they serve, ``models.capacity``), or a logged queue that makes up most of
-        the signal while the model's engines keep as many slots busy as they ever have. That
+        beyond what they serve, ``models.capacity``), or a logged queue that makes up a good
+        part of the signal (``QUEUE_SHARE``; a burst slows prefill too) while the model's engines
+        keep nearly as many slots busy as they ever have. That
         is a burst too short to lift a window's arrivals (seconds of them fill every slot).
         A fault that slows service shows in its own signals (prefill per token, inter-token
         latency), which still page; one that loses slots keeps fewer busy, and pages here."""
@@ -127,19 +133,20 @@ class SignalDetector:
         queue = x.get("queue_s", math.nan)
         # End-to-end time also grows with a full batch (every token decodes slower), queue or not.
         queued = self.spec.signal in (Signal.QUEUE_TIME, Signal.E2E) or (
-            queue == queue and queue >= 0.5 * reading.value
+            queue == queue and queue >= QUEUE_SHARE * reading.value
         )
         return flat_out and queued
 
     def learn(self, reading: Reading) -> None:
         self.model.learn_one(reading.x, reading.bad if self.spec.kind == "rate" else reading.value)
 
-    def note_unlearned(self, reading: Reading) -> None:
+    def note_unlearned(self, reading: Reading, verdict: Verdict) -> None:
         """A window the model does not learn (latency models only): it still sets the next
         window's pair, and outside an incident it counts towards how heavy the segment's
         tails are (``LoadConditionedLatency.note_unlearned``)."""
         if self.spec.kind == "latency":
-            self.model.note_unlearned(reading.x, reading.value, tails=self.tracker is None or not self.tracker.firing)
+            calm = self.tracker is None or not self.tracker.firing
+            self.model.note_unlearned(reading.x, reading.value, tails=calm, drift=verdict.drifting)
 
     def note_run(self, pages: bool, reading: Reading, adopt_after: int) -> bool:
         """Count the anomalous windows of the current run; True when it is long enough to adopt.

@@ -154,13 +154,16 @@ def _rate_spec(signal: Signal, numerator: str, denominator: str, what: str, prio
     return SignalSpec(signal, "rate", _rate(numerator, denominator), build, unit="", what=what)
 
 
+#: Queue-like figures: steep with demand near capacity, and no drift check (spiky).
+_QUEUE_LIKE: dict[str, Any] = {"elasticity": 0.5, "surge_elasticity": 3.0, "elasticity_sd": 1.5, "drift_after": 0}
+
 # fmt: off
 SPECS: tuple[SignalSpec, ...] = (
     SignalSpec(Signal.TTFT, "latency", _ttft, _latency(), what="TTFT (geometric mean)"),
     # Queueing grows like rho / (1 - rho), with an elasticity of 1 / (1 - rho): 4 at 75 %
     # utilisation. Steeper with demand than any other phase, and less predictable.
     SignalSpec(Signal.QUEUE_TIME, "latency", _phase("queue", 0.02),
-               _latency(elasticity=0.5, surge_elasticity=3.0, elasticity_sd=1.5), what="queue time"),
+               _latency(**_QUEUE_LIKE), what="queue time"),
     SignalSpec(Signal.PREFILL_TIME, "latency", _phase("prefill", 0.005), _latency(), what="prefill time"),
     # Conditioned per request on prompt length: the per-token cost barely varies within a
     # band, so a slowdown of a subset (the longest prompts) moves it where the time does not.
@@ -169,7 +172,10 @@ SPECS: tuple[SignalSpec, ...] = (
     SignalSpec(
         Signal.ITL, "latency", _phase("itl", 0.001), _latency(DECODE_DEMAND, elasticity=0.1), what="inter-token latency"
     ),
-    SignalSpec(Signal.E2E, "latency", _phase("e2e", 0.05), _latency(), what="end-to-end time"),
+    # Queue time is mostly zero with bursts, end-to-end time follows the output lengths asked
+    # for: neither has a level whose slow creep means a fault (drift_after=0). TTFT, prefill
+    # per token and decode do.
+    SignalSpec(Signal.E2E, "latency", _phase("e2e", 0.05), _latency(drift_after=0), what="end-to-end time"),
     SignalSpec(
         Signal.THROUGHPUT,
         "latency",
@@ -258,7 +264,7 @@ ENGINE_SPECS: tuple[SignalSpec, ...] = (
     # that logs no requests is still judged on its TTFT, queue, prefill and inter-token time.
     SignalSpec(Signal.TTFT, "latency", _engine_latency("ttft", 0.005), _latency(), what="mean TTFT"),
     SignalSpec(Signal.QUEUE_TIME, "latency", _engine_latency("queue_time", 0.02),
-               _latency(elasticity=0.5, surge_elasticity=3.0, elasticity_sd=1.5), what="mean queue time"),
+               _latency(**_QUEUE_LIKE), what="mean queue time"),
     SignalSpec(Signal.PREFILL_TIME, "latency", _engine_latency("prefill_time", 0.005), _latency(),
                what="mean prefill time"),
     SignalSpec(Signal.ITL, "latency", _engine_latency("itl", 0.001), _latency(DECODE_DEMAND, elasticity=0.1),
@@ -266,7 +272,7 @@ ENGINE_SPECS: tuple[SignalSpec, ...] = (
     SignalSpec(Signal.KV_CACHE_USAGE, "latency", _kv_usage, _latency(elasticity=0.5), unit="",
                what="KV-cache usage"),
     SignalSpec(Signal.WAITING_REQUESTS, "latency", _waiting,
-               _latency(elasticity=0.5, surge_elasticity=3.0, elasticity_sd=1.5), unit="requests",
+               _latency(**_QUEUE_LIKE), unit="requests",
                what="waiting requests"),
     _rate_spec(Signal.PREEMPTIONS, "preempted", "preemption_trials", "share of requests preempted",
                prior_rate=0.001),

@@ -42,8 +42,11 @@ WARMUP_S = 600.0
 INJECTED_S = 300.0
 #: Normal traffic after the fault: incidents resolve, and nothing else may page.
 RECOVERY_S = 180.0
-#: Event seconds after the fault ends during which its pages still count as its own.
+#: Event seconds after the fault ends during which its pages still count as its own; on real
+#: arrivals through slot-limited engines, a fault that let a queue build leaves a backlog
+#: that takes minutes to drain, and its pages then are still the fault's.
 AFTERMATH_S = 60.0
+TRACE_AFTERMATH_S = 300.0
 #: On real arrivals the detector has run for half an hour before the fault (a deployment's
 #: detector has history), and the recovery is long enough for a surge's backlog to drain.
 TRACE_WARMUP_S = 1800.0
@@ -67,6 +70,7 @@ class Scenario:
     top_hint: tuple[tuple[Signal, str], ...] = ()
     #: Signals that may page outside the injected phase (a run's own real degradation).
     after_fault: bool = False
+    aftermath_s: float = AFTERMATH_S
 
     def build(self, seed: int = 7) -> Any:
         if self.make is not None:
@@ -97,7 +101,7 @@ def _on_traces(
 
     return Scenario(
         name, None, must_page, warmup_s=TRACE_WARMUP_S, description=description, family="real arrivals",
-        make=make, injected_s=injected.duration_s, top_hint=top_hint,
+        make=make, injected_s=injected.duration_s, top_hint=top_hint, aftermath_s=TRACE_AFTERMATH_S,
     )  # fmt: skip
 
 
@@ -237,10 +241,10 @@ SCENARIOS: tuple[Scenario, ...] = (
     _on_traces(
         "low_volume_prefill_2x",
         SimPhase("prefill_2x", INJECTED_S, ttft_factor=2.0),
-        frozenset({Signal.PREFILL_PER_TOKEN, Signal.TTFT}),
+        frozenset({Signal.PREFILL_PER_TOKEN}),
         "prefill 2x slower on a model of 10-30 requests per window",
         low_volume=True,
-        top_hint=((Signal.PREFILL_PER_TOKEN, "prefill_bound"), (Signal.TTFT, "prefill_bound")),
+        top_hint=((Signal.PREFILL_PER_TOKEN, "prefill_bound"),),
     ),
     # -- real GPU load tests ---------------------------------------------------------------
     *(_on_real_run(run, injected) for run in REAL_RUNS for injected in (False, True)),
@@ -280,7 +284,8 @@ class ScenarioResult:
             return False  # nothing may page: an injected surge is load, not a fault
         if self.scenario.after_fault:
             return event.window_end > self.injected_at
-        return event.window_end > self.injected_at and event.window_start < self.injected_end + AFTERMATH_S
+        aftermath_end = self.injected_end + self.scenario.aftermath_s
+        return event.window_end > self.injected_at and event.window_start < aftermath_end
 
     @property
     def false_pages(self) -> list[AnomalyEvent]:
@@ -317,7 +322,7 @@ class ScenarioResult:
         """Event seconds of normal traffic judged: the stream less the fault and its aftermath."""
         fault = self.stream_end - self.injected_at if self.scenario.after_fault else 0.0
         if self.scenario.must_page and not self.scenario.after_fault:
-            fault = self.injected_end + AFTERMATH_S - self.injected_at
+            fault = self.injected_end + self.scenario.aftermath_s - self.injected_at
         return max(self.stream_end - self.stream_start - fault, 0.0)
 
 
