@@ -186,8 +186,8 @@ def _queue_hints(load: dict[str, float], usual: Baseline, rank: Callable[..., No
     demand = load.get("arrivals_vs_usual", math.nan)
     if not math.isnan(share) and share < CAPACITY_LOST_SHARE and (queued or math.isnan(queue_ratio)):
         at_demand = f" at {demand:.1f}x the usual arrivals" if not math.isnan(demand) and demand > 0 else ""
-        rank(
-            7.5 + (1.0 - share) * 5,
+        rank(  # the cause, ahead of the queue it leaves (``queue_building`` ranks at most 9)
+            9.5 + (1.0 - share),
             "capacity_lost",
             f"the model's engines serve {served:.1f} req/s against {capacity:.1f} they have served{at_demand}, "
             "and requests queue: capacity was lost (an engine down or restarted, fewer slots or less KV-cache "
@@ -195,7 +195,7 @@ def _queue_hints(load: dict[str, float], usual: Baseline, rank: Callable[..., No
         )
     if queued:
         rank(
-            7.0 + math.log(queue_ratio),
+            7.0 + min(math.log(queue_ratio), 2.0),
             "queue_building",
             f"requests wait {queue_now:.2f} s for a slot against {queue_usual:.2f} s usually "
             f"({queue_ratio:.0f}x): the engines are short of batch slots or KV blocks for this demand",

@@ -41,6 +41,8 @@ _OWN = (
     *(f"arrived{what}_{lag}" for what in ("", "_tokens") for lag in range(ARRIVAL_LAGS)),
 )
 _OWN_COLUMNS = [COLUMN_OF[name] for name in _OWN]
+_ARRIVED = slice(COLUMN_OF["arrived_0"], COLUMN_OF["arrived_0"] + ARRIVAL_LAGS)
+_ARRIVED_TOKENS = slice(COLUMN_OF["arrived_tokens_0"], COLUMN_OF["arrived_tokens_0"] + ARRIVAL_LAGS)
 _MODEL_COLUMNS = [COLUMN_OF["model_" + name.replace("completion_tokens", "output_tokens")] for name in _OWN]
 
 
@@ -190,7 +192,7 @@ def fold_batch(
 
     timestamps, e2e = batch.column("timestamp"), batch.column("e2e_s")
     window_ids = np.floor(timestamps / window_s).astype(np.int64)
-    columns.update(_arrival_columns(window_ids, np.floor((timestamps - e2e) / window_s), prompt))
+    lags = window_ids - np.floor((timestamps - e2e) / window_s)  # windows back the request started
     queue = batch.column("queue_s")
     columns["running_s"] = e2e - np.where(np.isnan(queue), 0.0, queue)
     low, high = int(window_ids.min()), int(window_ids.max())
@@ -206,6 +208,7 @@ def fold_batch(
         _fold_into(
             window, batch, picked, segment_ids, columns, buckets, reason_codes, ttft, has_ttft, partitions, offsets
         )
+        _fold_arrivals(window, picked, segment_ids, lags, prompt)
         touched.append(window)
     return touched
 
@@ -263,17 +266,25 @@ def _fold_into(
     window.offer_evidence(rows[keep], ranks[ranks < window.evidence_k], times[keep], at)
 
 
-def _arrival_columns(window_ids: np.ndarray, start_ids: np.ndarray, prompt: np.ndarray) -> dict[str, np.ndarray]:
-    """Per record, a 1 (and its prompt tokens) in the column of the window it started in,
-    counted back from the window it finished in; starts older than ``ARRIVAL_LAGS`` windows
-    are in none."""
-    lag = window_ids - start_ids  # NaN e2e: NaN, in no column
-    out: dict[str, np.ndarray] = {}
-    for back in range(ARRIVAL_LAGS):
-        started = lag == back
-        out[f"arrived_{back}"] = started
-        out[f"arrived_tokens_{back}"] = np.where(started, prompt, 0.0)
-    return out
+def _fold_arrivals(
+    window: OpenWindow, picked: Any, segment_ids: np.ndarray, lags: np.ndarray, prompt: np.ndarray
+) -> None:
+    """Add each record (and its prompt tokens) to its row's ``arrived_<lag>`` column, the
+    window it started in counted back from this one; starts older than ``ARRIVAL_LAGS``
+    windows (or unknown) go in none. Two bincounts over (row, lag) cells, not one per lag."""
+    lag = lags[picked]
+    known = (lag >= 0) & (lag < ARRIVAL_LAGS)  # NaN compares false: in no column
+    if not known.any():
+        return
+    rows = window.rows_for(segment_ids[picked][known])
+    cells = rows * ARRIVAL_LAGS + lag[known].astype(np.intp)
+    size = len(window) * ARRIVAL_LAGS
+    counts = np.bincount(cells, minlength=size).reshape(-1, ARRIVAL_LAGS)
+    tokens = np.bincount(cells, weights=prompt[picked][known], minlength=size).reshape(-1, ARRIVAL_LAGS)
+    sums = window.block.sums
+    n = len(window)
+    sums[:n, _ARRIVED] += counts
+    sums[:n, _ARRIVED_TOKENS] += tokens
 
 
 def _counts(slots: np.ndarray, codes: np.ndarray, n_slots: int, like: np.ndarray) -> np.ndarray:

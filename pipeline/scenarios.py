@@ -236,7 +236,7 @@ SCENARIOS: tuple[Scenario, ...] = (
         SimPhase("half_slots", INJECTED_S, capacity_factor=0.5),
         frozenset({Signal.TTFT, Signal.QUEUE_TIME}),
         "half of every engine's slots lost at usual demand",
-        top_hint=((Signal.QUEUE_TIME, "queue_building"),),
+        top_hint=((Signal.QUEUE_TIME, "capacity_lost"), (Signal.TTFT, "capacity_lost")),
     ),
     _on_traces(
         "low_volume_prefill_2x",

@@ -174,3 +174,53 @@ def test_every_hint_raised_anywhere_is_documented() -> None:
     raised = {hint.code for name in ("cache_off", "truncation") for e in run_scenario(BY_NAME[name]).events
               for hint in e.hints}  # fmt: skip
     assert raised and raised <= HINT_CODES.keys()
+
+
+# -- issue #15: capacity, queue, drift, and a cause for every latency event ---------------
+def codes_for(load: dict[str, float], *, signal: Signal = Signal.TTFT, cause: str | None = None,
+              explained: bool = False, queue_usual: float = 0.02) -> list[str]:  # fmt: skip
+    baseline = usual()
+    baseline.queue_s = queue_usual
+    hints = latency_hints({**USUAL, **load}, baseline, explained_by_load=explained, signal=signal, cause=cause)
+    return [hint.code for hint in hints]
+
+
+def test_capacity_saturated_when_the_engines_serve_flat_out_during_a_surge() -> None:
+    surge = {"arrivals_vs_usual": 2.4, "model_requests_per_s": 24.0, "capacity_requests_per_s": 24.5}
+    assert codes_for(surge, cause="saturated", explained=True)[0] == "capacity_saturated"
+    assert "capacity_saturated" not in codes_for(surge)  # not saturated: not this
+
+
+def test_capacity_lost_when_the_engines_serve_less_than_they_have_and_requests_queue() -> None:
+    lost = {"served_vs_capacity": 0.5, "model_requests_per_s": 5.0, "capacity_requests_per_s": 10.0,
+            "arrivals_vs_usual": 1.0, "queue_s": 2.0}  # fmt: skip
+    assert codes_for(lost)[:2] == ["capacity_lost", "queue_building"]
+    assert codes_for({**lost, "served_vs_capacity": 0.95}) == ["queue_building"]  # flat out: the queue only
+    assert codes_for(lost, signal=Signal.ITL) == []  # decode does not wait in the queue
+    assert "capacity_lost" not in codes_for(lost, explained=True)  # a queue load explains is no fault
+
+
+def test_latency_drift_names_the_slow_creep() -> None:
+    assert codes_for({}, cause="drift") == ["latency_drift"]
+
+
+def test_the_prefix_cache_is_named_only_where_prefill_is_involved() -> None:
+    collapsed = {"cache_hit_rate": 0.05, "uncached_prompt_tokens_per_s": 19_000.0}
+    assert codes_for(collapsed, signal=Signal.PREFILL_PER_TOKEN)[0] == "prefix_cache_ineffective"
+    assert "prefix_cache_ineffective" not in codes_for(collapsed, signal=Signal.ITL)
+    assert "prefix_cache_ineffective" not in codes_for(collapsed, signal=Signal.QUEUE_TIME)
+
+
+def test_prefill_slower_per_token_at_the_same_cache_hit_rate_is_prefill_bound() -> None:
+    baseline = usual()
+    baseline.prefill_s_per_1k_tokens = 0.1
+    load = {**USUAL, "prefill_tokens_per_s_per_request": 4_000.0}  # 0.25 s per 1k tokens: 2.5x slower
+    hints = latency_hints(load, baseline, explained_by_load=False, signal=Signal.TTFT)
+    assert hints[0].code == "prefill_bound" and "2.5x slower per token" in hints[0].message
+
+
+def test_a_latency_rise_with_nothing_else_moved_still_names_where_to_look() -> None:
+    from models.hints import fallback_hint
+
+    hint = fallback_hint("TTFT")
+    assert hint.code == "latency_rise" and hint.code in HINT_CODES and "serving instances" in hint.message
