@@ -99,8 +99,9 @@ def main() -> None:
                     onset = WINDOW_S * math.floor(r.first_evidence / WINDOW_S)
                     tally[family][detector]["delay"].append((min(in_fault) + WINDOW_S - onset) / WINDOW_S)
     print()
-    print("windows: from the first window holding a faulty request to the end of the first paging one (an")
-    print("incident needs 2 anomalous windows of 3, so 2 is the least); false: incidents outside the fault")
+    print("windows: to the end of the first paging window, from the first window holding a faulty request")
+    print("(real runs) or the fault phase's start (simulated: a fault hits requests starting service after it);")
+    print("an incident needs 2 anomalous windows of 3, so 2 is the least. false: incidents outside the fault")
     print("and its aftermath (60 s; 300 s on real arrivals, where a backlog drains), by fingerprint.")
     print()
     print(f"{'family':15} {'detector':24} {'faults caught':>14} {'median delay':>13} {'false':>6} {'per day':>8} "

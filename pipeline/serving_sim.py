@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.workload import EPOCH
+from pipeline.workload import EPOCH, phase_at
 
 #: vLLM's KV-cache block: a prefix is cached in whole blocks.
 CACHE_BLOCK_TOKENS = 16
@@ -331,12 +331,7 @@ class TraceWorkload:
         return sum(p.duration_s for p in self.phases)
 
     def phase_at(self, offset_s: float) -> SimPhase:
-        elapsed = 0.0
-        for phase in self.phases:
-            elapsed += phase.duration_s
-            if offset_s < elapsed:
-                return phase
-        return self.phases[-1]
+        return phase_at(self.phases, offset_s)
 
     def records(self) -> Iterator[dict[str, Any]]:
         """All records, ordered by finish time (as a log shipper would see them)."""

@@ -13,9 +13,9 @@ Deterministic for a given seed.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -56,6 +56,28 @@ class Phase:
     long_prompt_tokens: int = 4096  # what counts as long
 
 
+class _Timed(Protocol):
+    @property
+    def duration_s(self) -> float: ...
+
+
+TimedPhase = TypeVar("TimedPhase", bound=_Timed)
+
+
+def phase_at(phases: Sequence[TimedPhase], offset_s: float) -> TimedPhase:
+    """The phase in force ``offset_s`` seconds from the start (the last one after the end).
+
+    >>> phase_at((Phase("a", 10.0), Phase("b", 5.0)), 12.0).name
+    'b'
+    """
+    elapsed = 0.0
+    for phase in phases:
+        elapsed += phase.duration_s
+        if offset_s < elapsed:
+            return phase
+    return phases[-1]
+
+
 @dataclass
 class Workload:
     """Generates request-log dicts (``RequestLog`` JSON) in finish-time order."""
@@ -83,12 +105,7 @@ class Workload:
         return sum(p.duration_s for p in self.phases)
 
     def phase_at(self, offset_s: float) -> Phase:
-        elapsed = 0.0
-        for phase in self.phases:
-            elapsed += phase.duration_s
-            if offset_s < elapsed:
-                return phase
-        return self.phases[-1]
+        return phase_at(self.phases, offset_s)
 
     def _second(self, second: int, phase: Phase) -> list[dict[str, Any]]:
         """Requests arriving during one simulated second."""
