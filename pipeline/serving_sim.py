@@ -342,6 +342,22 @@ class TraceWorkload:
         until the phases are over and every request has finished."""
         return per_second(self._simulated(), self.start, self.duration_s)
 
+    @property
+    def first_faulty_log_s(self) -> float | None:
+        """When (event time) the first request touched by the second phase (a scenario's
+        injected one) was logged: served from its start on, or arrived in it. A detector
+        cannot know of a fault before: a slower decode of a long answer is logged late."""
+        if len(self.phases) < 2:
+            return None
+        self._simulated()
+        first, last = self.phases[0].duration_s, self.phases[0].duration_s + self.phases[1].duration_s
+        ends = []
+        for run in self._runs.values():
+            touched = ((run.start >= first) & (run.start < last)) | ((run.arrival >= first) & (run.arrival < last))
+            if touched.any():
+                ends.append(float(np.min((run.start + run.prefill + run.decode)[touched])))
+        return self.start + min(ends) if ends else None
+
     def occupancy(self, model: str) -> Occupancy:
         """Busy slots and waiting requests of ``model`` per simulated second (after the run)."""
         self._simulated()

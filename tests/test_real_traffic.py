@@ -52,10 +52,10 @@ def test_bursty_traffic_and_a_surge_that_overloads_every_slot_page_nothing() -> 
 
 #: Windows from the first window that holds a faulty request to the end of the first paging
 #: window (an incident needs 2 anomalous windows of 3, so 2 is the least), as measured with
-#: seed 7 (``bench/detection.py``); a regression of a window or two fails here.
+#: seed 7 (``bench/detection.py``); a regression of a window fails here.
 DELAY_WINDOWS = {
-    ("trace_decode_slow", Signal.ITL): 4,  # decode 2x slower
-    ("trace_decode_slow", Signal.THROUGHPUT): 4,
+    ("trace_decode_slow", Signal.ITL): 3,  # decode 2x slower
+    ("trace_decode_slow", Signal.THROUGHPUT): 3,
     ("low_volume_prefill_2x", Signal.PREFILL_PER_TOKEN): 3,  # 10-30 requests per window
     ("long_prompts_4x", Signal.PREFILL_PER_TOKEN): 6,  # a quarter of a band's requests 4x slower
     ("capacity_halved", Signal.QUEUE_TIME): 6,  # the queue builds over a few windows
