@@ -12,24 +12,28 @@ times the usual. Queueing past capacity is not this model's business: a queue th
 because demand exceeds what the model's engines have ever served is explained by the
 capacity check (``models.capacity``), and such windows are not learned here.
 
-Real traffic broke an earlier, plain version of this model in four ways, and each has a
-part here that answers it:
+Real traffic broke an earlier, plain version of this model (issue #15), and each part
+here answers one way it broke:
 
 * **physics as priors**: latency does not fall as demand rises, and no plausible
   elasticity is above ``max_elasticity`` (``max_surge_elasticity`` past the hinge). The
-  slopes are projected into those bounds after every update, so a start-up ramp (demand
-  and latency stepping up together in the first minutes) cannot teach an absurd slope,
-  and the prediction never quotes less than the segment has ever shown at that demand
-  (a floor per demand band, ``floor``);
-* **robust noise**: a residual counts at most ``huber`` predictive sds in the update, so
-  one wild window (a ramp, a GC pause) cannot blind the model for an hour;
+  slopes are projected into those bounds after every update; a segment's first
+  ``grace_windows`` (often a start-up ramp) teach the level only; and the prediction never
+  quotes less than the segment has shown at that demand or below (``_floor``);
+* **robust noise**: a residual counts at most ``huber`` predictive sds in the update, so one
+  wild window (a GC pause) cannot blind the model for an hour, and the noise is learned at
+  about the usual demand only (a surge's residuals say more about the slopes);
 * **heavy tails**: the predictive is a Student-t whose degrees of freedom follow how often
-  the segment's own standardised residuals exceed 3 (``tail_share``; 0.27 % for Gaussian
-  noise): a segment with fat tails is judged with fat tails, a quiet one stays sensitive;
+  the segment's residuals go beyond 3 sds in short runs (``models.tails``): a segment with
+  fat tails is judged with fat tails, a quiet one stays sensitive;
+* **two windows**: each window is also judged with the one before (``pair_surprise``), so a
+  sustained shift that one window under heavy tails cannot prove, two can;
+* **the usual level**: at about the usual demand, a rise against the load-blind level
+  pages too, where a past surge left the regression unsure;
 * **drift**: a slow anchor follows the level with a half-life of ``anchor_halflife``
   windows; latency creeping up a little every window at flat demand (which the level
-  follows) shows as the level's distance from its anchor, against how far the level
-  usually strays (``drift_var``).
+  follows, then stops following once windows surprise) shows as recent windows' distance
+  above the anchored level, against how far that distance usually strays (``drift_var``).
 
 Demand deliberately means arrivals (requests and tokens asking to be served), never
 uncached tokens or concurrency: a disabled prefix cache multiplies uncached tokens, and
