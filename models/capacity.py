@@ -49,9 +49,10 @@ from __future__ import annotations
 
 import math
 from array import array
-from typing import Any
+from typing import Any, NamedTuple
 
 from models.compact import CompactState, count, number
+from models.params import shared
 from models.window import ARRIVAL_LAGS
 
 #: Load figures this module adds to a window's ``load``.
@@ -60,6 +61,15 @@ ARRIVAL_FIGURES = ("model_arrivals_per_s", "model_arrival_prompt_tokens_per_s")
 SERVED_FIGURES = ("model_requests_per_s", "model_prompt_tokens_per_s")
 
 _RING = 2 * ARRIVAL_LAGS  # arrivals (requests, prompt tokens) per window, latest first
+
+
+class _Params(NamedTuple):
+    halflife: float
+    busy_share: float
+    held_share: float
+    warm_windows: int
+    surge_ratio: float
+    usual_halflife: float
 
 
 class Capacity(CompactState):
@@ -106,8 +116,8 @@ class Capacity(CompactState):
         surge_ratio: float = 1.3,
         usual_halflife: float = 60.0,
     ) -> None:
-        self._params = (
-            float(halflife), float(busy_share), float(held_share), int(warm_windows), float(surge_ratio),
+        self._params = shared(
+            _Params, float(halflife), float(busy_share), float(held_share), int(warm_windows), float(surge_ratio),
             float(usual_halflife),
         )  # fmt: skip
         self._own([-1e18, *[0.0] * _RING, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
@@ -149,18 +159,18 @@ class Capacity(CompactState):
             self.served_prompt_tokens_per_s += 0.5 * (served_now[1] - self.served_prompt_tokens_per_s)
         served = (self.served_requests_per_s, self.served_prompt_tokens_per_s)
         capacity = (self.capacity_requests_per_s, self.capacity_prompt_tokens_per_s)
-        _, busy_share, held_share, warm, surge_ratio, _ = self._params
+        p = self._params
         load["capacity_requests_per_s"], load["capacity_prompt_tokens_per_s"] = capacity
-        known = self.windows >= warm and capacity[0] > 0
+        known = self.windows >= p.warm_windows and capacity[0] > 0
         usual = (self.usual_arrivals_per_s, self.usual_arrival_tokens_per_s)
         surge = _ratio((requests, tokens), usual) if known else 0.0
         busy = _ratio(served, capacity) if known else 0.0
         load["arrivals_vs_usual"], load["served_vs_capacity"] = round(surge, 4), round(busy, 4)
         most = self.most_running
         load["running_vs_most"] = round(load.get("model_running", 0.0) / most, 4) if known and most > 0 else 0.0
-        if not known or busy < held_share:
+        if not known or busy < p.held_share:
             self.saturated = 0.0  # the engines serve less than they can: not load (any more)
-        elif busy >= busy_share and surge >= surge_ratio:
+        elif busy >= p.busy_share and surge >= p.surge_ratio:
             # The engines serve as much as they ever have while far more than usual asks: a
             # queue that builds now is load. Arrivals of requests still queued are not in the
             # logs, so it then holds on served throughput alone, until the queue drains.
@@ -170,14 +180,15 @@ class Capacity(CompactState):
     def learn(self, load: dict[str, float]) -> None:
         """Capacity: the most served (smoothed), forgetting with ``halflife``; and the usual
         arrivals. Call for windows that did not page: a fault's throughput is not capacity."""
-        decay = 0.5 ** (1.0 / self._params[0])
+        p = self._params
+        decay = 0.5 ** (1.0 / p.halflife)
         self.capacity_requests_per_s = max(self.capacity_requests_per_s * decay, self.served_requests_per_s)
         self.capacity_prompt_tokens_per_s = max(
             self.capacity_prompt_tokens_per_s * decay, self.served_prompt_tokens_per_s
         )
         self.most_running = max(self.most_running * decay, load.get("model_running", 0.0))
         if not self.saturated:  # a surge is not the usual demand
-            alpha = max(1.0 - 0.5 ** (1.0 / self._params[5]), 1.0 / (self.windows + 1))
+            alpha = max(1.0 - 0.5 ** (1.0 / p.usual_halflife), 1.0 / (self.windows + 1))
             arrivals = [load.get(name, 0.0) for name in ARRIVAL_FIGURES]
             self.usual_arrivals_per_s += alpha * (arrivals[0] - self.usual_arrivals_per_s)
             self.usual_arrival_tokens_per_s += alpha * (arrivals[1] - self.usual_arrival_tokens_per_s)
@@ -187,7 +198,7 @@ class Capacity(CompactState):
         """Take ``other``'s capacity, usual arrivals and served rate if this one does not know
         its own yet and ``other`` does (segments of one model share its engines). Returns
         whether it did."""
-        warm = self._params[3]
+        warm = self._params.warm_windows
         if self.windows >= warm or other.windows < warm:
             return False
         mine, theirs = self.numbers, other.numbers

@@ -183,8 +183,9 @@ class SegmentDetectors:
         config = self.config
         load = window.load()
         self._with_recent_load(load, window)
+        model_name = window.labels.get("model", "other")
         capacity = self.capacity
-        self._borrow_or_lend_capacity(capacity, model_name := window.labels.get("model", "other"), templates)
+        self._borrow_or_lend_capacity(capacity, model_name, templates)
         capacity.observe(window, load)
         demand_ratio = math.nan
         events: list[AnomalyEvent] = []
@@ -197,7 +198,7 @@ class SegmentDetectors:
             spec = specs[Signal(name)]
             if sparse and spec.kind == "latency":
                 continue
-            reading = spec.read(window, load, config.ttft_quantile)
+            reading = spec.read(window, load)
             if reading is None or (spec.kind != "rate" and reading.n < config.min_requests):
                 continue
             pool_key = (model_name, spec.signal)

@@ -48,7 +48,6 @@ It does not saturate, and it means the same on every signal.
 from __future__ import annotations
 
 import bisect
-import functools
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -69,7 +68,7 @@ from models.tails import (
     upper_tail_surprise,
 )
 
-__all__ = ["LoadConditionedLatency", "Prediction", "quantile_sampling_var", "upper_tail_surprise"]
+__all__ = ["LoadConditionedLatency", "Prediction", "upper_tail_surprise"]
 
 FEATURES: tuple[str, str] = ("requests_per_s", "prompt_tokens_per_s")
 
@@ -86,35 +85,6 @@ NOISE_PRIOR_WINDOWS = 10.0
 #: The window's own surprise and its pair's with the window before are both looked at:
 #: the score they give is the larger less log10(2), so that two looks cost no calibration.
 _TWO_LOOKS = math.log10(2.0)
-
-
-def quantile_sampling_var(q: float, n: int, log_spread_sd: float) -> float:
-    """Variance of the log of a sample ``q``-quantile over ``n`` values.
-
-    Asymptotic variance of a sample quantile, ``q(1-q) / (n f(x_q)^2)``, for log values that
-    are roughly normal with standard deviation ``log_spread_sd`` within the window.
-
-    >>> round(quantile_sampling_var(0.95, 10, 0.5), 3), round(quantile_sampling_var(0.95, 1000, 0.5), 5)
-    (0.112, 0.00112)
-    """
-    if n <= 0:
-        return math.inf
-    z = _normal_quantile(q)
-    density = math.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
-    return q * (1.0 - q) / (n * density * density) * log_spread_sd**2
-
-
-@functools.lru_cache(maxsize=64)
-def _normal_quantile(q: float) -> float:
-    """Inverse standard normal CDF by bisection on erfc (called once per window; exactness is cheap)."""
-    lo, hi = -10.0, 10.0
-    for _ in range(80):
-        mid = 0.5 * (lo + hi)
-        if 0.5 * math.erfc(-mid / math.sqrt(2.0)) < q:
-            lo = mid
-        else:
-            hi = mid
-    return 0.5 * (lo + hi)
 
 
 @dataclass(frozen=True)
@@ -202,11 +172,12 @@ def _recent_noise_share(rho: float) -> float:
     return _RECENT_WEIGHT / (2.0 - _RECENT_WEIGHT) * (1.0 + rho) / (1.0 - rho)
 
 
-def _clip_recent(distance: float, level_distance: float, bound: float) -> float:
-    """A window's distance above the anchored level as the recent average takes it: at most
-    ``bound`` beyond the level's own distance, so one wild window (heavy tails) moves the
-    average as far as an ordinary high one would, and only a run can move it far."""
-    return min(distance, level_distance + bound)
+def _recent_after(recent: float, distance: float, level_distance: float, bound: float) -> float:
+    """The recent average distance above the anchored level after one more window at
+    ``distance``, taken at most ``bound`` beyond the level's own distance: one wild window
+    (heavy tails) moves the average as far as an ordinary high one would, and only a run can
+    move it far."""
+    return recent + _RECENT_WEIGHT * (min(distance, level_distance + bound) - recent)
 
 
 def _band(d: float) -> int:
@@ -218,7 +189,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
 
     ``x`` holds the window's two demand figures (``features``), and optionally
     ``sampling_var``: the variance (log space) that the observation owes to its finite sample
-    (see ``quantile_sampling_var``). A p95 over 8 requests is far noisier than over 800;
+    (a mean of logs over ``n`` requests: their variance over ``n``). 8 requests are far noisier than 800;
     counting that keeps small segments quiet without hiding big ones.
 
     Parameters
@@ -420,11 +391,14 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
             cov[0] += p.noise_sd**2
         if n == 0:
             weights[0] = level_mean = log_y
-        phi = (1.0, 0.0, 0.0) if grace else self._phi(x)
+        phi = (1.0, 0.0, 0.0) if grace else self._phi(x, state)
+        # At about the usual demand, engines not saturated: what the noise, the tails and the
+        # load-blind level are learned from (``_ordinary``).
+        usual_demand = self._ordinary(x, phi[1])
         sampling_var = self._sampling_var(x, within)
         if "within_var" in x:  # as a mean of logs: one window of a burst's spread does not set it
-            log_within = math.log(max(float(x["within_var"]), 1e-4))
-            within += (log_within - within) * max(1.0 - self._decay, 1.0 / (n + 1)) if n else log_within - within
+            rate = max(1.0 - self._decay, 1.0 / (n + 1))  # 1 for the first window
+            within += (math.log(max(float(x["within_var"]), 1e-4)) - within) * rate
         # Predict step: the level may drift a little each window.
         cov[0] += p.level_drift_sd**2
         residual = log_y - _dot(phi, weights)
@@ -434,11 +408,9 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         sd = math.sqrt(total_var)
         z = residual / sd
         level_distance = self._sign * (weights[0] - anchor)
-        recent += _RECENT_WEIGHT * (
-            _clip_recent(self._sign * residual + level_distance, level_distance, p.huber * sd) - recent
-        )
+        recent = _recent_after(recent, self._sign * residual + level_distance, level_distance, p.huber * sd)
         decay = self._decay
-        if n >= TAIL_AFTER and self._ordinary(x, phi[1]):
+        if n >= TAIL_AFTER and usual_demand:
             tail_share, run = tail_step(tail_share, run, z, last_z, rho, n)
             # Lag-one correlation of ordinary residuals (each clipped: a wild one says little).
             clip = max(-3.0, min(3.0, z)) * max(-3.0, min(3.0, last_z))
@@ -450,7 +422,6 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         # The noise is learned where it is judged most: at about the usual demand. A surge's
         # windows teach the slopes; their residuals, which an imperfect slope leaves, are not
         # the segment's noise, and would widen its judgement at the usual demand.
-        usual_demand = self._ordinary(x, phi[1])
         if not grace and usual_demand:
             bound = p.huber**2 * (max(noise_var, p.min_noise_sd**2) + sampling_var)
             # Clipping shrinks residuals' mean square, the more so the heavier their tails:
@@ -503,15 +474,15 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         and must not leave one behind when it ends."""
         if not self.warm or not (y > 0 and math.isfinite(y)):
             return
-        prediction = self.predict_one(x)
+        state = self.numbers
+        prediction = self._predict(x, state)
         z = (math.log(y) - prediction.mean) / prediction.sd
-        share, run, last_z, rho = self.numbers[_TAIL:_ANCHOR]
-        recent = self.numbers[_RECENT]
+        share, run, last_z, rho = state[_TAIL:_ANCHOR]
+        recent = state[_RECENT]
         if drift:
             now = self._sign * (math.log(y) - prediction.mean + prediction.drift)
-            bound = self.huber * prediction.sd
-            recent += _RECENT_WEIGHT * (_clip_recent(now, self._sign * prediction.drift, bound) - recent)
-        if tails and self.n_learned >= TAIL_AFTER and self._ordinary(x, self.demand_index(x)):
+            recent = _recent_after(recent, now, self._sign * prediction.drift, self.huber * prediction.sd)
+        if tails and self.n_learned >= TAIL_AFTER and self._ordinary(x, self._demand_index(x, state)):
             share, run = tail_step(share, run, z, last_z, rho, self.n_learned)
         self._set_numbers(_TAIL, [share, run, z])
         self._set_numbers(_RECENT, [recent])
@@ -585,8 +556,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
             # How far recent windows, this one included, stand above the anchored level: the
             # latency itself, not the level (which stops following once windows surprise).
             now = sign * (log_y - prediction.mean + prediction.drift)
-            clipped = _clip_recent(now, sign * prediction.drift, self.huber * prediction.sd)
-            recent = prediction.recent + _RECENT_WEIGHT * (clipped - prediction.recent)
+            recent = _recent_after(prediction.recent, now, sign * prediction.drift, self.huber * prediction.sd)
             drift = upper_tail_surprise(recent / prediction.drift_sd) if now > 0 else 0.0
         level_z = sign * (log_y - prediction.level) / prediction.level_sd
         if usual_demand:

@@ -205,10 +205,9 @@ def fold_batch(
         window = into.get(start)
         if window is None:
             window = into[start] = OpenWindow(start, window_s, evidence_k, capacity=rows_hint)
-        _fold_into(
-            window, batch, picked, segment_ids, columns, buckets, reason_codes, ttft, has_ttft, partitions, offsets
-        )
-        _fold_arrivals(window, picked, segment_ids, lags, prompt)
+        rows = window.rows_for(segment_ids[picked])  # each record's table row
+        _fold_into(window, batch, picked, rows, columns, buckets, reason_codes, ttft, has_ttft, partitions, offsets)
+        _fold_arrivals(window, picked, rows, lags, prompt)
         touched.append(window)
     return touched
 
@@ -217,7 +216,7 @@ def _fold_into(
     window: OpenWindow,
     batch: RowBatch,
     picked: Any,
-    segment_ids: np.ndarray,
+    rows: np.ndarray,
     columns: dict[str, np.ndarray],
     buckets: np.ndarray,
     reason_codes: np.ndarray,
@@ -226,7 +225,6 @@ def _fold_into(
     partitions: np.ndarray,
     offsets: np.ndarray,
 ) -> None:
-    rows = window.rows_for(segment_ids[picked])
     block = window.block
     # Each record's slot among the rows this fold touches, without a sort: a sort of the
     # records, or np.add.at into a table of 33 columns, cost more than all the adding.
@@ -266,9 +264,7 @@ def _fold_into(
     window.offer_evidence(rows[keep], ranks[ranks < window.evidence_k], times[keep], at)
 
 
-def _fold_arrivals(
-    window: OpenWindow, picked: Any, segment_ids: np.ndarray, lags: np.ndarray, prompt: np.ndarray
-) -> None:
+def _fold_arrivals(window: OpenWindow, picked: Any, rows: np.ndarray, lags: np.ndarray, prompt: np.ndarray) -> None:
     """Add each record (and its prompt tokens) to its row's ``arrived_<lag>`` column, the
     window it started in counted back from this one; starts older than ``ARRIVAL_LAGS``
     windows (or unknown) go in none. Two bincounts over (row, lag) cells, not one per lag."""
@@ -276,8 +272,7 @@ def _fold_arrivals(
     known = (lag >= 0) & (lag < ARRIVAL_LAGS)  # NaN compares false: in no column
     if not known.any():
         return
-    rows = window.rows_for(segment_ids[picked][known])
-    cells = rows * ARRIVAL_LAGS + lag[known].astype(np.intp)
+    cells = rows[known] * ARRIVAL_LAGS + lag[known].astype(np.intp)
     size = len(window) * ARRIVAL_LAGS
     counts = np.bincount(cells, minlength=size).reshape(-1, ARRIVAL_LAGS)
     tokens = np.bincount(cells, weights=prompt[picked][known], minlength=size).reshape(-1, ARRIVAL_LAGS)

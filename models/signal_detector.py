@@ -25,7 +25,6 @@ class DetectorConfig:
     threshold: float = 4.0  # surprise (-log10 p) at which a window is anomalous
     critical: float = 8.0  # surprise at which a paging window is critical
     min_requests: int = 5  # fewer samples behind a latency or share: no verdict, nothing learned
-    ttft_quantile: float = 0.95
     fire_after: int = 2
     fire_within: int = 3
     resolve_after: int = 3
@@ -62,12 +61,12 @@ class Verdict:
 
 #: Signals a queue in front of the engines lengthens: saturation explains their rise.
 #: (Prefill per token is TTFT less queue time where the logs do not split them.)
-#: Slots kept busy over a window, as a share of the most ever: the engines were full for much of
-#: it (a burst of seconds straddles windows, so its average is below the most) (``SignalDetector._saturated``).
+QUEUE_SENSITIVE = frozenset({Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E, Signal.PREFILL_PER_TOKEN})
+#: Slots kept busy over a window, as a share of the most ever: the engines were full for much
+#: of it (a burst of seconds straddles windows, so its average is below the most).
 MOMENTARY_BUSY = 0.7
 #: Share of a signal's time that queueing must make up for a full engine to explain it.
 QUEUE_SHARE = 0.25
-QUEUE_SENSITIVE = frozenset({Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E, Signal.PREFILL_PER_TOKEN})
 
 
 @dataclass(slots=True)
@@ -121,11 +120,11 @@ class SignalDetector:
     def _saturated(self, reading: Reading) -> bool:
         """Whether a queue-sensitive rise is the engines' capacity binding: saturation (a surge
         beyond what they serve, ``models.capacity``), or a logged queue that makes up a good
-        part of the signal (``QUEUE_SHARE``; a burst slows prefill too) while the model's engines
-        keep nearly as many slots busy as they ever have. That
-        is a burst too short to lift a window's arrivals (seconds of them fill every slot).
-        A fault that slows service shows in its own signals (prefill per token, inter-token
-        latency), which still page; one that loses slots keeps fewer busy, and pages here."""
+        part of the signal (``QUEUE_SHARE``; a burst slows prefill too) while the model's
+        engines keep nearly as many slots busy as they ever have (``MOMENTARY_BUSY``): a burst
+        too short to lift a window's arrivals (seconds of them fill every slot). A fault that
+        slows service shows in its own signals (prefill per token, inter-token latency), which
+        still page; one that loses slots keeps fewer busy, and pages here."""
         x = reading.x
         if x.get("saturated", 0.0) > 0:
             return True

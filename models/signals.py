@@ -56,13 +56,13 @@ class Reading:
 class SignalSpec:
     signal: Signal
     kind: Kind
-    read: Callable[[Any, dict[str, float], float], Reading | None]  # a WindowStats or an EngineWindow
+    read: Callable[[Any, dict[str, float]], Reading | None]  # a WindowStats or an EngineWindow
     build: Callable[[int], Any]  # grace windows -> a fresh model
     unit: str = "s"
     what: str = ""  # how a person says it: "TTFT p95", "share of answers cut by the length limit"
 
 
-def _ttft(window: WindowStats, load: dict[str, float], _: float) -> Reading | None:
+def _ttft(window: WindowStats, load: dict[str, float]) -> Reading | None:
     """The geometric mean of the window's TTFTs (from its histogram): a mean of logs has a
     third of the sampling noise of a p95 over the same requests, so a 2x slowdown shows in a
     window of a few dozen requests, and it moves smoothly where a quantile jumps a bucket."""
@@ -75,12 +75,12 @@ def _ttft(window: WindowStats, load: dict[str, float], _: float) -> Reading | No
 
 def _phase(
     name: str, floor_s: float, usual_spread: bool = False
-) -> Callable[[WindowStats, dict[str, float], float], Reading | None]:
+) -> Callable[[WindowStats, dict[str, float]], Reading | None]:
     """Geometric mean of a phase; below ``floor_s`` differences are noise, not signal. With
     ``usual_spread`` its sampling noise is judged from the segment's usual spread within a
     window, not this window's (``LoadConditionedLatency._sampling_var``)."""
 
-    def read(window: WindowStats, load: dict[str, float], _: float) -> Reading | None:
+    def read(window: WindowStats, load: dict[str, float]) -> Reading | None:
         phase = window.phase(name)
         if phase.n == 0:
             return None
@@ -93,7 +93,7 @@ def _phase(
     return read
 
 
-def _decode_throughput(window: WindowStats, load: dict[str, float], _: float) -> Reading | None:
+def _decode_throughput(window: WindowStats, load: dict[str, float]) -> Reading | None:
     """Output tokens/s per running request: decoded tokens over decode seconds (token-weighted)."""
     seconds, itl = window.decode_s, window.phase("itl")
     if seconds <= 0 or itl.n == 0:
@@ -102,8 +102,8 @@ def _decode_throughput(window: WindowStats, load: dict[str, float], _: float) ->
     return Reading(window.decode_tokens / seconds, itl.n, x)
 
 
-def _rate(numerator: str, denominator: str) -> Callable[[WindowStats, dict[str, float], float], Reading | None]:
-    def read(window: WindowStats, load: dict[str, float], _: float) -> Reading | None:
+def _rate(numerator: str, denominator: str) -> Callable[[WindowStats, dict[str, float]], Reading | None]:
+    def read(window: WindowStats, load: dict[str, float]) -> Reading | None:
         bad = int(getattr(window, numerator))
         trials = int(getattr(window, denominator))
         if trials <= 0:
@@ -120,7 +120,7 @@ SHARED_PREFIX_SHARE = 0.5
 HIT_RATE_PER_SHARED_REQUEST = 0.1
 
 
-def _cache_hit_rate(window: WindowStats, load: dict[str, float], _: float) -> Reading | None:
+def _cache_hit_rate(window: WindowStats, load: dict[str, float]) -> Reading | None:
     rate = window.cache_hit_rate
     if math.isnan(rate):
         return None
@@ -210,7 +210,7 @@ KV_USAGE_FLOOR = 0.02
 WAITING_FLOOR = 1.0
 
 
-def _kv_usage(window: Any, load: dict[str, float], _: float) -> Reading | None:
+def _kv_usage(window: Any, load: dict[str, float]) -> Reading | None:
     usage = window.kv_cache_usage
     if usage is None or window.requests + window.running <= 0:
         return None  # an idle engine's cache says nothing about its capacity
@@ -220,7 +220,7 @@ def _kv_usage(window: Any, load: dict[str, float], _: float) -> Reading | None:
     return Reading(max(usage, KV_USAGE_FLOOR), n, {**load, "sampling_var": 0.0})
 
 
-def _waiting(window: Any, load: dict[str, float], _: float) -> Reading | None:
+def _waiting(window: Any, load: dict[str, float]) -> Reading | None:
     waiting = window.waiting
     if waiting is None or window.requests + window.running <= 0:
         return None
@@ -228,13 +228,13 @@ def _waiting(window: Any, load: dict[str, float], _: float) -> Reading | None:
     return Reading(max(waiting, WAITING_FLOOR), n, {**load, "sampling_var": 0.0})
 
 
-def _engine_latency(name: str, floor_s: float) -> Callable[[Any, dict[str, float], float], Reading | None]:
+def _engine_latency(name: str, floor_s: float) -> Callable[[Any, dict[str, float]], Reading | None]:
     """The interval's mean of one of the engine's latency histograms (delta of _sum over
     delta of _count: exact, where its quantiles are interpolated within coarse buckets),
     with the sampling variance of a mean of ``count`` requests whose log spread the
     histogram's p90/p50 gives."""
 
-    def read(window: Any, load: dict[str, float], _: float) -> Reading | None:
+    def read(window: Any, load: dict[str, float]) -> Reading | None:
         summary = window.latency.get(name)
         if summary is None or summary.count < 1 or summary.mean_s is None:
             return None
@@ -247,7 +247,7 @@ def _engine_latency(name: str, floor_s: float) -> Callable[[Any, dict[str, float
     return read
 
 
-def _engine_hit_rate(window: Any, load: dict[str, float], _: float) -> Reading | None:
+def _engine_hit_rate(window: Any, load: dict[str, float]) -> Reading | None:
     """Cached over looked-up prompt tokens in the interval, from the engine's own counters."""
     rate, n = window.cache_hit_rate, round(window.requests)
     if math.isnan(rate) or n <= 0:
