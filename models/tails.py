@@ -7,9 +7,9 @@ Pure functions behind the latency models' scores (``models.latency``):
 * ``degrees_of_freedom`` and ``tail_bound``: the tails a segment has shown, as the share
   of its residuals beyond 3 sds (0.27 % for Gaussian noise), read cautiously while the
   count of such rare windows is small;
-* ``tail_step``: that share, learned from short runs beyond 3 sds only (heavy-tailed
-  noise throws single wild windows; a fault shifts a run of them, and must not teach the
-  model that its tails are heavy);
+* ``tail_step``: that share, learned from short clusters beyond 3 sds only (heavy-tailed
+  noise throws single wild windows; a fault shifts a run of them, or flickers, and must
+  not teach the model that its tails are heavy);
 * ``pair_surprise``: two windows in a row both high. A fault lasts; noise, however heavy
   its tails, rarely throws two wild windows in a row (their correlation ``rho`` is
   learned). So a 2x slowdown that is 3.5 sds per window, unremarkable alone under heavy
@@ -32,6 +32,9 @@ TAIL_Z = 3.0
 TAIL_RUN = 2
 #: Innovation (sds beyond the echo of the window before) that keeps a run going.
 RUN_PUSH = 1.0
+#: Quiet windows after which a cluster of tail windows is over (a minute of 10 s windows):
+#: a fault that flickers comes back sooner; noise's rare wild windows seldom do.
+TAIL_QUIET = 6
 #: Degrees of freedom a segment's tails start from; what that prior is worth, in windows;
 #: and how many windows the tail share remembers (about three hours of 10 s windows).
 PRIOR_NU = 12.0
@@ -149,38 +152,63 @@ def tail_bound(share: float, windows: int) -> float:
     return share + TAIL_CAUTION * math.sqrt(share * seen) / (TAIL_PRIOR_WINDOWS + seen)
 
 
-def tail_step(share: float, run: float, z: float, last_z: float, rho: float, windows: int) -> tuple[float, float]:
-    """The tail share and the current run after one more window of standardised residual
-    ``z`` (sds), the ``windows``-th seen; ``last_z`` and ``rho``: the window before and the
-    lag-one correlation. ``run`` is signed: windows in the run, in the direction it went.
+def _run_parts(run: float) -> tuple[float, int, int]:
+    """``run`` packed as one number (a segment's state is a flat run of doubles): its sign
+    is the direction, its whole part the windows beyond ``TAIL_Z`` (or pushing) in the
+    current cluster, its fraction the quiet windows since, in ``TAIL_QUIET``-ths."""
+    if not run:
+        return 0.0, 0, 0
+    size = abs(run)
+    windows = int(size)
+    return (1.0 if run > 0 else -1.0), windows, round((size - windows) * TAIL_QUIET)
 
-    A run starts with a window beyond ``TAIL_Z`` and goes on while each window pushes the
-    same way by more than its predecessor's echo explains (``RUN_PUSH`` sds of
-    innovation). It counts once it is over, and only if it was short (``TAIL_RUN`` windows
-    at most): a wild window and its fading echo are the noise's tails; a fault keeps
-    pushing, and must not teach the model that its tails are heavy.
+
+def _run_of(direction: float, windows: int, quiet: int) -> float:
+    return direction * (windows + quiet / TAIL_QUIET) if windows else 0.0
+
+
+def tail_step(share: float, run: float, z: float, last_z: float, rho: float, windows: int) -> tuple[float, float]:
+    """The tail share and the current cluster after one more window of standardised
+    residual ``z`` (sds), the ``windows``-th seen; ``last_z`` and ``rho``: the window before
+    and the lag-one correlation. ``run`` is signed and packed (``_run_parts``).
+
+    A cluster starts with a window beyond ``TAIL_Z`` and goes on while each window pushes
+    the same way by more than its predecessor's echo explains (``RUN_PUSH`` sds of
+    innovation), or comes back the same way within ``TAIL_QUIET`` windows (by ``TAIL_Z`` sds
+    of innovation: more than an echo). It counts once that many quiet windows have passed, and only if it was short
+    (``TAIL_RUN`` windows at most): a wild window and its fading echo are the noise's tails;
+    a fault keeps pushing, or flickers back, and must not teach the model that its tails
+    are heavy (a fault's first, lone anomalous window would otherwise blind the model to
+    the rest of it).
 
     >>> share, run = PRIOR_TAIL_SHARE, 0.0
-    >>> for last_z, z in ((0.0, 0.5), (0.5, 6.0), (6.0, 2.5), (2.5, 0.3)):  # a wild window, its echo
+    >>> zs = (0.5, 6.0, 2.5, 0.3, 0.1, -0.4, 0.2, 0.5, 0.0)  # a wild window, its echo, calm
+    >>> for last_z, z in zip((0.0, *zs), zs):
     ...     share, run = tail_step(share, run, z, last_z, 0.4, 400)
     >>> round(share, 4), run
     (0.0084, 0.0)
-    >>> for last_z, z in ((0.0, 4.0), (4.0, 3.9), (3.9, 2.9), (2.9, 3.2)):  # a fault that holds
+    >>> share, run = PRIOR_TAIL_SHARE, 0.0
+    >>> zs = (4.5, 0.8, 1.2, 3.6, 1.0, 3.4, 0.5, 0.2, 0.1, 0.0, 0.3, 0.1)  # a fault that flickers
+    >>> for last_z, z in zip((0.0, *zs), zs):
     ...     share, run = tail_step(share, run, z, last_z, 0.4, 400)
-    >>> run
-    4.0
+    >>> share < PRIOR_TAIL_SHARE, run
+    (True, 0.0)
     """
     rate = max(1.0 / TAIL_MEMORY, 1.0 / (windows + TAIL_PRIOR_WINDOWS))
     share -= share * rate  # this window, as an ordinary one for now
-    if run:
-        direction = 1.0 if run > 0 else -1.0
+    direction, count, quiet = _run_parts(run)
+    if count:
         rho = min(max(rho, 0.0), 0.9)
         push = direction * (z - rho * last_z) / math.sqrt(1.0 - rho * rho)
-        if push > RUN_PUSH:
-            return share, run + direction
-        if abs(run) <= TAIL_RUN:
-            share += abs(run) * rate  # a short run, now over: the tails after all
-        run = 0.0
+        if push > (RUN_PUSH if quiet == 0 else TAIL_Z):
+            return share, _run_of(direction, count + 1, 0)  # the cluster goes on, or is back
+        if count > TAIL_RUN:
+            count = 0  # a change, now over: not the noise's tails
+        elif -direction * z > TAIL_Z or quiet + 1 >= TAIL_QUIET:
+            share += count * rate  # a short cluster, now over: the tails after all
+            count = 0
+        else:
+            return share, _run_of(direction, count, quiet + 1)
     if abs(z) > TAIL_Z:
         return share, 1.0 if z > 0 else -1.0
     return share, 0.0
