@@ -147,14 +147,21 @@ def _prefill_hints(
     load: dict[str, float], usual: Baseline, prompt_ratio: float, uncached_now: float, rank: Callable[..., None]
 ) -> None:
     hit_now = load.get("cache_hit_rate", math.nan)
+    uncached_ratio = _ratio(uncached_now, usual.uncached_tokens_per_request)
+    per_1k, usual_per_1k = Baseline.prefill_per_1k(load), usual.prefill_s_per_1k_tokens
+    slower = _ratio(per_1k, usual_per_1k)
+    # Prefill seconds per request against the usual (NaN where prefill is not logged): a cache
+    # that serves less leads only where prefill itself grew; a window's low hit rate beside a
+    # queue that makes the whole rise (lost slots) is a coincidence, named last.
+    prefill_growth = slower * uncached_ratio
     if not math.isnan(hit_now) and usual.cache_hit_rate >= 0.2 and hit_now < usual.cache_hit_rate / 2:
+        leads = math.isnan(prefill_growth) or prefill_growth >= PREFILL_SLOWER_RATIO
         rank(
-            10.0 + (usual.cache_hit_rate - hit_now) * 10,
+            (10.0 if leads else 3.0) + (usual.cache_hit_rate - hit_now) * 10,
             "prefix_cache_ineffective",
             f"prefix-cache hit rate fell to {hit_now:.0%} from a usual {usual.cache_hit_rate:.0%}; "
             "check that prefix caching is enabled (enable_prefix_caching) on the serving instances",
         )
-    uncached_ratio = _ratio(uncached_now, usual.uncached_tokens_per_request)
     # The rise in uncached tokens that longer prompts do not account for.
     beyond_prompts = uncached_ratio / max(prompt_ratio, 1.0) if not math.isnan(prompt_ratio) else uncached_ratio
     if not math.isnan(beyond_prompts) and beyond_prompts >= 2.0:
@@ -165,8 +172,6 @@ def _prefill_hints(
             f"({uncached_now:,.0f} vs {usual.uncached_tokens_per_request:,.0f}): prefill work grew",
         )
         return
-    per_1k, usual_per_1k = Baseline.prefill_per_1k(load), usual.prefill_s_per_1k_tokens
-    slower = _ratio(per_1k, usual_per_1k)
     if not math.isnan(slower) and slower >= PREFILL_SLOWER_RATIO:
         rank(
             6.0 + math.log(slower),
@@ -184,9 +189,20 @@ def _queue_hints(load: dict[str, float], usual: Baseline, rank: Callable[..., No
     queue_ratio = _ratio(queue_now, queue_usual)
     queued = not math.isnan(queue_ratio) and queue_ratio >= QUEUE_RATIO
     demand = load.get("arrivals_vs_usual", math.nan)
-    if not math.isnan(share) and share < CAPACITY_LOST_SHARE and (queued or math.isnan(queue_ratio)):
-        at_demand = f" at {demand:.1f}x the usual arrivals" if not math.isnan(demand) and demand > 0 else ""
+    at_demand = f" at {demand:.1f}x the usual arrivals" if not math.isnan(demand) and demand > 0 else ""
+    # A queue forms only when every slot is busy: one that forms while the engines keep far
+    # fewer slots busy than they have before means slots (or KV-cache memory) were lost.
+    busy = load.get("running_vs_most", math.nan)
+    if queued and not math.isnan(busy) and busy < CAPACITY_LOST_SHARE:
         rank(  # the cause, ahead of the queue it leaves (``queue_building`` ranks at most 9)
+            9.5 + (1.0 - busy),
+            "capacity_lost",
+            f"requests queue while the model's engines keep {busy:.0%} of the slots busy that they have kept"
+            f"{at_demand}: slots were lost (an engine down or restarted, a lower max_num_seqs, less KV-cache "
+            "memory per engine)",
+        )
+    elif not math.isnan(share) and share < CAPACITY_LOST_SHARE and (queued or math.isnan(queue_ratio)):
+        rank(
             9.5 + (1.0 - share),
             "capacity_lost",
             f"the model's engines serve {served:.1f} req/s against {capacity:.1f} they have served{at_demand}, "

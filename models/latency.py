@@ -114,7 +114,9 @@ class Judgement(NamedTuple):
     conditioned: float  # surprise at this demand: max of the window's and the drift's
     level: float  # surprise against the load-blind level
     drifting: bool  # the drift, not the window alone, is what surprises
-    usual_demand: bool = True  # about the usual demand, engines not saturated: load explains nothing
+    #: Demand at or below the usual, engines not saturated: load explains no rise (latency does
+    #: not fall as demand rises, so what is high at less than the usual demand is high).
+    at_most_usual: bool = True
 
 
 def _dot(a: Sequence[float], b: Sequence[float]) -> float:
@@ -542,9 +544,11 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         prediction: what a detector asks of every window."""
         state = self.numbers
         prediction = self._predict(x, state)
-        usual_demand = self._ordinary(x, self._demand_index(x, state))
+        d = self._demand_index(x, state)
+        usual_demand = self._ordinary(x, d)
+        at_most_usual = usual_demand or (d < 0 and not x.get("saturated", 0.0))
         if not self.warm or not (y > 0 and math.isfinite(y)):
-            return Judgement(prediction, 0.0, 0.0, False, usual_demand)
+            return Judgement(prediction, 0.0, 0.0, False, at_most_usual)
         last_z, rho = state[_LAST_Z], state[_RHO]
         log_y, sign, nu = math.log(y), self._sign, prediction.nu
         z = sign * (log_y - prediction.mean) / prediction.sd
@@ -559,14 +563,16 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
             recent = _recent_after(prediction.recent, now, sign * prediction.drift, self.huber * prediction.sd)
             drift = upper_tail_surprise(recent / prediction.drift_sd) if now > 0 else 0.0
         level_z = sign * (log_y - prediction.level) / prediction.level_sd
-        if usual_demand:
+        if at_most_usual:
             # At the usual demand, the usual level is as good a prediction as the regression's,
             # and sharper where a past surge left the slopes unsure: a rise against it pages.
+            # Below the usual demand it is a bound (latency does not fall as demand rises),
+            # and still sharper where the slopes are unsure so far from the usual demand.
             window = max(window, student_surprise(level_z, nu) - _TWO_LOOKS)
         # Against the usual level with Gaussian tails, this score only ever says "explained by
         # load" (an info event), never pages, so it may be as quick to speak as the level is sure.
         level = upper_tail_surprise(level_z)
-        return Judgement(prediction, max(window, drift, 0.0), level, drift > window, usual_demand)
+        return Judgement(prediction, max(window, drift, 0.0), level, drift > window, at_most_usual)
 
     def borrow(self, other: LoadConditionedLatency) -> None:
         """Cold start: take a warm model's response to load (reference demand, slopes, noise,

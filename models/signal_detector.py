@@ -84,7 +84,7 @@ class SignalDetector:
     def judge(self, reading: Reading, config: DetectorConfig) -> Verdict:
         model, kind = self.model, self.spec.kind
         if kind == "latency":
-            prediction, conditioned, level, drifting, usual_demand = model.judge(reading.x, reading.value)
+            prediction, conditioned, level, drifting, at_most_usual = model.judge(reading.x, reading.value)
             worse = (math.log(reading.value) - prediction.level) * (1 if model.tail == "upper" else -1) > 0
             surprising = conditioned >= config.threshold
             if surprising and self.spec.signal in QUEUE_SENSITIVE and self._saturated(reading):
@@ -95,10 +95,10 @@ class SignalDetector:
             # Above its usual level at all, but as expected at this demand: load. While the
             # engines are saturated a rise that is merely unusual (1 in 100) is reported too:
             # capacity is binding, and on-call should see it before it becomes a fault.
-            # At the usual demand, load explains nothing.
+            # At the usual demand or less, load explains nothing.
             saturated = reading.x.get("saturated", 0.0) > 0 and self.spec.signal in QUEUE_SENSITIVE
             bar = config.threshold / 2 if saturated else config.threshold
-            explained = not surprising and not usual_demand and level >= bar
+            explained = not surprising and not at_most_usual and level >= bar
             score = max(conditioned, level) if explained else conditioned
             expected = prediction.anchored if drifting and pages else prediction.expected
             # A window within a decade of paging is not learned either: a fault's first windows

@@ -200,6 +200,32 @@ def test_capacity_lost_when_the_engines_serve_less_than_they_have_and_requests_q
     assert "capacity_lost" not in codes_for(lost, explained=True)  # a queue load explains is no fault
 
 
+def test_capacity_lost_when_requests_queue_while_fewer_slots_than_ever_are_busy() -> None:
+    # Half the slots gone at 60 % of the old load: the engines still serve what arrives (no
+    # fall in throughput to see), yet a queue forms with only half the usual slots busy.
+    lost_slots = {"served_vs_capacity": 0.8, "running_vs_most": 0.53, "arrivals_vs_usual": 0.9, "queue_s": 1.9}
+    baseline = usual()
+    baseline.queue_s = 0.02
+    hints = latency_hints({**USUAL, **lost_slots}, baseline, explained_by_load=False, signal=Signal.QUEUE_TIME)
+    assert hints[0].code == "capacity_lost" and "53% of the slots" in hints[0].message
+    assert codes_for({**lost_slots, "running_vs_most": 0.95}) == ["queue_building"]  # every slot busy: load
+    assert "capacity_lost" not in codes_for({**lost_slots, "queue_s": 0.0})  # no queue: idle slots are no loss
+
+
+def test_a_low_hit_rate_beside_a_queue_that_makes_the_rise_does_not_lead() -> None:
+    baseline = usual()
+    baseline.prefill_s_per_1k_tokens, baseline.queue_s = 0.1, 0.01
+    # One window's hit rate at a third of usual, prefill per request as usual, a queue of 2 s.
+    dip = {**USUAL, "cache_hit_rate": 0.25, "uncached_prompt_tokens_per_s": 4_400.0, "queue_s": 2.0,
+           "prefill_tokens_per_s_per_request": 10_000.0, "running_vs_most": 0.5}  # fmt: skip
+    ranked = [h.code for h in latency_hints(dip, baseline, explained_by_load=False, signal=Signal.TTFT)]
+    assert ranked[0] == "capacity_lost" and "prefix_cache_ineffective" in ranked
+    # The cache that serves less and the prefill that grew with it: the cache leads.
+    grew = {**dip, "uncached_prompt_tokens_per_s": 19_000.0, "queue_s": 0.01, "running_vs_most": 0.9}
+    ranked = [h.code for h in latency_hints(grew, baseline, explained_by_load=False, signal=Signal.TTFT)]
+    assert ranked[0] == "prefix_cache_ineffective"
+
+
 def test_latency_drift_names_the_slow_creep() -> None:
     assert codes_for({}, cause="drift") == ["latency_drift"]
 

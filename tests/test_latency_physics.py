@@ -1,0 +1,65 @@
+"""Issue #15: the load-conditioned latency model's physics, one rule per test, no broker.
+
+The scenario suites (``tests/test_real_traffic.py``) show these rules on whole workloads;
+here each is pinned on a seeded stream small enough to read.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+
+from models.latency import LoadConditionedLatency
+from models.signal_detector import DetectorConfig, SignalDetector
+from models.signals import BY_SIGNAL, Reading
+from schemas.anomaly import Signal
+
+
+def demand(ratio: float) -> dict[str, float]:
+    return {"requests_per_s": 10.0 * ratio, "prompt_tokens_per_s": 10_000.0 * ratio}
+
+
+def trained(windows: int = 400, seed: int = 7, spread: float = 0.2) -> LoadConditionedLatency:
+    """A TTFT model that has seen demand wander ±20 % around its usual, with 10 % noise."""
+    rng = random.Random(seed)
+    model = LoadConditionedLatency()
+    for _ in range(windows):
+        ratio = rng.uniform(1 - spread, 1 + spread)
+        model.learn_one(demand(ratio), 0.8 * ratio**0.3 * math.exp(rng.gauss(0, 0.1)))
+    return model
+
+
+def test_a_rise_at_less_than_the_usual_demand_pages_and_is_never_put_down_to_load() -> None:
+    # Demand never moved, so the slopes are as unsure as their priors far from the usual.
+    detector = SignalDetector(BY_SIGNAL[Signal.TTFT], trained(spread=0.02))
+    config = DetectorConfig()
+    # Half the usual demand (latency can only be lower there), yet 1.8x the usual TTFT: the
+    # regression alone cannot tell (its slope might be anything), the usual level can.
+    verdict = detector.judge(Reading(value=0.8 * 1.8, x=demand(0.5), n=50), config)
+    assert verdict.pages and not verdict.explained
+    # 3x the usual demand, TTFT up 1.5x: load, as the slopes and surge allow.
+    verdict = detector.judge(Reading(value=1.2, x=demand(3.0), n=50), config)
+    assert not verdict.pages
+
+
+def test_a_faults_first_lone_window_does_not_teach_heavy_tails() -> None:
+    model = trained()
+    nu_before = model.predict_one(demand(1.0)).nu
+    usual = model.predict_one(demand(1.0)).expected
+    # A fault that flickers: one wild window, a few ordinary-looking ones, then back.
+    for value in (usual * 2.5, usual, usual * 1.1, usual * 2.4, usual, usual * 2.6):
+        if value > usual * 2:
+            model.note_unlearned(demand(1.0), value)
+        else:
+            model.learn_one(demand(1.0), value)
+    assert model.predict_one(demand(1.0)).nu >= nu_before - 0.5  # not counted as the noise's tails
+
+
+def test_a_lone_wild_window_followed_by_calm_counts_as_the_tails() -> None:
+    model = trained()
+    nu_before = model.predict_one(demand(1.0)).nu
+    usual = model.predict_one(demand(1.0)).expected
+    model.note_unlearned(demand(1.0), usual * 3.0)
+    for _ in range(8):
+        model.learn_one(demand(1.0), usual)
+    assert model.predict_one(demand(1.0)).nu < nu_before  # heavier tails than it thought
