@@ -4,6 +4,7 @@
 ``tests/test_model_conformance.py`` runs over all of them.
 """
 
+from models.cache_hits import CacheHitRate
 from models.latency import LoadConditionedLatency
 from models.rates import BetaBinomialRate
 from models.share import ShareLevel
@@ -12,6 +13,7 @@ REGISTRY: dict[str, type] = {
     "load_conditioned_latency": LoadConditionedLatency,
     "beta_binomial_rate": BetaBinomialRate,
     "share_level": ShareLevel,
+    "cache_hit_rate": CacheHitRate,
 }
 
-__all__ = ["REGISTRY", "BetaBinomialRate", "LoadConditionedLatency", "ShareLevel"]
+__all__ = ["REGISTRY", "BetaBinomialRate", "CacheHitRate", "LoadConditionedLatency", "ShareLevel"]

@@ -45,7 +45,7 @@ LOAD_MEMORY = 2
 
 #: Version of ``SegmentDetectors.state()``; ``load_state`` refuses others (start fresh).
 #: 2: arrivals and capacity (``models.capacity``); latency models with tails, drift, floors.
-STATE_VERSION = 2
+STATE_VERSION = 3
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,8 @@ HINT_CODES: dict[str, str] = {
     "new_segment": "the segment's baseline is young: a new workload, judged against its model's usual",
     "level_shift": "a lasting change was adopted as the new normal",
     "capacity_saturated": "arrivals far above usual while the engines serve flat out: the queue is load, not a fault",
-    "capacity_lost": "the engines serve well below the capacity they have shown while requests queue",
+    "capacity_lost": "the engines serve well below the capacity they have shown while requests queue, "
+    "or requests queue while far fewer slots are busy than ever (slots lost)",
     "latency_drift": "latency crept up over hours at the same demand (the level left its slow anchor)",
     "latency_rise": "latency rose while demand, mix, cache, prefill per token and queue stayed usual",
 }
@@ -159,8 +160,9 @@ def _prefill_hints(
         rank(
             (10.0 if leads else 3.0) + (usual.cache_hit_rate - hit_now) * 10,
             "prefix_cache_ineffective",
-            f"prefix-cache hit rate fell to {hit_now:.0%} from a usual {usual.cache_hit_rate:.0%}; "
-            "check that prefix caching is enabled (enable_prefix_caching) on the serving instances",
+            f"prefix-cache hit rate fell to {hit_now:.0%} from a usual {usual.cache_hit_rate:.0%}"
+            f"{_reuse_missed(load)}; check that prefix caching is enabled (enable_prefix_caching) on the "
+            "serving instances",
         )
     # The rise in uncached tokens that longer prompts do not account for.
     beyond_prompts = uncached_ratio / max(prompt_ratio, 1.0) if not math.isnan(prompt_ratio) else uncached_ratio
@@ -180,6 +182,15 @@ def _prefill_hints(
             f"usually ({slower:.1f}x slower per token, at the same cache hit rate): slower prefill kernels, "
             "chunked-prefill settings, or long prompts on a busier GPU",
         )
+
+
+def _reuse_missed(load: dict[str, float]) -> str:
+    """The requests that reused a prompt prefix seen before yet got no cached token, if logged."""
+    reused = load.get("reused_prefix_requests", 0.0)
+    if reused <= 0:
+        return ""
+    missed = load.get("reused_prefix_missed", 0.0)
+    return f" ({missed:.0f} of {reused:.0f} requests reusing a prompt prefix seen before got no cached token)"
 
 
 def _queue_hints(load: dict[str, float], usual: Baseline, rank: Callable[..., None]) -> None:
@@ -304,6 +315,8 @@ def signal_hints(signal: Signal, window: WindowStats, observed: float, expected:
     if signal is Signal.CACHE_HIT_RATE:
         shared, hashed = window.prefix_shared, window.prefix_reported
         reuse = f"{shared / hashed:.0%} of requests reuse a prompt prefix seen before, yet " if hashed else ""
+        if shared and (missed := getattr(window, "prefix_shared_missed", 0)):
+            reuse += f"{missed:,} of those {shared:,} got no cached token and "
         if getattr(window, "prefix_caching", None) == "False":  # an engine's metrics say it outright
             return [
                 Hint(

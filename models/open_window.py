@@ -183,7 +183,7 @@ def fold_batch(
         "prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached_known,
         "uncached_prompt_tokens": uncached, "cache_reported_prompt_tokens": np.where(reported, prompt, 0.0),
         "errors": errors, "e2e_sum": batch.column("e2e_s"), "ttft_sum": np.where(has_ttft, ttft, 0.0),
-        **signal_columns(batch, completion, uncached, markers, prefixes),
+        **signal_columns(batch, completion, uncached, markers, prefixes, reported & (cached_known == 0)),
     }  # fmt: skip
     buckets = bucket_indices(ttft)
     # Where each record came from, for evidence: (partition, message offset, position in it).

@@ -3,8 +3,9 @@
 ``models.open_window`` folds the TTFT histogram, token counts and finish reasons; this
 module adds, for one batch, everything else a window keeps (the columns of ``SUMS`` from
 ``content_reported`` on): whether an answer leaked a reasoning end marker or came back
-empty while reasoning text was present, whether its prompt prefix had been seen before,
-and the log moments of each timed phase. All of it adds up under ``merge``.
+empty while reasoning text was present, whether its prompt prefix had been seen before
+(and if so, whether the cache still served none of it), and the log moments of each timed
+phase. All of it adds up under ``merge``.
 
 Work per record happens in numpy, except the two checks that need the text itself
 (a substring test per logged answer) and the prefix lookup (a dict probe per hashed
@@ -109,9 +110,11 @@ def signal_columns(
     uncached: np.ndarray,
     markers: Sequence[str] = DEFAULT_REASONING_MARKERS,
     prefixes: PrefixMemory | None = None,
+    no_cache_hit: np.ndarray | None = None,
 ) -> dict[str, np.ndarray]:
     """The figures of ``COLUMNS`` per record of ``batch``, a column each; a column left out is
-    all zeros (e.g. no answer text or prefix hash logged), so folding can skip it."""
+    all zeros (e.g. no answer text or prefix hash logged), so folding can skip it.
+    ``no_cache_hit``: per record, whether it reported 0 cached tokens (None: none did)."""
     n = len(batch)
     out: dict[str, np.ndarray] = {}
     contents: list[Any] = batch.values("content")
@@ -133,7 +136,9 @@ def signal_columns(
             np.ones(n, dtype=bool) if missing == 0 else np.array([value is not None for value in hashes], dtype=bool)
         )
         if prefixes is not None:
-            out["prefix_shared"] = prefixes.seen_before(hashes)
+            out["prefix_shared"] = shared = prefixes.seen_before(hashes)
+            if no_cache_hit is not None:
+                out["prefix_shared_missed"] = shared & no_cache_hit
     queue, prefill, decode = batch.column("queue_s"), batch.column("prefill_s"), batch.column("decode_s")
     decode_tokens = np.maximum(completion - 1.0, 0.0)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -8,7 +8,9 @@ how to build the per-segment model that judges it. Three kinds of model cover th
   queue, prefill, inter-token and end-to-end time (geometric means), decode throughput;
 * rates of bad outcomes, count-aware (``BetaBinomialRate``): truncation by the length
   limit, leaked reasoning markers, empty answers, errors;
-* shares that should hold (``ShareLevel``): the prefix-cache hit rate.
+* shares that should hold (``ShareLevel``): the prefix-cache hit rate, which request logs
+  also judge request by request (``CacheHitRate``: requests reusing a prompt prefix seen
+  before that got no cached token).
 
 Every model's score is the same surprise (``-log10`` of a tail probability), so one
 threshold and one severity mapping serve all signals.
@@ -21,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from models.cache_hits import CacheHitRate
 from models.capacity import ARRIVAL_FIGURES
 from models.latency import LoadConditionedLatency
 from models.rates import BetaBinomialRate
@@ -127,7 +130,10 @@ def _cache_hit_rate(window: WindowStats, load: dict[str, float]) -> Reading | No
     n = window.requests
     hashed = window.prefix_reported
     shared = window.prefix_shared / hashed if hashed else 0.0
-    return Reading(rate, n, {"trials": n, "prefix_shared_share": shared})
+    x = {"trials": n, "prefix_shared_share": shared}
+    if window.prefix_shared:
+        x.update(reused=window.prefix_shared, reused_missed=window.prefix_shared_missed)
+    return Reading(rate, n, x)
 
 
 def structural_cache_surprise(reading: Reading, spread_var: float = 0.15**2) -> tuple[float, float]:
@@ -194,7 +200,7 @@ SPECS: tuple[SignalSpec, ...] = (
         Signal.CACHE_HIT_RATE,
         "share",
         _cache_hit_rate,
-        lambda grace: ShareLevel(tail="lower", grace_windows=grace),
+        lambda grace: CacheHitRate(grace_windows=grace),
         unit="",
         what="prefix-cache hit rate",
     ),

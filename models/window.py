@@ -48,9 +48,10 @@ SUMS = (
     "requests", "prompt_tokens", "completion_tokens", "cached_tokens", "uncached_prompt_tokens",
     "cache_reported_prompt_tokens", "errors", "e2e_sum", "ttft_sum",
     # completion signals: answers whose text was logged, leaked reasoning markers, empty
-    # answers with reasoning text; requests that reported a prefix hash, and of those the
-    # ones whose prefix this worker had seen before
+    # answers with reasoning text; requests that reported a prefix hash, of those the ones
+    # whose prefix this worker had seen before, and of those the ones that got no cached token
     "content_reported", "reasoning_leaks", "empty_answers", "prefix_reported", "prefix_shared",
+    "prefix_shared_missed",
     "queue_n", "queue_log", "queue_log2", "prefill_n", "prefill_log", "prefill_log2",
     "itl_n", "itl_log", "itl_log2", "e2e_n", "e2e_log", "e2e_log2",
     # prefill seconds per 1,000 uncached prompt tokens, per request (TTFT less queue time
@@ -326,6 +327,9 @@ class WindowStats:
         figures["model_output_tokens_per_s"] = model[2] * per_s
         if not math.isnan(hit := self.cache_hit_rate):
             figures["cache_hit_rate"] = hit
+        if reused := self.prefix_shared:  # requests reusing a prefix seen before, and the cache's misses
+            figures["reused_prefix_requests"] = reused
+            figures["reused_prefix_missed"] = self.prefix_shared_missed
         queue = self.phase("queue")
         if queue.n:
             figures["queue_s"] = queue.geometric_mean

@@ -39,11 +39,24 @@ def share_stream(seed: int, n: int) -> list[tuple[dict[str, Any], float]]:
     return [({"trials": rng.randint(20, 200)}, min(max(rng.gauss(0.85, 0.03), 0.0), 1.0)) for _ in range(n)]
 
 
+def cache_stream(seed: int, n: int) -> list[tuple[dict[str, Any], float]]:
+    """Hit rates, and misses among the requests that reuse a prefix seen before."""
+    rng = random.Random(seed)
+    out: list[tuple[dict[str, Any], float]] = []
+    for _ in range(n):
+        trials = rng.randint(20, 200)
+        reused = rng.randint(0, trials)
+        missed = sum(rng.random() < 0.03 for _ in range(reused))
+        out.append(({"trials": trials, "reused": reused, "reused_missed": missed}, rng.uniform(0.3, 0.5)))
+    return out
+
+
 #: How each registered model is fed: a new model must say what its windows look like.
 STREAMS = {
     "load_conditioned_latency": latency_stream,
     "beta_binomial_rate": rate_stream,
     "share_level": share_stream,
+    "cache_hit_rate": cache_stream,
 }
 
 

@@ -57,9 +57,10 @@ DELAY_WINDOWS = {
     ("trace_decode_slow", Signal.ITL): 3,  # decode 2x slower
     ("trace_decode_slow", Signal.THROUGHPUT): 3,
     ("low_volume_prefill_2x", Signal.PREFILL_PER_TOKEN): 3,  # 10-30 requests per window
-    ("long_prompts_4x", Signal.PREFILL_PER_TOKEN): 6,  # a quarter of a band's requests 4x slower
-    ("capacity_halved", Signal.QUEUE_TIME): 6,  # the queue builds over a few windows
-    ("trace_cache_off", Signal.CACHE_HIT_RATE): 4,
+    ("long_prompts_4x", Signal.PREFILL_PER_TOKEN): 5,  # a quarter of a band's requests 4x slower
+    ("capacity_halved", Signal.QUEUE_TIME): 5,  # the queue builds over a few windows
+    # Requests reusing a known prefix that get no cached token: decisive in the first window.
+    ("trace_cache_off", Signal.CACHE_HIT_RATE): 3,
     # TTFT x4 of a 5 s TTFT is logged 15 s late: the first faulty lines are the shortest ones.
     ("gds_dram_ttft_x4", Signal.TTFT): 4,
     ("dram_only_ttft_x4", Signal.TTFT): 4,
