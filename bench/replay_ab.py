@@ -1,0 +1,81 @@
+"""Replay records/s of two checkouts of servewatch, side by side on the same request logs.
+
+    git worktree add /tmp/before <commit>
+    python bench/replay_ab.py /tmp/before [--records 200000] [--rate 300] [--rounds 5]
+
+Writes ``--records`` request logs of ``bench/common.py``'s fleet at ``--rate`` requests/s of
+event time as JSONL, then runs ``Replay`` over that file in a fresh process per run,
+alternating between the other checkout and this one (this kind of machine drifts by tens of
+per cent within a minute, so runs are paired), and prints each side's median and runs. At
+the default rate of 300 requests/s the fleet's ~100 segments get a few tens of requests per
+window, where judging windows, not reading records, is most of the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import orjson
+
+HERE = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(HERE))
+
+from bench.common import fleet_records  # noqa: E402
+
+#: Run inside the checkout under test: its own pipeline, on the file given.
+CHILD = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from pipeline.cli import REPLAY_CHUNK_LINES
+from pipeline.replay import JsonlChunks, Replay
+from pipeline.tuning import tune_process
+tune_process()
+chunks = JsonlChunks(sys.argv[2], REPLAY_CHUNK_LINES)
+engine = Replay(reread=chunks.reread)
+started = time.perf_counter()
+events = sum(1 for _ in engine.run(chunks))
+print(engine.stats.records / (time.perf_counter() - started), events)
+"""
+
+
+def replay_once(checkout: Path, path: Path) -> tuple[float, int]:
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(checkout), str(path)], capture_output=True, text=True, cwd=checkout
+    )
+    if done.returncode:
+        raise SystemExit(f"replay in {checkout} failed:\n{done.stderr[-2000:]}")
+    rate, events = done.stdout.split()
+    return float(rate), int(events)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("other", type=Path, help="the other checkout (e.g. a git worktree of an older commit)")
+    parser.add_argument("--records", type=int, default=200_000)
+    parser.add_argument("--rate", type=float, default=300.0, help="the fleet's requests/s in event time")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "requests.jsonl"
+        path.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in fleet_records(args.records, rate=args.rate)))
+        sides = {"other": args.other.resolve(), "this": HERE}
+        rates: dict[str, list[float]] = {name: [] for name in sides}
+        for round_ in range(args.rounds):
+            for name, checkout in sides.items():
+                rate, events = replay_once(checkout, path)
+                rates[name].append(rate)
+                print(f"round {round_ + 1}: {name:5} {rate:>10,.0f} records/s, {events} events", file=sys.stderr)
+    print(f"{args.records:,} request logs at {args.rate:,.0f}/s of event time")
+    for name, values in rates.items():
+        runs = ", ".join(f"{v:,.0f}" for v in values)
+        print(f"{name:5} ({sides[name]}): median {statistics.median(values):,.0f}/s  [{runs}]")
+    print(f"ratio this/other: {statistics.median(rates['this']) / statistics.median(rates['other']):.2f}")
+
+
+if __name__ == "__main__":
+    main()
