@@ -210,10 +210,13 @@ class SegmentDetectors:
                 demand_ratio = math.exp(detector.model.demand_index(reading.x))
             if spec.signal in (Signal.TTFT, Signal.QUEUE_TIME) and verdict.score < config.threshold / 2:
                 capacity.settle()  # no queue to speak of (not merely below paging): none to explain
-            if not verdict.learnable:
+            if not verdict.learnable or detector.paging:
                 # A surprise the model did not expect is never its normal, even when load
                 # explains it (a fault that starts during a surge must not be learned);
                 # outside an incident it still tells how heavy the segment's tails are.
+                # Inside a paging incident nothing is learned: its quieter windows are the
+                # fault too (a lasting change is adopted instead, after ``adopt_after``
+                # windows). An incident load explains (info) still teaches the slopes.
                 detector.note_unlearned(reading, verdict)
             elif not verdict.pages:
                 detector.learn(reading)
@@ -303,7 +306,9 @@ class SegmentDetectors:
             transition: Transition | None = Transition.RESOLVED
             tracker.firing, tracker.recent, tracker.since_resolved = False, (), None
         else:
-            transition = tracker.step(anomalous, window_start=window.start, severity=severity.value)
+            transition = tracker.step(
+                anomalous, window_start=window.start, severity=severity.value, sustained=verdict.sustained
+            )
         incident_start = tracker.incident_start or window.start
         if tracker.idle:
             detector.tracker = None  # most signals are normal most of the time: keep nothing

@@ -69,8 +69,13 @@ class IncidentTracker:
             raise ValueError("resolve_after must be at least 1")
         self.recent = tuple(self.recent)[-self.fire_within :]
 
-    def step(self, anomalous: bool, *, window_start: float, severity: str | None = None) -> Transition | None:
-        """Feed one window's verdict; return the state change it causes, if any."""
+    def step(
+        self, anomalous: bool, *, window_start: float, severity: str | None = None, sustained: bool = False
+    ) -> Transition | None:
+        """Feed one window's verdict; return the state change it causes, if any. A
+        ``sustained`` window (its evidence spans windows already: a sequential test) acts at
+        once: anomalous, it fires without waiting for ``fire_after`` of them; normal inside
+        an incident, it resolves without waiting for ``resolve_after``."""
         recent = (*self.recent, window_start if anomalous else None)[-self.fire_within :]
         # Mostly all normal: share one tuple of Nones rather than keep a new one per segment.
         self.recent = _all_normal(len(recent)) if not anomalous and recent.count(None) == len(recent) else recent
@@ -80,7 +85,7 @@ class IncidentTracker:
                 self.since_resolved += 1
                 if self.since_resolved > self.reopen_within:
                     self.since_resolved, self.flaps = None, 0
-            if anomalous and sum(start is not None for start in self.recent) >= self.fire_after:
+            if anomalous and (sustained or sum(start is not None for start in self.recent) >= self.fire_after):
                 self.firing, self.normal_streak, self.windows_since_event = True, 0, 0
                 if self.since_resolved is not None and self.incident_start is not None:
                     self.flaps += 1  # back soon after resolving: the same incident, reopened
@@ -100,7 +105,7 @@ class IncidentTracker:
                 return Transition.UPDATE
             return None
         self.normal_streak += 1
-        if self.normal_streak >= self.resolve_after * 2 ** min(self.flaps, 3):
+        if sustained or self.normal_streak >= self.resolve_after * 2 ** min(self.flaps, 3):
             self.firing, self.recent = False, ()
             self.windows_since_event, self.since_resolved = 0, 0
             return Transition.RESOLVED

@@ -1,14 +1,29 @@
-"""Rates of bad outcomes (truncations, leaks, errors): count-aware, so 1 in 3 is not 30 in 1,000.
+"""Rates of bad outcomes (truncations, leaks, errors): count-aware, and sequential.
 
-A window's ``k`` bad requests out of ``n`` are judged against a beta-binomial predictive
-distribution: the segment's usual rate is a Beta belief (discounted pseudo-counts of the
-windows learned), and the window is ``n`` draws at a rate drawn from that belief. Its upper
-tail probability is exact for small windows and knows that a high share of a handful of
-requests is weak evidence, while a modest rise over thousands of requests is strong.
+A window's ``k`` bad requests out of ``n`` are judged two ways, and the window's surprise is
+the larger (less ``log10(2)`` for looking twice):
 
-The Beta's strength is capped (``max_strength`` pseudo-requests): real rates wander from
-window to window more than a fixed binomial allows, and an uncapped belief built from
-millions of requests would page on every wobble. Windows judged anomalous are not learned.
+* **alone**, against a beta-binomial predictive: the segment's usual rate is a Beta belief
+  (discounted pseudo-counts of the windows learned), and the window is ``n`` draws at a rate
+  drawn from it. Exact for small windows: 1 bad in 3 is weak evidence, 30 in 1,000 strong.
+* **with the windows before it**, by a CUSUM of the log-likelihood ratio of a raised rate
+  against the usual one (Page's test; the raised rate is estimated from the windows since
+  the CUSUM last stood at 0, before the current one, as Lorden and Pollak's adaptive CUSUM
+  does). A 5 % error rate in segments of 20 requests gives 1 bad request a window: no
+  window alone can page against a 0.2 % baseline, a few together can. Under the usual
+  rate the CUSUM exceeds ``h`` nats with probability at most ``e^-h``, so ``h / ln 10`` is
+  a surprise on the same scale as every other signal's.
+
+Overdispersion is learned, not assumed: real rates wander from window to window more than a
+binomial allows, by an intra-class correlation ``icc`` estimated from the segment's normal
+windows (Pearson's statistic): a window's rate is drawn from a Beta no stronger than
+``1 / icc - 1``, and each window's log-likelihood ratio is divided by its variance inflation
+``1 + (n - 1) icc``. The CUSUM weighs against the usual rate one standard error high, so a
+usual rate learned a little low does not add up to a page.
+
+Inside an incident nothing is learned, and the incident lasts until the evidence favours the
+usual rate over the incident's own (a second CUSUM, the other way round), not merely until
+a few windows with 0 or 1 bad requests, which a 5 % rate over 20 requests often gives.
 """
 
 from __future__ import annotations
@@ -23,6 +38,7 @@ from models.compact import CompactState, count, number
 from models.params import param, shared
 
 _LN10 = math.log(10.0)
+_TWO_LOOKS = math.log10(2.0)
 
 
 def _log_beta(a: float, b: float) -> float:
@@ -58,17 +74,34 @@ def beta_binomial_surprise(k: int, n: int, alpha: float, beta: float, max_terms:
     return max(-(first + math.log(total)) / _LN10, 0.0)
 
 
+def log_likelihood_ratio(k: int, n: int, p1: float, p0: float) -> float:
+    """``log`` of how much likelier ``k`` bad out of ``n`` is at rate ``p1`` than at ``p0``.
+
+    >>> round(log_likelihood_ratio(1, 20, 0.05, 0.002), 2)     # one error in 20: 25x likelier
+    2.28
+    """
+    return k * math.log(p1 / p0) + (n - k) * math.log((1.0 - p1) / (1.0 - p0))
+
+
 class _RateParams(NamedTuple):
     prior_rate: float
     prior_strength: float
     halflife: float
     max_strength: float
     grace_windows: int
+    min_ratio: float
+    prior_ratio: float
+    prior_weight: float
+    recovery: float
 
 
 class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
     """Share of requests with a bad outcome. ``x["trials"]`` is the window's requests (the
     denominator), ``y`` the bad ones among them.
+
+    ``learn_one`` teaches the usual rate (windows that are normal, outside incidents);
+    ``score_one`` is a window's surprise, alone and with the windows before it; ``step``
+    moves the sequential evidence on by one judged window, whatever its verdict.
 
     Parameters
     ----------
@@ -78,11 +111,20 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
     prior_strength
         How many requests that prior is worth.
     halflife
-        Windows over which old windows' counts lose half their weight.
+        Windows over which old windows' counts (and the overdispersion) lose half their weight.
     max_strength
-        Cap on the pseudo-requests behind the belief (window-to-window overdispersion).
+        Cap on the pseudo-requests behind the usual rate's estimate (a window's own rate
+        wanders more: see ``icc``).
     grace_windows
         Windows learned before ``score_one`` says anything but 0.
+    min_ratio
+        The raised rate the CUSUM looks for is at least this multiple of the usual one.
+    prior_ratio, prior_weight
+        The raised rate it starts from (a multiple of the usual), and how many requests that
+        guess is worth against the windows since the CUSUM last stood at 0.
+    recovery
+        Surprise (log10) with which the evidence must favour the usual rate over the
+        incident's before an incident's windows count as normal again.
 
     Examples
     --------
@@ -97,38 +139,80 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
     >>> model.score_one({"trials": 1000}, 30) > 10     # 30 in 1,000 against 0.1 %: page
     True
     >>> round(model.expected_rate, 4)
-    0.0007
+    0.001
+    >>> # One bad request in 20 per window, window after window (5 %): no window alone says
+    >>> # much against 0.1 %, a few together do.
+    >>> scores = []
+    >>> for _ in range(5):
+    ...     scores.append(round(model.score_one({"trials": 20}, 1), 1))
+    ...     model.step({"trials": 20}, 1)
+    >>> scores
+    [1.4, 1.4, 2.5, 3.7, 4.9]
     """
 
-    # Learned state: three doubles, alone or in a segment's buffer (``models.compact``);
+    # Learned state: eight doubles, alone or in a segment's buffer (``models.compact``);
     # constructor arguments shared (``models.params``).
     __slots__ = ()
-    STATE_SIZE = 3
+    STATE_SIZE = 8
     alpha = number(0)
     beta = number(1)
     n_learned = count(2)
+    icc = number(3)  # intra-class correlation of the bad outcomes within a window (overdispersion)
+    cusum = number(4)  # nats of evidence for a raised rate, over the windows since it stood at 0
+    run_bad = number(5)  # bad outcomes and requests of those windows: the raised rate's estimate
+    run_trials = number(6)
+    recovery_evidence = number(7)  # inside an incident: nats of evidence for the usual rate
     prior_rate = param("prior_rate")
     prior_strength = param("prior_strength")
     halflife = param("halflife")
     max_strength = param("max_strength")
     grace_windows = param("grace_windows")
+    min_ratio = param("min_ratio")
+    prior_ratio = param("prior_ratio")
+    prior_weight = param("prior_weight")
+    recovery = param("recovery")
 
     def __init__(
         self,
         prior_rate: float = 0.005,
         prior_strength: float = 20.0,
         halflife: float = 360.0,
-        max_strength: float = 5_000.0,
+        max_strength: float = 100_000.0,
         grace_windows: int = 6,
+        min_ratio: float = 2.0,
+        prior_ratio: float = 4.0,
+        prior_weight: float = 50.0,
+        recovery: float = 4.0,
     ) -> None:
         if not 0.0 < prior_rate < 1.0:
             raise ValueError("prior_rate must be in (0, 1)")
-        self._params = shared(_RateParams, prior_rate, prior_strength, halflife, max_strength, grace_windows)
-        self._own([prior_rate * prior_strength, (1.0 - prior_rate) * prior_strength, 0.0])
+        if min_ratio <= 1.0 or prior_ratio < min_ratio:
+            raise ValueError("need 1 < min_ratio <= prior_ratio: the CUSUM looks for a raised rate")
+        self._params = shared(
+            _RateParams, prior_rate, prior_strength, halflife, max_strength, grace_windows, min_ratio, prior_ratio,
+            prior_weight, recovery,
+        )  # fmt: skip
+        self._own([prior_rate * prior_strength, (1.0 - prior_rate) * prior_strength, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
 
     @property
     def expected_rate(self) -> float:
         return self.alpha / (self.alpha + self.beta)
+
+    def raised_rate(self, n: int) -> float:
+        """The raised rate the CUSUM weighs the next window (of ``n``) against: the windows
+        since it last stood at 0, with ``prior_weight`` requests' worth of ``prior_ratio``
+        times the usual."""
+        p0 = self._usual_high(n)
+        guess = (self.run_bad + self.prior_ratio * p0 * self.prior_weight) / (self.run_trials + self.prior_weight)
+        return min(max(guess, self.min_ratio * p0), 0.5 + 0.5 * p0)
+
+    @property
+    def recovered(self) -> bool:
+        """Inside an incident: whether the evidence now favours the usual rate (by ``recovery``)."""
+        return self.recovery_evidence >= self.recovery * _LN10
+
+    def _inflation(self, n: int) -> float:
+        return 1.0 + max(n - 1, 0) * self.icc
 
     def borrow(self, rate: float, strength: float) -> None:
         """Start from another baseline (the model-level rate) while this one is young."""
@@ -139,7 +223,13 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
         n, k = int(x["trials"]), int(y)
         if n <= 0:
             return
+        p = self.expected_rate
         decay = 0.5 ** (1.0 / self.halflife)
+        if n > 1 and self.n_learned >= self.grace_windows:
+            # Pearson's statistic: 1 on average for binomial windows, 1 + (n - 1) icc beyond.
+            pearson = (k - n * p) ** 2 / (n * p * (1.0 - p))
+            sample = min(max((pearson - 1.0) / (n - 1), -1.0), 1.0)
+            self.icc = max(self.icc + (sample - self.icc) * (1.0 - decay), 0.0)
         alpha, beta = decay * self.alpha + k, decay * self.beta + (n - k)
         strength = alpha + beta
         if strength > self.max_strength:
@@ -147,20 +237,89 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
         self.alpha, self.beta = alpha, beta
         self.n_learned += 1
 
-    def score_one(self, x: dict[Hashable, Any], y: base.typing.Target) -> float:
-        """Surprise (-log10 of the upper-tail probability) of ``y`` bad out of ``x["trials"]``."""
+    def _window_belief(self) -> tuple[float, float]:
+        """The Beta a window's rate is drawn from: the usual rate, as sure as the windows
+        learned make it, but no surer than the rate's own wander from window to window."""
+        strength = self.alpha + self.beta
+        if self.icc > 0:
+            strength = min(strength, max(1.0 / self.icc - 1.0, 10.0))
+        p = self.expected_rate
+        return p * strength, (1.0 - p) * strength
+
+    def _usual_high(self, n: int) -> float:
+        """The usual rate the CUSUM weighs against: one standard error above its estimate, so
+        that a usual rate learned a little low does not add up to a page. The requests behind
+        the estimate count for less where windows of ``n`` wander (overdispersion)."""
+        p, strength = self.expected_rate, (self.alpha + self.beta) / self._inflation(n)
+        return min(p + math.sqrt(p * (1.0 - p) / (strength + 1.0)), 0.5)
+
+    def _cusum_after(self, n: int, k: int, cap: float = math.inf) -> float:
+        """The CUSUM after a window of ``k`` bad out of ``n``, that window counting for at most ``cap`` nats."""
+        if n <= 0:
+            return self.cusum
+        llr = log_likelihood_ratio(k, n, self.raised_rate(n), self._usual_high(n)) / self._inflation(n)
+        return max(self.cusum + min(llr, cap), 0.0)
+
+    def sustained(self, x: dict[Hashable, Any], y: base.typing.Target, threshold: float) -> bool:
+        """Whether the windows up to this one page with no window counting for more than half
+        of ``threshold``: evidence that spans windows, which one wild window cannot give."""
         if self.n_learned < self.grace_windows:
-            return 0.0
-        return beta_binomial_surprise(int(y), int(x["trials"]), self.alpha, self.beta)
+            return False
+        half = threshold * _LN10 / 2.0
+        return self._cusum_after(int(x["trials"]), int(y), cap=half) / _LN10 - _TWO_LOOKS >= threshold
+
+    def score_one(self, x: dict[Hashable, Any], y: base.typing.Target) -> float:
+        """Surprise (-log10 of the upper-tail probability) of ``y`` bad out of ``x["trials"]``:
+        the window alone, or with the windows before it (the CUSUM after this one)."""
+        return max(self.looks(x, y))
+
+    def looks(self, x: dict[Hashable, Any], y: base.typing.Target) -> tuple[float, float]:
+        """The window's surprise alone and with the windows before it, each less what looking
+        twice costs (0 while the model is young)."""
+        if self.n_learned < self.grace_windows:
+            return 0.0, 0.0
+        n, k = int(x["trials"]), int(y)
+        alone = beta_binomial_surprise(k, n, *self._window_belief())
+        together = self._cusum_after(n, k) / _LN10
+        return max(alone - _TWO_LOOKS, 0.0), max(together - _TWO_LOOKS, 0.0)
+
+    def step(self, x: dict[Hashable, Any], y: base.typing.Target, *, incident: bool = False) -> None:
+        """Move the sequential evidence on by one judged window. Inside an ``incident`` it
+        also weighs the usual rate against the incident's own, for ``recovered``."""
+        if self.n_learned < self.grace_windows:
+            return
+        n, k = int(x["trials"]), int(y)
+        if n <= 0:
+            return
+        if incident:
+            p0, fault = self._usual_high(n), self.raised_rate(n)
+            favour = log_likelihood_ratio(k, n, p0, fault) / self._inflation(n)
+            self.recovery_evidence = max(self.recovery_evidence + favour, 0.0)
+        cusum = self._cusum_after(n, k)
+        if cusum <= 0.0:
+            self._set_numbers(4, [0.0, 0.0, 0.0])
+        else:
+            self._set_numbers(4, [cusum, self.run_bad + k, self.run_trials + n])
+
+    def incident_over(self) -> None:
+        """The incident resolved: its evidence goes with it (the next one starts afresh)."""
+        if self.recovery_evidence > 0.0:
+            self._set_numbers(4, [0.0, 0.0, 0.0, 0.0])
 
     def adopt(self, rate: float) -> None:
         """A lasting change was accepted as the new normal: restart the belief at ``rate``."""
         rate = min(max(rate, 1e-6), 1 - 1e-6)
         strength = min(self.alpha + self.beta, self.max_strength / 10)
         self.alpha, self.beta = rate * strength, (1.0 - rate) * strength
+        self._set_numbers(4, [0.0, 0.0, 0.0, 0.0])
 
     def state(self) -> dict[str, Any]:
-        return {"alpha": self.alpha, "beta": self.beta, "n_learned": self.n_learned}
+        return {
+            "alpha": self.alpha, "beta": self.beta, "n_learned": self.n_learned, "icc": self.icc,
+            "cusum": [self.cusum, self.run_bad, self.run_trials, self.recovery_evidence],
+        }  # fmt: skip
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self._set_numbers(0, [float(state["alpha"]), float(state["beta"]), float(int(state["n_learned"]))])
+        learned = [float(state["alpha"]), float(state["beta"]), float(int(state["n_learned"]))]
+        sequential = [float(v) for v in state.get("cusum", [0.0] * 4)]
+        self._set_numbers(0, [*learned, float(state.get("icc", 0.0)), *sequential])

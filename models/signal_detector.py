@@ -57,6 +57,10 @@ class Verdict:
     cause: str | None = None
     learnable: bool = True  # the model may learn this window (it is what the model expects)
     drifting: bool = False  # what surprises is the drift of recent windows, not this one alone
+    # The evidence spans windows already (a rate's CUSUM): an anomalous window fires without
+    # waiting for a second one, a normal one inside an incident resolves it without waiting
+    # for more (either would count the same evidence twice).
+    sustained: bool = False
 
 
 #: Signals a queue in front of the engines lengthens: saturation explains their rise.
@@ -108,14 +112,43 @@ class SignalDetector:
                            "drift" if drifting and pages else None, learnable=learnable,
                            drifting=drifting)  # fmt: skip
         if kind == "rate":
-            score = model.score_one(reading.x, reading.bad)
-            return Verdict(score, model.expected_rate, score >= config.threshold, False, model.expected_rate)
+            # Judged alone and with the windows before it (``BetaBinomialRate``); this moves
+            # the sequential evidence on, so ``judge`` is called once per window.
+            incident = self.firing
+            if not incident:
+                model.incident_over()  # a resolved incident's evidence must not fire it again
+            alone, together = model.looks(reading.x, reading.bad)
+            score = max(alone, together)
+            sustained = together >= config.threshold and model.sustained(reading.x, reading.bad, config.threshold)
+            model.step(reading.x, reading.bad, incident=incident)
+            # An incident lasts until the evidence favours the usual rate over its own (a 5 %
+            # rate over 20 requests gives many windows with 0 or 1 bad ones), and then ends at
+            # once: that evidence spans windows already.
+            if incident:
+                pages = not model.recovered
+                sustained = not pages
+            else:
+                pages = score >= config.threshold
+            # As for latency: a window within a decade of paging is not the usual rate.
+            learnable = not incident and score < config.threshold - 1.0
+            return Verdict(score, model.expected_rate, pages, False, model.expected_rate, learnable=learnable,
+                           sustained=sustained)  # fmt: skip
         score, expected = model.score_one(reading.x, reading.value), model.expected
         if self.spec.signal is Signal.CACHE_HIT_RATE:
             structural, floor = structural_cache_surprise(reading)
             if structural > score:  # judged against what sharing implies, not only history
                 score, expected = structural, floor
         return Verdict(score, expected, score >= config.threshold, False, model.expected)
+
+    @property
+    def firing(self) -> bool:
+        """Whether this signal's incident is open."""
+        return self.tracker is not None and self.tracker.firing
+
+    @property
+    def paging(self) -> bool:
+        """Whether this signal's incident is open and pages (not one load explains)."""
+        return self.firing and self.tracker is not None and self.tracker.severity != "info"
 
     def _saturated(self, reading: Reading) -> bool:
         """Whether a queue-sensitive rise is the engines' capacity binding: saturation (a surge
@@ -144,8 +177,7 @@ class SignalDetector:
         window's pair, and outside an incident it counts towards how heavy the segment's
         tails are (``LoadConditionedLatency.note_unlearned``)."""
         if self.spec.kind == "latency":
-            calm = self.tracker is None or not self.tracker.firing
-            self.model.note_unlearned(reading.x, reading.value, tails=calm, drift=verdict.drifting)
+            self.model.note_unlearned(reading.x, reading.value, tails=not self.firing, drift=verdict.drifting)
 
     def note_run(self, pages: bool, reading: Reading, adopt_after: int) -> bool:
         """Count the anomalous windows of the current run; True when it is long enough to adopt.

@@ -289,8 +289,13 @@ class ScenarioResult:
 
     @property
     def false_pages(self) -> list[AnomalyEvent]:
-        """Pages outside the injected phase (and its aftermath)."""
-        return [e for e in self.pages if not self._in_fault(e)]
+        """Pages of incidents that began outside the injected phase (and its aftermath). An
+        incident the fault opened may outlast it: a low-volume segment takes a while to show
+        that its rate is back to usual, and its updates until then are the fault's."""
+        began: dict[str, AnomalyEvent] = {}
+        for event in self.pages:
+            began.setdefault(event.fingerprint, event)
+        return [e for e in self.pages if not self._in_fault(began[e.fingerprint])]
 
     @property
     def paged_signals(self) -> frozenset[Signal]:
