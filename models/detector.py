@@ -359,6 +359,7 @@ class SegmentDetectors:
             ),
             fingerprint=fp,
             status=Status.RESOLVED if transition is Transition.RESOLVED else Status.FIRING,
+            transition=transition.value,
             signal=spec.signal,
             segment=labels,
             window_start=window.start,

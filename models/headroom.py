@@ -100,6 +100,7 @@ class HeadroomWatch:
             id=event_id(fp, status.value, window.start),
             fingerprint=fp,
             status=status,
+            transition="firing" if status is Status.FIRING else "resolved",
             signal=Signal.KV_CACHE_USAGE,
             segment=window.labels,
             window_start=window.start,

@@ -4,7 +4,7 @@ Paging on every anomalous window would flood people; paging on none until the wi
 closes for good would be late. Like Alertmanager's ``for:`` and Prometheus' hysteresis:
 an incident *fires* after ``fire_after`` anomalous windows among the last ``fire_within``,
 sends an *update* every ``update_every`` windows while it lasts (or at once when its
-severity changes), and *resolves* after ``resolve_after`` normal windows in a row.
+severity steps up), and *resolves* after ``resolve_after`` normal windows in a row.
 Flapping is damped: an incident that fires again within ``reopen_within`` windows of
 resolving is the same incident (same start, so the same fingerprint), and each such
 reopening doubles the normal windows it needs to resolve (up to 8x).
@@ -30,6 +30,10 @@ def fingerprint(segment_key: str, signal: str, incident_start: float) -> str:
     """Stable identity of one incident of one signal in one segment."""
     raw = f"{segment_key}\x1f{signal}\x1f{incident_start:.3f}".encode()
     return hashlib.blake2b(raw, digest_size=8).hexdigest()
+
+
+#: Severities in order: a step up is announced at once, a step down at the next update.
+_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 
 @functools.cache
@@ -98,8 +102,11 @@ class IncidentTracker:
             return None
         if anomalous:
             self.normal_streak = 0
-            changed = severity is not None and severity != self.severity
-            if changed or self.windows_since_event >= self.update_every:
+            # Only a step up is news at once (warning to critical); a severity that moves back
+            # and forth around a bound would otherwise send an event every window. The regular
+            # update carries the severity as it is then.
+            escalated = _RANK.get(severity or "", -1) > _RANK.get(self.severity or "", -1)
+            if escalated or self.windows_since_event >= self.update_every:
                 self.severity = severity or self.severity
                 self.windows_since_event = 0
                 return Transition.UPDATE

@@ -53,7 +53,7 @@ def format_event(event: AnomalyEvent, phase: str, update: bool = False) -> str:
     """Two or three lines for a terminal; ``update``: a later event of an incident already shown."""
     segment = "/".join(v for k, v in event.segment.items() if v != "-")
     offset = event.window_start - EPOCH
-    status = "UPDATE" if update and event.status is Status.FIRING else event.status.value.upper()
+    status = "UPDATE" if update or event.transition == "update" else event.status.value.upper()
     head = (
         f"[t+{int(offset) // 60:02d}:{int(offset) % 60:02d} {phase:>9}] {status:8} "
         f"{event.severity.value:8} {event.signal.value:5} {segment}  score={event.score:.1f} "

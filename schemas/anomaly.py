@@ -8,7 +8,7 @@ periodic updates while it lasts, and one ``resolved`` event.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -93,6 +93,12 @@ class AnomalyEvent(BaseModel):
     id: str = Field(description="Unique and deterministic per fingerprint, window and status.")
     fingerprint: str = Field(description="Stable per segment + signal + incident.")
     status: Status
+    transition: Literal["firing", "update", "resolved"] = Field(
+        default="firing",
+        description="The incident's lifecycle step: 'firing' when it starts (or reopens), 'update' while it "
+        "lasts (every few windows, or at once when its severity steps up), 'resolved' when it ends. A sink "
+        "pages on 'firing' and may refresh on 'update'.",
+    )
     signal: Signal
     segment: dict[str, str] = Field(description="Workload segment labels; always has 'model'.")
     window_start: float = Field(description="Unix seconds, inclusive.")

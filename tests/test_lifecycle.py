@@ -63,3 +63,15 @@ def test_fingerprint_is_stable_and_distinct() -> None:
 def test_rejects_nonsense_config(bad: dict[str, int]) -> None:
     with pytest.raises(ValueError):
         IncidentTracker(**bad)
+
+
+def test_a_severity_that_moves_back_and_forth_sends_one_step_up_not_an_event_a_window() -> None:
+    """Issue #16: one cache-off incident sent 27 events as its score crossed the critical bound
+    and back. Only a step up is news at once; the regular update carries the rest."""
+    tracker = IncidentTracker(fire_after=2, fire_within=3, resolve_after=3, update_every=6)
+    severities = ["warning", "warning"] + ["critical", "warning"] * 9  # 20 anomalous windows
+    steps = [tracker.step(True, window_start=float(i), severity=s) for i, s in enumerate(severities)]
+    events = [(i, t) for i, t in enumerate(steps) if t is not None]
+    assert events[0] == (1, Transition.FIRING)
+    assert events[1] == (2, Transition.UPDATE)  # warning -> critical: at once
+    assert len(events) == 2 + (len(severities) - 3) // 6  # then one every 6 windows
