@@ -34,6 +34,8 @@ from models.lifecycle import Transition, fingerprint
 from models.rates import BetaBinomialRate
 from models.signal_detector import DetectorConfig, SignalDetector, Verdict
 from models.signals import MODEL_FIGURES, SPEC_SETS, Reading, SignalSpec
+from models.silence import no_data_events
+from models.traffic import TrafficWatch
 from models.window import WindowStats
 from models.wording import describe, event_id, segment_phrase, window_summary
 from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
@@ -456,6 +458,10 @@ class SegmentDetectors:
             self.keep(detector)
 
 
+#: Windows of traffic counts kept waiting for evidence that traffic went on past them.
+TRAFFIC_PENDING_MAX = 60
+
+
 @dataclass
 class DetectorBank:
     """All segments' detectors. Bounded: segments are capped upstream by the ``Segmenter``.
@@ -477,6 +483,15 @@ class DetectorBank:
     windows_judged: int = 0
     restored: int = 0  # segments whose state was restored
     discarded: int = 0  # stored states refused (another version, or corrupt): started fresh
+    clock: float = -math.inf  # event time: the latest window end judged
+    traffic: TrafficWatch = field(init=False)  # requests per model per window (models going dark)
+    # Windows' requests per model not judged yet, and the latest window requests started in.
+    _traffic_pending: dict[tuple[float, float], dict[str, int]] = field(default_factory=dict, repr=False)
+    _started_in: float = -math.inf
+    expired: list[str] = field(default_factory=list)  # keys of segments dropped as idle, not yet told
+
+    def __post_init__(self) -> None:
+        self.traffic = TrafficWatch(self.config)
 
     def segment(self, key: str) -> SegmentDetectors:
         detectors = self.detectors.get(key)
@@ -523,6 +538,55 @@ class DetectorBank:
         self.windows_judged += 1
         return detectors.observe(window, self.pooled, self.templates)
 
-    def observe_all(self, windows: list[WindowStats]) -> list[AnomalyEvent]:
-        """Judge windows released together."""
-        return [event for window in windows for event in self.observe(window)]
+    def observe_all(self, windows: list[WindowStats], final: bool = False) -> list[AnomalyEvent]:
+        """Judge windows released together; then, once per new window end, each model's
+        traffic in it (``models.traffic``) and the silent segments (``models.silence``).
+        ``final``: the stream's end flushed them, and its last windows are cut short by that
+        end, not by their traffic."""
+        events = [event for window in windows for event in self.observe(window)]
+        if not final:
+            events += self._judge_traffic(windows)
+        now = max((window.end for window in windows), default=self.clock)
+        if now > self.clock:
+            self.clock = now
+            events += self.sweep(now)
+        return events
+
+    def _judge_traffic(self, windows: list[WindowStats]) -> list[AnomalyEvent]:
+        """Each model's requests per window, judged once requests have *started* in a later
+        window: traffic went on past it, so a window with few requests is not merely the
+        end of the input (a file replayed, whose last windows hold the drain of requests
+        still finishing)."""
+        pending = self._traffic_pending
+        for window in windows:
+            if window.end > self.clock:
+                per_model = pending.setdefault((window.start, window.end), {})
+                model = window.labels.get("model", "other")
+                per_model[model] = per_model.get(model, 0) + int(window.requests)
+            for lag, (arrived, _) in enumerate(window.arrival_counts()):
+                if arrived > 0:  # requests that started ``lag`` windows before this one
+                    self._started_in = max(self._started_in, window.start - lag * window.length)
+                    break
+        events = []
+        for start, end in sorted(pending):
+            if start >= self._started_in:
+                break
+            events += self.traffic.observe(start, end, pending.pop((start, end)))
+        while len(pending) > TRAFFIC_PENDING_MAX:  # no start times seen (requests all longer
+            del pending[min(pending)]  # than ARRIVAL_LAGS windows): those go unjudged
+        return events
+
+    def sweep(self, now: float) -> list[AnomalyEvent]:
+        """Open incidents of segments silent for ``no_data_after_s`` resolve as ``no_data``;
+        segments silent for ``segment_idle_s`` are dropped (their keys go to ``expired``, for
+        their stored state to go too)."""
+        events: list[AnomalyEvent] = []
+        config = self.config
+        for key, segment in list(self.detectors.items()):
+            silent_s = now - segment.last_window_end
+            if silent_s >= config.no_data_after_s and segment.active:
+                events += no_data_events(segment, now)
+            if silent_s >= config.segment_idle_s:
+                del self.detectors[key]
+                self.expired.append(key)
+        return events

@@ -37,6 +37,8 @@ HINT_CODES: dict[str, str] = {
     "or requests queue while far fewer slots are busy than ever (slots lost)",
     "latency_drift": "latency crept up over hours at the same demand (the level left its slow anchor)",
     "latency_rise": "latency rose while demand, mix, cache, prefill per token and queue stayed usual",
+    "traffic_drop": "a model's requests fell to a small share of its usual for the hour (it went dark)",
+    "no_data": "the segment sent nothing for a while: its open incident ended without evidence it recovered",
 }
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 import sys
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Required, TypedDict, Unpack
@@ -146,8 +147,16 @@ class Segmenter:
     prompt_band_edges: tuple[int, ...] = (4096, 32768)
     output_band_edges: tuple[int, ...] = (1024,)
     max_segments: int = 1000
-    #: Every segment key seen, in order of first sight; a key's position is its stable id.
+    #: Event seconds without requests after which a segment's id may go to a new label
+    #: combination once the cap is reached (``note_seen``); infinite: never.
+    idle_s: float = math.inf
+    #: Every segment key seen, in order of first sight; a key's position is its stable id
+    #: (until the segment is idle for ``idle_s`` and its id is needed for a new key).
     keys: list[str] = field(default_factory=list, init=False, repr=False)
+    #: Per id, the end of the last window it had requests in (event time), and the latest of them.
+    last_seen: array[float] = field(default_factory=lambda: array("d"), init=False, repr=False)
+    clock: float = field(default=-math.inf, init=False, repr=False)
+    reclaimed: int = field(default=0, init=False)
     _ids: dict[str, int] = field(default_factory=dict, init=False, repr=False)
     _overflow_id: int | None = field(default=None, init=False, repr=False)
     _prompt_labels: list[str] = field(default_factory=list, init=False, repr=False)
@@ -183,6 +192,9 @@ class Segmenter:
         if known is not None:
             return self.keys[known]
         if len(self._ids) - (self._overflow_id is not None) >= self.max_segments:
+            idle = self._idle_id()
+            if idle is not None:
+                return self._reassign(idle, key)
             self.overflowed += 1
             key = OVERFLOW_KEY
             if self._overflow_id is not None:
@@ -191,6 +203,41 @@ class Segmenter:
         key = sys.intern(key)  # stage 2 and the detectors share it, even when it came over the wire
         self._ids[key] = len(self.keys)
         self.keys.append(key)
+        self.last_seen.append(self.clock)
+        return key
+
+    def note_seen(self, ids: Sequence[int], when: float) -> None:
+        """The segments ``ids`` had requests in the window that ended at ``when`` (event time)."""
+        seen = self.last_seen
+        for segment_id in ids:
+            if seen[segment_id] < when:
+                seen[segment_id] = when
+        self.clock = max(self.clock, when)
+
+    def _idle_id(self) -> int | None:
+        """The id of the segment idle longest, if idle for ``idle_s`` (never the overflow one)."""
+        if not math.isfinite(self.idle_s) or not self.last_seen:
+            return None
+        ages = np.frombuffer(self.last_seen, dtype=np.float64)
+        oldest = int(np.argmin(ages))
+        if oldest == self._overflow_id:
+            ages = ages.copy()
+            ages[oldest] = np.inf
+            oldest = int(np.argmin(ages))
+        return oldest if self.clock - ages[oldest] >= self.idle_s else None
+
+    def _reassign(self, segment_id: int, key: str) -> str:
+        """Give an idle segment's id to a new key: the old key's label combinations lose it
+        (they get a fresh id or the overflow segment if they come back)."""
+        del self._ids[self.keys[segment_id]]
+        key = sys.intern(key)
+        self.keys[segment_id] = key
+        self._ids[key] = segment_id
+        self.last_seen[segment_id] = self.clock
+        self._lookup[self._lookup == segment_id] = -1
+        for row in [row for row, found in self._row_ids.items() if found == segment_id]:
+            del self._row_ids[row]
+        self.reclaimed += 1
         return key
 
     def natural_key(self, **request: Unpack[RequestLabels]) -> str:

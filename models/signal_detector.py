@@ -36,6 +36,10 @@ class DetectorConfig:
     # A window with fewer requests than this share of the segment's usual is not judged on
     # latency: its few survivors (a segment draining or going quiet) are a biased sample.
     min_share_of_usual: float = 0.2
+    # Event seconds without a window after which a segment's open incidents resolve as
+    # ``no_data``, and after which the segment itself is forgotten (``models.silence``).
+    no_data_after_s: float = 300.0
+    segment_idle_s: float = 86_400.0
     signals: tuple[str, ...] = tuple(spec.signal.value for spec in SPECS)  # the signals judged
     source: str = "requests"  # whose windows: "requests" (WindowStats) or "engines" (EngineWindow)
 

@@ -163,6 +163,7 @@ class Windower:
         for start in starts:
             window = self.open.pop(start)
             self.rows_hint = len(window)
+            self.segmenter.note_seen(window.segment_ids, start + self.window_s)
             partials = window.partials(self.segmenter.keys)
             for partial in sorted(partials, key=lambda p: p.key):
                 partial.watermark = watermark

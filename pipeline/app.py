@@ -7,7 +7,10 @@ Agents:
   one), followed by watermarks.
 - ``detect_anomalies`` (partials topic): merge partials per segment window, judge each
   window once, store the detectors' state in a changelog-backed table, read the evidence
-  of firing events back from the requests topic, publish.
+  of firing events back from the requests topic, send each incident event on to the
+  incidents topic, keyed by model.
+- ``group_incidents`` (incidents topic): put each incident in its group (one model, one
+  likely cause; ``models.grouping``) and publish it and the group's own records.
 - ``judge_engine_intervals`` (scrapes topic): judge each engine's ``EngineInterval`` on
   its capacity signals (``engine_stage``), with state in the same table; publish.
 Timers advance quiet partitions' event time and release windows that waited long enough.
@@ -24,6 +27,7 @@ from typing import Any, cast
 import faust
 import orjson
 
+from models.grouping import IncidentGrouper
 from models.window import WindowStats
 from pipeline import metrics, tansu_transport, tuning
 from pipeline.decode import Source, internal_error
@@ -98,6 +102,8 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             for bank in (stage_two.bank, engines.bank):
                 for key, state in bank.states_to_save(every_one):
                     state_table[key.encode()] = orjson.dumps(state)
+                while bank.expired:  # segments idle for segment_idle_s: their state goes too
+                    state_table.pop(bank.expired.pop().encode(), None)
         except Exception as exc:
             metrics.STATE_WRITE_FAILURES.inc()
             logger.warning("detector state not stored%s (%s): a restart would relearn those segments", occasion, exc)
@@ -116,9 +122,28 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         engines.explain(events)
         await resolve(events, evidence_reader.read, evidence_budget, segment_key_of)
         for event in events:
+            # By model: every incident of a model reaches the one worker that groups them.
+            model = event.segment.get("model", "other").encode()
+            await topics.incidents.send(key=model, value=event.model_dump_json().encode())
+
+    grouper = IncidentGrouper()
+
+    @app.agent(topics.incidents)
+    async def group_incidents(stream: faust.StreamT) -> None:
+        """Each incident event onto the anomaly topic with its group, and the group's own
+        record when the group moves (``models.grouping``)."""
+        async for raw in stream:
+            try:
+                event, told = grouper.add(AnomalyEvent.model_validate_json(raw))
+            except Exception:
+                logger.exception("failed to group an incident event; published as it came")
+                event, told = AnomalyEvent.model_validate_json(raw), []
             await topics.anomalies.send(key=event.fingerprint.encode(), value=event.model_dump_json().encode())
             logger.info("anomaly %s %s %s: %s", event.status.value, event.signal.value, event.severity.value,
                         event.summary)  # fmt: skip
+            for group in told:
+                await topics.anomalies.send(key=group.group.encode(), value=group.model_dump_json().encode())
+                logger.info("incident group %s: %s", group.transition, group.title)
 
     async def send_partials_and_ack(partials: list[WindowStats]) -> None:
         await send_partials(partials)

@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, BinaryIO
 
 import orjson
 
+from models.grouping import IncidentGrouper
 from pipeline.broker import BrokerError, EmbeddedBroker
 from pipeline.cli_common import settings_from, with_broker
 from pipeline.cli_scrape import cmd_scrape
 from pipeline.cli_ship import cmd_ship
 from pipeline.settings import Settings
 from pipeline.tuning import tune_gc, tune_process
+from schemas.anomaly import AnomalyEvent
 from schemas.dead_letter import DeadLetter
 
 if TYPE_CHECKING:  # imported where used: each command loads only what it needs
@@ -112,10 +114,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 2
     settings = settings_from(args)
     out = sys.stdout.buffer if args.out == "-" else open(args.out, "wb")  # noqa: SIM115 - closed below
+    grouper = IncidentGrouper()  # as the worker's grouping agent: one record per group step too
     try:
-        engines = _replay_scrapes(args.scrapes, settings, out) if args.scrapes else None
+        engines = _replay_scrapes(args.scrapes, settings, out, grouper) if args.scrapes else None
         if args.requests:
-            _replay_requests(args.requests, settings, out, engines)
+            _replay_requests(args.requests, settings, out, engines, grouper)
     except OSError as exc:
         print(f"servewatch replay: {exc}", file=sys.stderr)
         return 2
@@ -125,7 +128,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _replay_scrapes(path: str, settings: Settings, out: BinaryIO) -> JudgeEngines:
+def _write_grouped(event: AnomalyEvent, grouper: IncidentGrouper, out: BinaryIO) -> None:
+    """An incident's event, with its group, then the group's record if the group moved."""
+    event, told = grouper.add(event)
+    out.write(event.model_dump_json().encode() + b"\n")
+    for group in told:
+        out.write(group.model_dump_json().encode() + b"\n")
+
+
+def _replay_scrapes(path: str, settings: Settings, out: BinaryIO, grouper: IncidentGrouper) -> JudgeEngines:
     from pipeline.scrape_replay import ScrapeReplay, ScrapeReplayStats
 
     replay = ScrapeReplay(settings)
@@ -138,7 +149,7 @@ def _replay_scrapes(path: str, settings: Settings, out: BinaryIO) -> JudgeEngine
 
     with sys.stdin.buffer if path == "-" else open(path, "rb") as lines:
         for event in replay.run(lines, progress):
-            out.write(event.model_dump_json().encode() + b"\n")
+            _write_grouped(event, grouper, out)
     stats = replay.stats
     progress(stats)
     print(file=sys.stderr)
@@ -149,7 +160,9 @@ def _replay_scrapes(path: str, settings: Settings, out: BinaryIO) -> JudgeEngine
     return replay.engines
 
 
-def _replay_requests(path: str, settings: Settings, out: BinaryIO, engines: JudgeEngines | None) -> None:
+def _replay_requests(
+    path: str, settings: Settings, out: BinaryIO, engines: JudgeEngines | None, grouper: IncidentGrouper
+) -> None:
     from pipeline.replay import JsonlChunks, Replay, ReplayStats
 
     chunks = JsonlChunks(path, REPLAY_CHUNK_LINES)
@@ -164,7 +177,7 @@ def _replay_requests(path: str, settings: Settings, out: BinaryIO, engines: Judg
     for event in replay.run(chunks, progress):
         if engines is not None:
             engines.explain([event])
-        out.write(event.model_dump_json().encode() + b"\n")
+        _write_grouped(event, grouper, out)
     stats = replay.stats
     progress(stats)
     print(file=sys.stderr)
@@ -218,21 +231,48 @@ def _series_timestamp(text: str) -> float:
     return value / 1000.0 if value > 1e11 else value
 
 
-def _read_series(path: str) -> Iterator[dict[str, float]]:
+def _series_columns(
+    path: str, fieldnames: list[str], time_column: str | None, value_column: str | None
+) -> tuple[str, str]:
+    """The time and value columns of an export: as given, else ``timestamp``/``time`` and
+    ``value`` or the one other column (a Grafana export: ``time`` and the series' name)."""
+    by_name = {name.strip().lower(): name for name in fieldnames}
+    from models.series import LOAD_COLUMNS
+
+    def pick(given: str | None, candidates: tuple[str, ...], what: str) -> str:
+        if given is not None:
+            if given.strip().lower() not in by_name:
+                raise ValueError(f"{path}: no column {given!r} for {what}; columns are {fieldnames}")
+            return by_name[given.strip().lower()]
+        for name in candidates:
+            if name in by_name:
+                return by_name[name]
+        raise ValueError(f"{path}: no {what} column among {fieldnames}; name it with --{what}-column")
+
+    time_name = pick(time_column, ("timestamp", "time"), "time")
+    known = {time_name.strip().lower(), *LOAD_COLUMNS, "trials"}
+    others = tuple(name for name in by_name if name not in known)
+    value_name = pick(value_column, ("value",) if "value" in by_name else others[:1] if len(others) == 1 else (),
+                      "value")  # fmt: skip
+    return time_name, value_name
+
+
+def _read_series(
+    path: str, time_column: str | None = None, value_column: str | None = None
+) -> Iterator[dict[str, float]]:
     import csv
 
     from models.series import LOAD_COLUMNS
 
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
-        columns = {name.strip().lower(): name for name in reader.fieldnames or []}
-        if "timestamp" not in columns or "value" not in columns:
-            raise ValueError(f"{path}: needs 'timestamp' and 'value' columns, found {list(columns)}")
+        fieldnames = list(reader.fieldnames or [])
+        time_name, value_name = _series_columns(path, fieldnames, time_column, value_column)
+        columns = {name.strip().lower(): name for name in fieldnames}
         optional = [name for name in (*LOAD_COLUMNS, "trials") if name in columns]
         for line, row in enumerate(reader, start=2):
             try:
-                point = {"timestamp": _series_timestamp(row[columns["timestamp"]]),
-                         "value": float(row[columns["value"]])}  # fmt: skip
+                point = {"timestamp": _series_timestamp(row[time_name]), "value": float(row[value_name] or "nan")}
                 for name in optional:
                     if row[columns[name]] not in (None, ""):
                         point[name] = float(row[columns[name]])
@@ -242,34 +282,59 @@ def _read_series(path: str) -> Iterator[dict[str, float]]:
                 yield point
 
 
+def _as_counts(points: list[dict[str, float]], kind: str, trials: int | None, path: str) -> None:
+    """A rate series' values as counts of bad requests out of ``trials``, in place."""
+    for point in points:
+        n = point.get("trials", trials)
+        if kind == "ratio":
+            if n is None:
+                raise ValueError(f"{path}: a ratio needs its requests: a 'trials' column or --trials N")
+            if not 0.0 <= point["value"] <= 1.0:
+                raise ValueError(f"{path}: ratio {point['value']} outside [0, 1] (percentages: divide by 100)")
+            point["value"], point["trials"] = round(point["value"] * n), n
+        else:
+            if point["value"] != int(point["value"]):
+                raise ValueError(f"{path}: {point['value']} is not a count of requests; for an error ratio pass "
+                                 "--value-kind ratio (with --trials N or a trials column)")  # fmt: skip
+            if n is not None:
+                point["trials"] = n
+
+
 def cmd_backtest_series(args: argparse.Namespace) -> int:
-    """Score one exported series with a signal's model, no look-ahead: timestamp,value,anomaly_score,is_anomaly."""
+    """Score one exported series with a signal's model and its incident lifecycle, no look-ahead."""
     import csv
 
     from models.series import score_series
+    from models.signals import BY_SIGNAL
     from schemas.anomaly import Signal
 
     settings = Settings()
     try:
+        if args.signal not in {s.value for s in Signal} or Signal(args.signal) not in BY_SIGNAL:
+            valid = ", ".join(sorted(s.value for s in BY_SIGNAL))
+            raise ValueError(f"unknown --signal {args.signal!r}; one of {valid}")
         signal = Signal(args.signal)
-        points = list(_read_series(args.input))
+        points = list(_read_series(args.input, args.time_column, args.value_column))
+        if BY_SIGNAL[signal].kind == "rate":
+            _as_counts(points, args.value_kind, args.trials, args.input)
     except (OSError, ValueError) as exc:
         print(f"servewatch backtest-series: {exc}", file=sys.stderr)
         return 2
     points.sort(key=lambda p: p["timestamp"])
-    flagged = 0
+    pages = 0
     out = sys.stdout if args.out == "-" else open(args.out, "w", newline="")  # noqa: SIM115
     try:
         writer = csv.writer(out)
-        writer.writerow(["timestamp", "value", "anomaly_score", "is_anomaly"])
+        writer.writerow(["timestamp", "value", "anomaly_score", "is_anomaly", "status", "explained_by_load"])
         for p in score_series(points, signal, settings.threshold, settings.grace_windows):
-            writer.writerow([f"{p.timestamp:.3f}", p.value, p.anomaly_score, str(p.is_anomaly).lower()])
-            flagged += p.is_anomaly
+            writer.writerow([f"{p.timestamp:.3f}", p.value, p.anomaly_score, str(p.is_anomaly).lower(), p.status,
+                             str(p.explained_by_load).lower()])  # fmt: skip
+            pages += p.is_anomaly
     finally:
         if out is not sys.stdout:
             out.close()
-    print(f"scored {len(points):,} points with the {signal.value} model: {flagged:,} anomalous "
-          f"(threshold {settings.threshold})", file=sys.stderr)  # fmt: skip
+    print(f"scored {len(points):,} points with the {signal.value} model: {pages:,} pages (incidents starting or "
+          f"stepping up; threshold {settings.threshold})", file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -334,10 +399,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "backtest-series", help="score one exported series (timestamp,value[,load columns]) with a signal's model"
     )
-    p.add_argument("--in", dest="input", required=True, help="CSV with timestamp,value and optional load columns "
-                   "(requests_per_s, prompt_tokens_per_s, output_tokens_per_s) or trials (rate signals)")  # fmt: skip
+    p.add_argument("--in", dest="input", required=True, help="CSV with a time and a value column, and optional "
+                   "load columns (requests_per_s, prompt_tokens_per_s, output_tokens_per_s) or trials")  # fmt: skip
     p.add_argument("--out", default="-", help="CSV to write (default stdout)")
     p.add_argument("--signal", default="ttft", help="whose model to use: ttft, itl, error_rate, cache_hit_rate, ...")
+    p.add_argument("--time-column", help="the time column (default: timestamp or time; Grafana exports 'time')")
+    p.add_argument("--value-column", help="the value column (default: value, or the one other column)")
+    p.add_argument("--value-kind", choices=("count", "ratio"), default="count",
+                   help="rate signals: bad requests per point (count) or their share (ratio)")  # fmt: skip
+    p.add_argument("--trials", type=int, help="rate signals: requests per point, where there is no trials column")
     p.set_defaults(func=cmd_backtest_series)
 
     p = sub.add_parser("schema", help="print the JSON Schema of RequestLog, AnomalyEvent or DeadLetter")

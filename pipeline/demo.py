@@ -26,6 +26,7 @@ from pipeline import topics
 from pipeline.kafka import producer, read_topic
 from pipeline.workload import EPOCH, Workload, demo_phases
 from schemas.anomaly import AnomalyEvent, Status
+from schemas.incident_group import IncidentGroup, parse_anomaly_record
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class DemoOutcome:
     events: list[AnomalyEvent] = field(default_factory=list)
+    groups: list[IncidentGroup] = field(default_factory=list)  # the groups' records, as they came
     records: int = 0
     phase_of: dict[str, str] = field(default_factory=dict)  # event id -> phase name
 
@@ -47,6 +49,12 @@ class DemoOutcome:
     @property
     def cache_off_paged(self) -> bool:
         return any(e.signal.value == "ttft" and not e.explained_by_load for e in self.paging_in("cache_off"))
+
+    def groups_that_paged(self) -> dict[str, IncidentGroup]:
+        """Each group that paged, by key, as its latest record tells it."""
+        latest = {g.group: g for g in self.groups}
+        paged = {g.group for g in self.groups if g.pages}
+        return {key: group for key, group in latest.items() if key in paged}
 
 
 def format_event(event: AnomalyEvent, phase: str, update: bool = False) -> str:
@@ -145,7 +153,13 @@ async def run_demo(
 
     async def watch() -> None:
         async for raw in read_topic(bootstrap, topics.ANOMALIES):
-            event = AnomalyEvent.model_validate_json(raw)
+            record = parse_anomaly_record(raw)
+            if isinstance(record, IncidentGroup):
+                outcome.groups.append(record)
+                if record.transition != "update":
+                    out(f"  >> group {record.transition.upper()} {record.severity.value}: {record.title}")
+                continue
+            event = record
             phase = phase_at_window(event.window_start)
             outcome.events.append(event)
             outcome.phase_of[event.id] = phase
@@ -166,8 +180,11 @@ async def run_demo(
 
 def summarise(outcome: DemoOutcome) -> list[str]:
     paging = [e for e in outcome.events if e.pages]
+    groups = outcome.groups_that_paged()
     return [
-        f"{len(outcome.events)} anomaly events, {len(paging)} of them paging.",
+        f"{len(groups)} incident group{'s' if len(groups) != 1 else ''} paged (one page each), from "
+        f"{len({e.fingerprint for e in paging})} incidents and {len(outcome.events)} anomaly events:",
+        *(f"  {group.title}" for group in groups.values()),
         f"surge explained by load, no page: {'yes' if outcome.surge_explained else 'NO'}",
         f"prefix caching off paged a ttft anomaly: {'yes' if outcome.cache_off_paged else 'NO'}",
         f"pages outside the cache-off phase: {sum(1 for e in paging if outcome.phase_of.get(e.id) != 'cache_off')}",

@@ -82,7 +82,7 @@ class Replay:
         for partial in partials:
             self.stats.records += partial.requests
             self.stage_two.add(partial, now=0.0)
-        events = self.stage_two.release_all()
+        events = self.stage_two.release_all(final)
         self.stats.windows = self.stage_two.bank.windows_judged
         self.stats.events += len(events)
         keys = wanted(events)

@@ -75,6 +75,18 @@ class Settings(BaseSettings):
     prompt_band_edges: tuple[int, ...] = (4096, 32768)
     output_band_edges: tuple[int, ...] = (1024,)
     max_segments: int = Field(default=1000, ge=1)
+    no_data_after_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="Event seconds a segment may send nothing before its open incidents resolve as no_data.",
+    )
+    segment_idle_s: float = Field(
+        default=86_400.0,
+        gt=0,
+        description="Event seconds a segment may send nothing before it is forgotten: its detectors' state and, "
+        "once max_segments is reached, its id, which a new label combination then takes instead of the "
+        "shared overflow segment.",
+    )
     evidence_per_window: int = Field(
         default=5,
         ge=0,
@@ -127,6 +139,7 @@ class Settings(BaseSettings):
             prompt_band_edges=tuple(self.prompt_band_edges),
             output_band_edges=tuple(self.output_band_edges),
             max_segments=self.max_segments,
+            idle_s=self.segment_idle_s,
         )
 
     def evidence_budget(self) -> EvidenceBudget:
@@ -149,6 +162,8 @@ class Settings(BaseSettings):
             resolve_after=self.resolve_after,
             update_every=self.update_every,
             grace_windows=self.grace_windows,
+            no_data_after_s=self.no_data_after_s,
+            segment_idle_s=self.segment_idle_s,
         )
 
     @property

@@ -261,13 +261,14 @@ class StageTwo:
     def release_due(self, now: float | None = None) -> list[AnomalyEvent]:
         return self._judge(self.assembler.due(time.monotonic() if now is None else now))
 
-    def release_all(self) -> list[AnomalyEvent]:
-        return self._judge(self.assembler.flush_all())
+    def release_all(self, final: bool = False) -> list[AnomalyEvent]:
+        """Judge every window still held (``final``: the stream ended; its last windows are partial)."""
+        return self._judge(self.assembler.flush_all(), final)
 
-    def _judge(self, windows: list[WindowStats]) -> list[AnomalyEvent]:
+    def _judge(self, windows: list[WindowStats], final: bool = False) -> list[AnomalyEvent]:
         for window in windows:
             self.recent.note(window.start, window.sources)
-        events = self.bank.observe_all(windows)
+        events = self.bank.observe_all(windows, final)
         for event in events:
             self._locate_baseline(event)
         metrics.WINDOWS.inc(len(windows))

@@ -13,20 +13,23 @@ import faust
 
 REQUESTS = "servewatch.requests"  # RequestLog JSON: one object, an array, or NDJSON per message
 PARTIALS = "servewatch.partials"  # internal: closed windows' partials (models/wire.py), by segment
-ANOMALIES = "servewatch.anomalies"  # AnomalyEvent JSON, keyed by fingerprint
+ANOMALIES = "servewatch.anomalies"  # AnomalyEvent (keyed by fingerprint) and IncidentGroup (by group) JSON
+#: internal: incident events before grouping, keyed by model, so that one worker groups a model's
+INCIDENTS = "servewatch.incidents"
 DEADLETTER = "servewatch.deadletter"  # DeadLetter JSON
 SCRAPES = "servewatch.scrapes"  # EngineInterval JSON from `servewatch scrape`, keyed by instance|model
 #: Faust table of detector state per segment (JSON, ``SegmentDetectors.state``); its
 #: changelog topic is ``<app id>-servewatch-detector-state-changelog``, created by Faust.
 DETECTOR_STATE_TABLE = "servewatch-detector-state"
 
-ALL = (REQUESTS, PARTIALS, ANOMALIES, DEADLETTER, SCRAPES)
+ALL = (REQUESTS, PARTIALS, INCIDENTS, ANOMALIES, DEADLETTER, SCRAPES)
 
 
 @dataclass(frozen=True)
 class Topics:
     requests: faust.TopicT
     partials: faust.TopicT
+    incidents: faust.TopicT
     anomalies: faust.TopicT
     deadletter: faust.TopicT
     scrapes: faust.TopicT
@@ -38,6 +41,6 @@ def declare_topics(app: faust.App, partitions: int) -> Topics:
                          value_serializer="raw", partitions=partitions)  # fmt: skip
 
     return Topics(
-        requests=raw(REQUESTS), partials=raw(PARTIALS), anomalies=raw(ANOMALIES), deadletter=raw(DEADLETTER),
-        scrapes=raw(SCRAPES),
+        requests=raw(REQUESTS), partials=raw(PARTIALS), incidents=raw(INCIDENTS), anomalies=raw(ANOMALIES),
+        deadletter=raw(DEADLETTER), scrapes=raw(SCRAPES),
     )  # fmt: skip

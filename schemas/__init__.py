@@ -4,6 +4,7 @@ from pydantic import BaseModel
 
 from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 from schemas.dead_letter import DeadLetter
+from schemas.incident_group import GroupMember, IncidentGroup, parse_anomaly_record
 from schemas.request_log import Engine, FinishReason, RequestLog
 from schemas.version import SCHEMA_VERSION
 
@@ -11,6 +12,7 @@ from schemas.version import SCHEMA_VERSION
 EXPORTED: dict[str, type[BaseModel]] = {
     "RequestLog": RequestLog,
     "AnomalyEvent": AnomalyEvent,
+    "IncidentGroup": IncidentGroup,
     "DeadLetter": DeadLetter,
 }
 
@@ -21,9 +23,12 @@ __all__ = [
     "DeadLetter",
     "Engine",
     "FinishReason",
+    "GroupMember",
     "Hint",
+    "IncidentGroup",
     "RequestLog",
     "Severity",
     "Signal",
     "Status",
+    "parse_anomaly_record",
 ]

@@ -31,6 +31,7 @@ class Signal(StrEnum):
     KV_CACHE_USAGE = "kv_cache_usage"
     PREEMPTIONS = "preemptions"
     WAITING_REQUESTS = "waiting_requests"
+    TRAFFIC = "traffic"  # requests per window of a whole model (a drop pages ``traffic_drop``)
 
 
 class Status(StrEnum):
@@ -90,6 +91,9 @@ class AnomalyEvent(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int = SCHEMA_VERSION
+    kind: Literal["incident"] = Field(
+        default="incident", description="What this record on the anomaly topic is: one incident's event."
+    )
     id: str = Field(description="Unique and deterministic per fingerprint, window and status.")
     fingerprint: str = Field(description="Stable per segment + signal + incident.")
     status: Status
@@ -122,6 +126,11 @@ class AnomalyEvent(BaseModel):
     facets: Facets | None = Field(default=None, description="The anomalous window's request mix vs the baseline's.")
     summary: str
     baseline_young: bool = Field(default=False, description="True while the segment's baseline has seen few windows.")
+    group: str | None = Field(
+        default=None,
+        description="Key of the incident group this incident belongs to: incidents of one model with the same "
+        "likely cause (top hint) that overlap in time (``IncidentGroup``, on the same topic).",
+    )
 
     @property
     def pages(self) -> bool:

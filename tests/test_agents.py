@@ -15,6 +15,7 @@ from pipeline.stages import StageOne
 from pipeline.workload import Phase, Workload
 from schemas.anomaly import AnomalyEvent
 from schemas.dead_letter import DeadLetter
+from schemas.incident_group import IncidentGroup, parse_anomaly_record
 
 
 class Captured:
@@ -30,7 +31,7 @@ class Captured:
 @pytest.fixture
 def app_and_sinks(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[str, Captured]]:
     app, topics = create_app(Settings(broker="127.0.0.1:9", topic_partitions=1))
-    sinks = {name: Captured() for name in ("partials", "anomalies", "deadletter")}
+    sinks = {name: Captured() for name in ("partials", "incidents", "anomalies", "deadletter")}
     for name, sink in sinks.items():
         monkeypatch.setattr(getattr(topics, name), "send", sink)
     return app, sinks
@@ -68,8 +69,17 @@ async def test_partials_in_anomalies_out(app_and_sinks: Any) -> None:
         await running.put(b'{"windows": [{"keys": ["k"], "sums": [[1, 2]]}], "watermarks": {}}')
         for message in messages:
             await running.put(message)
-    events = [AnomalyEvent.model_validate_json(v) for v in sinks["anomalies"].values]
-    assert any(e.pages and e.signal.value == "ttft" for e in events)
+    incidents = [AnomalyEvent.model_validate_json(v) for v in sinks["incidents"].values]
+    assert any(e.pages and e.signal.value == "ttft" for e in incidents)
+    # The grouping agent: each incident event on, with its group, and the groups' own records.
+    async with app.agents["pipeline.app.group_incidents"].test_context() as running:
+        for value in sinks["incidents"].values:
+            await running.put(value)
+    records = [parse_anomaly_record(v) for v in sinks["anomalies"].values]
+    events = [r for r in records if isinstance(r, AnomalyEvent)]
+    groups = [r for r in records if isinstance(r, IncidentGroup)]
+    assert len(events) == len(incidents) and all(e.group for e in events)
+    assert groups and groups[0].transition == "firing" and groups[0].cause == "prefix_cache_ineffective"
 
 
 def test_dead_letters_are_counted_by_reason() -> None:

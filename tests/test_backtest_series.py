@@ -39,9 +39,12 @@ def test_a_step_in_the_series_is_flagged_and_the_flat_part_is_not(tmp_path: Path
     write_series(tmp_path / "in.csv", values, ms=True)  # Grafana exports milliseconds
     assert main(["backtest-series", "--in", str(tmp_path / "in.csv"), "--out", str(tmp_path / "out.csv")]) == 0
     rows = read_scores(tmp_path / "out.csv")
-    assert list(rows[0]) == ["timestamp", "value", "anomaly_score", "is_anomaly"]
-    flagged = [i for i, row in enumerate(rows) if row["is_anomaly"] == "true"]
-    assert set(range(150, 160)) <= set(flagged) and len(flagged) <= 12
+    assert list(rows[0]) == ["timestamp", "value", "anomaly_score", "is_anomaly", "status", "explained_by_load"]
+    # One page where the incident starts (its second anomalous point), firing while it lasts.
+    assert [i for i, row in enumerate(rows) if row["is_anomaly"] == "true"] == [151]
+    assert {rows[i]["status"] for i in range(151, 160)} == {"firing"} and rows[150]["status"] == "pending"
+    assert "resolved" in {row["status"] for row in rows[160:]}
+    assert all(float(row["anomaly_score"]) < 4 for row in rows[:150])
     assert float(rows[0]["timestamp"]) == 1_767_225_600
 
 
@@ -63,14 +66,62 @@ def test_no_look_ahead() -> None:
 def test_rate_series_use_trials_and_count_aware_scores() -> None:
     points = [{"timestamp": i, "value": 1, "trials": 1000} for i in range(50)]
     points += [{"timestamp": 50, "value": 1, "trials": 3}, {"timestamp": 51, "value": 30, "trials": 1000}]
+    points += [{"timestamp": 52, "value": 30, "trials": 1000}]
     scored = list(score_series(points, Signal.ERROR_RATE))
-    assert not scored[50].is_anomaly and scored[51].is_anomaly
+    assert scored[50].anomaly_score < 4 and scored[51].anomaly_score > 10
+    assert [p.is_anomaly for p in scored[50:]] == [False, False, True]  # 2 anomalous points of 3
+
+
+def test_a_grafana_export_and_an_error_ratio_work_without_editing(tmp_path: Path) -> None:
+    rows = [(1_767_225_600_000 + 60_000 * i, 0.002 if i < 200 else 0.05) for i in range(230)]
+    with (tmp_path / "grafana.csv").open("w", newline="") as handle:
+        csv.writer(handle).writerows([("time", "errors / requests"), *rows])
+    out = tmp_path / "out.csv"
+    args = ["backtest-series", "--in", str(tmp_path / "grafana.csv"), "--out", str(out), "--signal", "error_rate"]
+    assert main([*args, "--value-kind", "ratio", "--trials", "500"]) == 0
+    scored = read_scores(out)
+    pages = [i for i, row in enumerate(scored) if row["is_anomaly"] == "true"]
+    assert len(pages) == 1 and 200 <= pages[0] <= 203 and scored[-1]["status"] == "firing"
+
+
+def test_a_ratio_taken_for_counts_and_an_unknown_signal_are_clear_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "ratio.csv").write_text("timestamp,value\n1767225600,0.002\n")
+    assert main(["backtest-series", "--in", str(tmp_path / "ratio.csv"), "--signal", "error_rate"]) == 2
+    assert "--value-kind ratio" in capsys.readouterr().err
+    assert main(["backtest-series", "--in", str(tmp_path / "ratio.csv"), "--signal", "latency"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown --signal 'latency'" in err and "ttft" in err and "error_rate" in err
+
+
+@pytest.mark.parametrize("nu", [None, 5.0])
+def test_null_series_page_at_most_twice_as_often_as_promised(nu: float | None) -> None:
+    """Heavy-tailed, autocorrelated, wandering latency (``bench/calibration.py``'s streams) and
+    an overdispersed error rate: pages (incidents starting) per point, against 1 in 10,000."""
+    from bench.calibration import null_stream
+
+    pages = points = 0
+    for seed in range(8):
+        values = null_stream(seed, 3000, nu, 0.5, 0.05)
+        scored = list(score_series([{"timestamp": i, "value": float(v)} for i, v in enumerate(values)]))
+        pages += sum(p.is_anomaly for p in scored)
+        points += len(scored)
+    rng = random.Random(9)
+    for _ in range(4):  # errors at 0.2 % whose rate itself wanders (a Beta of strength 2,000 around it)
+        rate_points = []
+        for i in range(3000):
+            p = rng.betavariate(4.0, 1996.0)
+            rate_points.append({"timestamp": i, "value": sum(rng.random() < p for _ in range(500)), "trials": 500})
+        pages += sum(p.is_anomaly for p in score_series(rate_points, Signal.ERROR_RATE))
+        points += len(rate_points)
+    assert pages <= 2 * 1e-4 * points, (pages, points)
 
 
 def test_a_bad_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    (tmp_path / "bad.csv").write_text("time,latency\n1,2\n")
+    (tmp_path / "bad.csv").write_text("when,latency,other\n1,2,3\n")
     assert main(["backtest-series", "--in", str(tmp_path / "bad.csv")]) == 2
-    assert "needs 'timestamp' and 'value'" in capsys.readouterr().err
+    assert "no time column" in capsys.readouterr().err
     (tmp_path / "worse.csv").write_text("timestamp,value\n1767225600,abc\n")
     assert main(["backtest-series", "--in", str(tmp_path / "worse.csv")]) == 2
     assert "worse.csv:2" in capsys.readouterr().err

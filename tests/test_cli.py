@@ -9,6 +9,7 @@ import pytest
 
 from pipeline.cli import main
 from schemas.anomaly import AnomalyEvent
+from schemas.incident_group import IncidentGroup, parse_anomaly_record
 
 
 @pytest.mark.parametrize("name", ["RequestLog", "AnomalyEvent", "DeadLetter"])
@@ -30,8 +31,11 @@ def test_generate_then_replay_finds_the_incident(tmp_path: Path, capsys: pytest.
         f.write(b"this is not json\n")
         f.write(b'{"request_id": "x", "timestamp": 1767225600, "model": "m"}\n')
     assert main(["replay", "--requests", str(logs), "--out", str(out)]) == 0
-    events = [AnomalyEvent.model_validate_json(line) for line in out.read_text().splitlines()]
+    records = [parse_anomaly_record(line) for line in out.read_text().splitlines()]
+    events = [r for r in records if isinstance(r, AnomalyEvent)]
     assert any(e.pages and e.signal.value == "ttft" for e in events)
+    groups = [r for r in records if isinstance(r, IncidentGroup)]  # the cache-off incidents, grouped
+    assert groups and all(e.group for e in events if e.pages)
     err = capsys.readouterr().err
     assert "2 rejected records" in err and "invalid_json" in err
 

@@ -25,6 +25,7 @@ import pytest
 from pipeline import topics
 from pipeline.workload import EPOCH, Phase, Workload
 from schemas.anomaly import AnomalyEvent, Signal
+from schemas.incident_group import parse_anomaly_record
 from tests.conftest import first_matching, own_broker
 from tests.engine_sim import ExpositionHandler, SimulatedVllm
 
@@ -98,7 +99,9 @@ def test_scraper_shipper_and_worker_page_a_prefix_cache_switched_off_at_flat_tra
     assert f"ship: read {records:,}, sent {records:,}, rejected 0" in shipped.stderr, shipped.stderr
 
     def engine_page(raw: bytes) -> AnomalyEvent | None:
-        event = AnomalyEvent.model_validate_json(raw)
+        event = parse_anomaly_record(raw)
+        if not isinstance(event, AnomalyEvent):
+            return None  # an incident group's record
         mine = event.segment.get("instance") == instance and event.signal is Signal.CACHE_HIT_RATE and event.pages
         return event if mine else None
 
@@ -106,7 +109,9 @@ def test_scraper_shipper_and_worker_page_a_prefix_cache_switched_off_at_flat_tra
     assert hit.hints[0].code == "prefix_cache_disabled"
 
     def ttft_page(raw: bytes) -> AnomalyEvent | None:
-        event = AnomalyEvent.model_validate_json(raw)
+        event = parse_anomaly_record(raw)
+        if not isinstance(event, AnomalyEvent):
+            return None  # an incident group's record
         mine = event.window_start >= start + 240 and event.signal is Signal.TTFT and event.pages
         return event if mine and "instance" not in event.segment else None
 

@@ -22,6 +22,7 @@ from pipeline.metrics import served_value
 from pipeline.workload import Phase, Workload
 from schemas.anomaly import AnomalyEvent, Signal
 from schemas.dead_letter import DeadLetter
+from schemas.incident_group import parse_anomaly_record
 from tests.conftest import first_matching
 
 pytestmark = pytest.mark.integration
@@ -43,7 +44,9 @@ def test_cache_off_incident_reaches_the_anomaly_topic_and_bad_input_the_dead_let
         await play(bootstrap, workload, speed=60.0)
 
         def paging_ttft(raw: bytes) -> AnomalyEvent | None:
-            event = AnomalyEvent.model_validate_json(raw)
+            event = parse_anomaly_record(raw)
+            if not isinstance(event, AnomalyEvent):
+                return None  # an incident group's record
             return event if event.signal is Signal.TTFT and event.pages else None
 
         def broken(raw: bytes) -> DeadLetter | None:
@@ -142,7 +145,9 @@ def restart_and_judge(broker: EmbeddedBroker) -> None:
         def paging_ttft(raw: bytes) -> AnomalyEvent | None:
             # A segment of the restored state: a sparse one has too few windows behind it
             # either way (young below 30), and may page first; the others must page at once.
-            event = AnomalyEvent.model_validate_json(raw)
+            event = parse_anomaly_record(raw)
+            if not isinstance(event, AnomalyEvent):
+                return None  # an incident group's record
             mine = event.window_start >= EPOCH + 440 and event.signal is Signal.TTFT and event.pages
             return event if mine and not event.baseline_young else None
 
@@ -178,7 +183,9 @@ def test_engine_metrics_on_the_scrapes_topic_page_a_capacity_incident(worker: st
     asyncio.run(send())
 
     def capacity_page(raw: bytes) -> AnomalyEvent | None:
-        event = AnomalyEvent.model_validate_json(raw)
+        event = parse_anomaly_record(raw)
+        if not isinstance(event, AnomalyEvent):
+            return None  # an incident group's record
         mine = event.segment.get("instance") == instance and event.signal is Signal.KV_CACHE_USAGE and event.pages
         return event if mine else None
 
@@ -203,7 +210,9 @@ def test_a_truncation_page_carries_the_truncated_requests_read_back_from_the_top
     asyncio.run(play(worker, workload, speed=60.0))
 
     def truncation_page(raw: bytes) -> AnomalyEvent | None:
-        event = AnomalyEvent.model_validate_json(raw)
+        event = parse_anomaly_record(raw)
+        if not isinstance(event, AnomalyEvent):
+            return None  # an incident group's record
         mine = event.window_start >= EPOCH + 86_400 and event.signal is Signal.LENGTH_TRUNCATION
         return event if mine and event.pages else None
 

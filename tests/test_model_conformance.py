@@ -51,12 +51,19 @@ def cache_stream(seed: int, n: int) -> list[tuple[dict[str, Any], float]]:
     return out
 
 
+def traffic_stream(seed: int, n: int) -> list[tuple[dict[str, Any], float]]:
+    """Requests per window of a model, by hour of the day."""
+    rng = random.Random(seed)
+    return [({"hour": (i // 360) % 24}, float(rng.randint(30, 70))) for i in range(n)]
+
+
 #: How each registered model is fed: a new model must say what its windows look like.
 STREAMS = {
     "load_conditioned_latency": latency_stream,
     "beta_binomial_rate": rate_stream,
     "share_level": share_stream,
     "cache_hit_rate": cache_stream,
+    "traffic": traffic_stream,
 }
 
 

@@ -254,8 +254,8 @@ def test_is_error(finish_reason: str, status_code: int | None, expected: bool) -
 # -- JSON Schema export ----------------------------------------------------------------------
 
 
-def test_exported_schemas_are_the_three_wire_formats() -> None:
-    assert set(EXPORTED) == {"RequestLog", "AnomalyEvent", "DeadLetter"}
+def test_exported_schemas_are_the_wire_formats() -> None:
+    assert set(EXPORTED) == {"RequestLog", "AnomalyEvent", "IncidentGroup", "DeadLetter"}
 
 
 @pytest.mark.parametrize("name", sorted(EXPORTED))

@@ -9,6 +9,7 @@ import pytest
 
 from pipeline.scrape_replay import ScrapeReplay
 from schemas.anomaly import AnomalyEvent, Signal
+from schemas.incident_group import parse_anomaly_record
 from tests.engine_sim import SimulatedVllm
 
 T0 = 1_767_225_600.0
@@ -52,6 +53,12 @@ def test_bad_lines_are_rejected_with_their_line_and_reason_and_the_replay_goes_o
     ]  # fmt: skip
 
 
+def incidents_in(path: Path) -> list[AnomalyEvent]:
+    """The incidents' events of a replay's output (its groups' records left out)."""
+    records = [parse_anomaly_record(line) for line in path.read_bytes().splitlines()]
+    return [r for r in records if isinstance(r, AnomalyEvent)]
+
+
 def test_replay_command_takes_scrapes_and_request_logs_and_names_the_engine_with_caching_off(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -61,7 +68,7 @@ def test_replay_command_takes_scrapes_and_request_logs_and_names_the_engine_with
     scrapes = record(tmp_path / "scrapes.jsonl")
     out = tmp_path / "events.jsonl"
     assert main(["replay", "--scrapes", str(scrapes), "--out", str(out)]) == 0
-    engine_events = [AnomalyEvent.model_validate_json(line) for line in out.read_bytes().splitlines()]
+    engine_events = incidents_in(out)
     assert any(e.signal is Signal.CACHE_HIT_RATE and e.pages for e in engine_events)
     assert "replayed 72 scrapes into 71 engine intervals" in capsys.readouterr().err
 
@@ -70,7 +77,7 @@ def test_replay_command_takes_scrapes_and_request_logs_and_names_the_engine_with
     requests = tmp_path / "requests.jsonl"
     requests.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in workload.records()))
     assert main(["replay", "--scrapes", str(scrapes), "--requests", str(requests), "--out", str(out)]) == 0
-    events = [AnomalyEvent.model_validate_json(line) for line in out.read_bytes().splitlines()]
+    events = incidents_in(out)
     ttft = next(e for e in events if e.signal is Signal.TTFT and e.pages and "instance" not in e.segment)
     assert "enable_prefix_caching=False on 10.0.0.7:8000" in ttft.hints[0].message
     assert main(["replay"]) == 2  # nothing to replay: a clear error

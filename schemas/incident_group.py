@@ -1,0 +1,65 @@
+"""``IncidentGroup``: incidents that share a likely cause, told as one.
+
+One cause rarely stays in one segment: prefix caching switched off slows TTFT and prefill
+and drops the hit rate in every segment of the model at once, dozens of incidents. They
+share a *group*: the same model, the same top hint, overlapping in time (Alertmanager's
+grouping, with the cause as the grouping label). Each member's ``AnomalyEvent`` names its
+``group``; the group itself is told by ``IncidentGroup`` records on the same anomaly topic,
+one per lifecycle step (``firing`` when its first incident fires, ``update`` when members
+join or its severity steps up, ``resolved`` when its last member resolves), so a sink can
+page once per group. ``kind`` tells the two record types apart (``parse_anomaly_record``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+
+from schemas.anomaly import AnomalyEvent, Severity, Signal, Status
+from schemas.version import SCHEMA_VERSION
+
+
+class GroupMember(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    fingerprint: str
+    signal: Signal
+    segment: dict[str, str]
+    status: Status
+    severity: Severity
+
+
+class IncidentGroup(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    kind: Literal["group"] = "group"
+    id: str = Field(description="Unique and deterministic per group and lifecycle step.")
+    group: str = Field(description="Stable per model + cause + the group's start: the key members carry.")
+    status: Status
+    transition: Literal["firing", "update", "resolved"]
+    cause: str = Field(description="The hint code the members share (their likely cause).")
+    model: str
+    severity: Severity = Field(description="The highest severity among members still open.")
+    window_start: float = Field(description="Unix seconds: when the group's first incident started.")
+    window_end: float = Field(description="Unix seconds: the end of the window that moved the group.")
+    members: list[GroupMember] = Field(description="Every incident the group has held, its latest state.")
+    signals: list[Signal] = Field(description="The members' signals, in order of first appearance.")
+    segments: int = Field(description="Distinct segments among the members.")
+    title: str = Field(description="One line: the cause, the model, how many segments, which signals.")
+    summary: str
+
+    @property
+    def pages(self) -> bool:
+        return self.status is Status.FIRING and self.severity is not Severity.INFO
+
+
+#: A record of the anomaly topic: an incident's event or a group's.
+AnomalyRecord = Annotated[AnomalyEvent | IncidentGroup, Field(discriminator="kind")]
+_RECORD: TypeAdapter[AnomalyEvent | IncidentGroup] = TypeAdapter(AnomalyRecord)
+
+
+def parse_anomaly_record(raw: bytes | str) -> AnomalyEvent | IncidentGroup:
+    """One anomaly-topic record (JSON), whichever kind it is."""
+    return _RECORD.validate_json(raw)

@@ -1,0 +1,68 @@
+"""Issue #16: one cause, one group (``models.grouping``), on the demo's workload and by rule."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from models.grouping import IncidentGrouper
+from pipeline.replay import Replay
+from pipeline.workload import EPOCH, Workload, demo_phases
+from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
+from schemas.incident_group import IncidentGroup, parse_anomaly_record
+
+
+@pytest.fixture(scope="module")
+def demo_records() -> tuple[Workload, list[AnomalyEvent | IncidentGroup]]:
+    """The demo's workload through the worker's code, then grouped as the grouping agent does."""
+    workload = Workload(demo_phases())
+    grouper, records = IncidentGrouper(), []
+    for event in Replay().run(orjson.dumps(batch) for _, batch in workload.seconds() if batch):
+        event, told = grouper.add(event)
+        records += [event, *told]
+    return workload, records
+
+
+def test_prefix_caching_off_is_one_group_per_model_however_many_incidents(
+    demo_records: tuple[Workload, list[AnomalyEvent | IncidentGroup]],
+) -> None:
+    workload, records = demo_records
+    cache_off = [r for r in records if isinstance(r, AnomalyEvent) and r.pages
+                 and workload.phase_at(r.window_start - EPOCH).name == "cache_off"]  # fmt: skip
+    incidents = {e.fingerprint for e in cache_off}
+    groups = {e.group for e in cache_off}
+    models = {e.segment["model"] for e in cache_off}
+    assert len(incidents) > 2 * len(models)  # many incidents (segments x signals) ...
+    assert len(groups) <= len(models)  # ... told as one group per model
+    told = [r for r in records if isinstance(r, IncidentGroup) and r.group in groups]
+    firing = [g for g in told if g.transition == "firing"]
+    assert len(firing) == len(groups) and all(g.cause == "prefix_cache_ineffective" for g in firing)
+    last = {g.group: g for g in told}
+    assert all(g.segments > 1 and Signal.TTFT in g.signals for g in last.values())
+    # Each record round-trips as the topic's consumers read it.
+    assert all(parse_anomaly_record(r.model_dump_json()) == r for r in told[:5])
+
+
+def event(fp: str, route: str, *, status: Status = Status.FIRING, transition: str = "firing", end: float = 10.0,
+          severity: Severity = Severity.WARNING, hint: str = "capacity_lost") -> AnomalyEvent:  # fmt: skip
+    return AnomalyEvent(
+        id=f"{fp}-{transition}-{end}", fingerprint=fp, status=status, transition=transition,  # type: ignore[arg-type]
+        signal=Signal.TTFT, segment={"model": "m", "route": route}, window_start=end - 10, window_end=end,
+        observed=2.0, expected=1.0, score=6.0, severity=severity, load={}, explained_by_load=False,
+        hints=[Hint(code=hint, message="")], summary="",
+    )  # fmt: skip
+
+
+def test_updates_of_members_move_nothing_a_step_up_does_and_the_last_resolve_ends_the_group() -> None:
+    grouper = IncidentGrouper()
+    _, told = grouper.add(event("a", "chat"))
+    key = told[0].group
+    assert grouper.add(event("a", "chat", transition="update", end=70.0))[1] == []
+    _, told = grouper.add(event("a", "chat", transition="update", end=80.0, severity=Severity.CRITICAL))
+    assert [(g.transition, g.severity) for g in told] == [("update", Severity.CRITICAL)]
+    other, told = grouper.add(event("b", "chat", hint="error_burst", end=90.0))  # another cause: its own
+    assert other.group != key and told[0].transition == "firing"
+    _, told = grouper.add(event("a", "chat", status=Status.RESOLVED, transition="resolved", end=120.0))
+    assert [g.transition for g in told] == ["resolved"] and len(grouper) == 1
+    again, told = grouper.add(event("c", "rag", end=300.0))  # the cause again, later: a new group
+    assert again.group not in (key, other.group) and told[0].transition == "firing"

@@ -1,0 +1,88 @@
+"""Issue #16: a model that goes dark pages ``traffic_drop``; a segment that goes silent with an
+incident open resolves it as ``no_data``; segments idle long enough are forgotten."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from models.detector import DetectorBank
+from models.signal_detector import DetectorConfig
+from pipeline.replay import Replay
+from pipeline.settings import Settings
+from pipeline.workload import EPOCH, Phase, Workload
+from schemas.anomaly import AnomalyEvent, Signal, Status
+
+DARK = "qwen3-32b"
+#: Event seconds from the start: errors begin (both models), then one model goes dark.
+ERRORS_AT, DARK_AT = 1200.0, 1320.0
+
+
+@pytest.fixture(scope="module")
+def dark_model_events() -> list[AnomalyEvent]:
+    """Two models at flat traffic; 5 % errors in both from ``ERRORS_AT``; ``DARK`` sends
+    nothing from ``DARK_AT`` on, while the other goes on."""
+    phases = (Phase("normal", ERRORS_AT), Phase("errors", 900, error_rate=0.05))
+    workload = Workload(phases, seed=11)
+
+    def batches() -> list[bytes]:
+        out = []
+        for _, batch in workload.seconds():
+            kept = [r for r in batch if r["model"] != DARK or r["timestamp"] < EPOCH + DARK_AT]
+            if kept:
+                out.append(orjson.dumps(kept))
+        return out
+
+    # Events of the stream's drain (requests still finishing after its last second, a few
+    # per window) are left out: real streams do not stop.
+    end = EPOCH + workload.duration_s
+    return [e for e in Replay().run(batches()) if e.window_end <= end]
+
+
+def test_a_model_that_goes_dark_pages_traffic_drop(dark_model_events: list[AnomalyEvent]) -> None:
+    drops = [e for e in dark_model_events if e.signal is Signal.TRAFFIC and e.pages]
+    assert drops and {e.segment["model"] for e in drops} == {DARK}
+    first = min(drops, key=lambda e: e.window_end)
+    assert first.window_end - (EPOCH + DARK_AT) <= 40  # a few windows
+    assert first.hints[0].code == "traffic_drop" and first.observed == 0
+    assert not [e for e in dark_model_events if e.signal is Signal.TRAFFIC and e.segment["model"] != DARK]
+
+
+def test_a_silent_segments_open_incident_resolves_as_no_data(dark_model_events: list[AnomalyEvent]) -> None:
+    dark_errors = [e for e in dark_model_events if e.signal is Signal.ERROR_RATE and e.segment["model"] == DARK]
+    fired = {e.fingerprint for e in dark_errors if e.status is Status.FIRING}
+    ended = {e.fingerprint: e for e in dark_errors if e.status is Status.RESOLVED}
+    assert fired and fired <= ended.keys()  # every incident of the dark model ended ...
+    for event in ended.values():
+        assert event.hints[0].code == "no_data"  # ... as no_data, not as recovered
+        assert event.window_end - (EPOCH + DARK_AT) >= DetectorConfig().no_data_after_s
+
+
+def test_segments_idle_for_long_are_forgotten() -> None:
+    bank = DetectorBank(DetectorConfig(segment_idle_s=600.0))
+    replay = Replay(Settings())
+    replay.stage_two.bank = bank
+    workload = Workload((Phase("normal", 900),), seed=3)
+    quiet = {"route": "rag"}  # every rag segment stops after 5 minutes; chat goes on
+
+    def keep(record: dict) -> bool:
+        return record["route"] != quiet["route"] or record["timestamp"] < EPOCH + 300
+
+    list(replay.run(orjson.dumps([r for r in b if keep(r)]) for _, b in workload.seconds()))
+    assert bank.expired and all("route=rag" in key for key in bank.expired)
+    assert not [key for key in bank.detectors if "route=rag" in key]
+
+
+def test_an_idle_segments_id_goes_to_a_new_label_combination_not_to_the_overflow() -> None:
+    from models.segments import OVERFLOW_KEY, Segmenter
+
+    segmenter = Segmenter(max_segments=2, idle_s=600.0)
+    a = segmenter.key_for(model="a", prompt_tokens=10, output_tokens=10)
+    b = segmenter.key_for(model="b", prompt_tokens=10, output_tokens=10)
+    segmenter.note_seen([0, 1], 10.0)
+    assert segmenter.key_for(model="c", prompt_tokens=10, output_tokens=10) == OVERFLOW_KEY  # nobody idle yet
+    segmenter.note_seen([1], 900.0)  # b goes on, a has been silent for 890 s
+    c = segmenter.key_for(model="d", prompt_tokens=10, output_tokens=10)
+    assert c.startswith("model=d") and segmenter.keys[0] == c and segmenter.reclaimed == 1
+    assert segmenter.key_for(model="b", prompt_tokens=10, output_tokens=10) == b
+    assert segmenter.key_for(model="a", prompt_tokens=10, output_tokens=10) == OVERFLOW_KEY != a  # back: full
