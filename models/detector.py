@@ -287,7 +287,7 @@ class SegmentDetectors:
         adopted: bool,
     ) -> AnomalyEvent | None:
         config, spec = self.config, detector.spec
-        anomalous = verdict.pages or verdict.explained
+        anomalous, level = detector.for_lifecycle(verdict, config)
         if detector.tracker is None:
             if not anomalous:
                 return None
@@ -297,13 +297,7 @@ class SegmentDetectors:
             # the reverse): a new incident, not the old one reopened under its fingerprint.
             detector.tracker = config.tracker()
         tracker = detector.tracker
-        severity = (
-            Severity.CRITICAL
-            if verdict.pages and verdict.score >= config.critical
-            else Severity.WARNING
-            if verdict.pages
-            else Severity.INFO
-        )
+        severity = Severity(level)
         if adopted and tracker.firing:
             transition: Transition | None = Transition.RESOLVED
             tracker.firing, tracker.recent, tracker.since_resolved = False, (), None

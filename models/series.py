@@ -85,10 +85,9 @@ def score_series(
             reading = Reading(value, int(x.get("trials", 1)), x)
         detector.tracker = tracker
         verdict = detector.judge(reading, config)
-        anomalous = verdict.pages or verdict.explained
+        anomalous, severity = detector.for_lifecycle(verdict, config)
         if anomalous and tracker.reopens(paging=verdict.pages) is False:
             tracker = detector.tracker = config.tracker()  # the other kind: a new incident
-        severity = ("critical" if verdict.score >= config.critical else "warning") if verdict.pages else "info"
         before = tracker.severity if tracker.firing else None
         step = tracker.step(anomalous, window_start=float(point["timestamp"]), severity=severity,
                             sustained=verdict.sustained)  # fmt: skip

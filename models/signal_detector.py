@@ -144,6 +144,22 @@ class SignalDetector:
                 score, expected = structural, floor
         return Verdict(score, expected, score >= config.threshold, False, model.expected)
 
+    def for_lifecycle(self, verdict: Verdict, config: DetectorConfig) -> tuple[bool, str]:
+        """(anomalous, severity) of a window as the incident lifecycle takes it.
+
+        Inside a paging incident a window counts as normal only once it is back near the
+        baseline (below half the threshold), not merely short of paging: a fault at the edge
+        of significance would otherwise resolve and fire again. Rates have their own test
+        (``BetaBinomialRate.recovered``)."""
+        holding = (
+            self.spec.kind != "rate" and self.paging and not verdict.pages and verdict.score >= config.threshold / 2
+        )
+        if verdict.pages:
+            severity = "critical" if verdict.score >= config.critical else "warning"
+        else:
+            severity = "warning" if holding else "info"
+        return verdict.pages or verdict.explained or holding, severity
+
     @property
     def firing(self) -> bool:
         """Whether this signal's incident is open."""

@@ -125,3 +125,23 @@ def test_a_bad_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtu
     (tmp_path / "worse.csv").write_text("timestamp,value\n1767225600,abc\n")
     assert main(["backtest-series", "--in", str(tmp_path / "worse.csv")]) == 2
     assert "worse.csv:2" in capsys.readouterr().err
+
+
+def test_an_incident_resolves_only_once_back_near_the_baseline_not_merely_short_of_paging() -> None:
+    """Issue #16: a fault that eases to just below paging is still the fault."""
+    values = ttft_series(seed=5)
+    values[150:160] = [v * 6 for v in values[150:160]]
+    # A level that scores between 2.5 and 4 (short of paging, not near the baseline) after a
+    # quiet history: the fault eased to that level for 15 points, then gone.
+    edge = next(level for level in (0.8 * (1.2 + 0.02 * k) for k in range(60)) if 2.5 <= score_at(values, level) < 4)
+    eased = [*values[:160], *[edge] * 15, *values[175:]]
+    scored = list(score_series([{"timestamp": i, "value": v} for i, v in enumerate(eased)]))
+    assert {p.status for p in scored[151:175]} == {"firing"}, [p.status for p in scored[151:176]]
+    assert "resolved" in {p.status for p in scored[175:185]}
+    assert sum(p.is_anomaly for p in scored) == 1  # one page, not one per flare
+
+
+def score_at(values: list[float], level: float, at: int = 150) -> float:
+    """The score of a point at ``level`` after the quiet history ``values[:at]`` (no incident)."""
+    probe = [*values[:at], level]
+    return list(score_series([{"timestamp": i, "value": v} for i, v in enumerate(probe)]))[-1].anomaly_score
