@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from models.series import score_series
+from models.series import ScoredPoint, score_series
 from pipeline.cli import main
 from schemas.anomaly import Signal
 
@@ -131,17 +131,14 @@ def test_an_incident_resolves_only_once_back_near_the_baseline_not_merely_short_
     """Issue #16: a fault that eases to just below paging is still the fault."""
     values = ttft_series(seed=5)
     values[150:160] = [v * 6 for v in values[150:160]]
-    # A level that scores between 2.5 and 4 (short of paging, not near the baseline) after a
-    # quiet history: the fault eased to that level for 15 points, then gone.
-    edge = next(level for level in (0.8 * (1.2 + 0.02 * k) for k in range(60)) if 2.5 <= score_at(values, level) < 4)
-    eased = [*values[:160], *[edge] * 15, *values[175:]]
-    scored = list(score_series([{"timestamp": i, "value": v} for i, v in enumerate(eased)]))
+
+    def eased_to(level: float) -> list[ScoredPoint]:  # the fault eases to ``level`` for 15 points, then goes
+        eased = [*values[:160], *[level] * 15, *values[175:]]
+        return list(score_series([{"timestamp": i, "value": v} for i, v in enumerate(eased)]))
+
+    # A level whose points score between 2 and 4 there: short of paging, not near the baseline.
+    scored = next(s for s in map(eased_to, (0.8 * (1.1 + 0.01 * k) for k in range(60)))
+                  if all(2 <= p.anomaly_score < 4 for p in s[161:175]))  # fmt: skip
     assert {p.status for p in scored[151:175]} == {"firing"}, [p.status for p in scored[151:176]]
     assert "resolved" in {p.status for p in scored[175:185]}
     assert sum(p.is_anomaly for p in scored) == 1  # one page, not one per flare
-
-
-def score_at(values: list[float], level: float, at: int = 150) -> float:
-    """The score of a point at ``level`` after the quiet history ``values[:at]`` (no incident)."""
-    probe = [*values[:at], level]
-    return list(score_series([{"timestamp": i, "value": v} for i, v in enumerate(probe)]))[-1].anomaly_score
