@@ -58,6 +58,7 @@ from river import base
 from models.compact import CompactState, count
 from models.params import param, shared
 from models.tails import (
+    NO_ECHO,
     PRIOR_TAIL_SHARE,
     clipped_square_mean,
     degrees_of_freedom,
@@ -157,10 +158,11 @@ class _Params(NamedTuple):
 _REF, _W, _COV = 0, 2, 5  # reference log demand (2), weights (3), covariance (3x3, row-major)
 _NOISE, _NOISE_W, _LEVEL, _LEVEL_VAR = 14, 15, 16, 17  # noise variance and weight; load-blind level
 # Tails: share of residuals beyond 3 sds, the run of such windows, the last window's residual
-# (sds) and the lag-one correlation of residuals; then the slow anchor and the level's usual
-# distance from it; then the floors.
-_TAIL, _RUN, _LAST_Z, _RHO, _ANCHOR, _DRIFT_VAR = 18, 19, 20, 21, 22, 23
-_WITHIN, _RECENT, _FLOOR = 24, 25, 26  # usual spread within a window; recent distance from the anchor; floors
+# (sds), the lag-one correlation of residuals, the echo of wild windows and the one seen in the
+# current run (``models.tails.tail_step``); then the slow anchor and the level's usual distance
+# from it; then the floors.
+_TAIL, _RUN, _LAST_Z, _RHO, _ECHO, _ECHO_PENDING, _ANCHOR, _DRIFT_VAR = 18, 19, 20, 21, 22, 23, 24, 25
+_WITHIN, _RECENT, _FLOOR = 26, 27, 28  # usual spread within a window; recent distance from the anchor; floors
 #: Weight of the latest window in the recent distance from the anchor (a few windows' memory).
 _RECENT_WEIGHT = 0.2
 _STATE_SIZE = _FLOOR + _BANDS  # the windows learned follow
@@ -315,6 +317,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
                 noise_sd**2, NOISE_PRIOR_WINDOWS,  # noise variance, and the pseudo-windows behind that prior
                 0.0, noise_sd**2,  # load-blind level: EW mean and variance of log latency
                 PRIOR_TAIL_SHARE, 0.0, 0.0, 0.0,  # tails: share beyond 3 sds, run, last residual, correlation
+                NO_ECHO, NO_ECHO,  # the echo of wild windows (none seen yet), and the current run's
                 0.0, drift_sd**2,  # slow anchor of the level, and how far recent windows usually stand from it
                 0.0,  # usual variance of log latency among a window's requests, as a log (0: not seen yet)
                 0.0,  # recent windows' distance (log) above what the anchored level predicts
@@ -376,7 +379,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         state = self.numbers
         reference, weights, cov = state[_REF:_W], state[_W:_COV], state[_COV:_NOISE]
         noise_var, noise_weight, level_mean, level_var = state[_NOISE:_TAIL]
-        tail_share, run, last_z, rho, anchor, drift_var, within, recent = state[_TAIL:_FLOOR]
+        tail_share, run, last_z, rho, echo, pending, anchor, drift_var, within, recent = state[_TAIL:_FLOOR]
         floors = state[_FLOOR:_STATE_SIZE]
         n = self.n_learned
         p = self._params
@@ -413,7 +416,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         recent = _recent_after(recent, self._sign * residual + level_distance, level_distance, p.huber * sd)
         decay = self._decay
         if n >= TAIL_AFTER and usual_demand:
-            tail_share, run = tail_step(tail_share, run, z, last_z, rho, n)
+            tail_share, run, echo, pending = tail_step(tail_share, run, z, last_z, rho, n, echo, pending)
             # Lag-one correlation of ordinary residuals (each clipped: a wild one says little).
             clip = max(-3.0, min(3.0, z)) * max(-3.0, min(3.0, last_z))
             rho += (clip - rho) * (1.0 - decay)
@@ -462,8 +465,8 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
             floors[band] = min(low, floors[band]) if floors[band] > _NO_FLOOR else low
         self._set_numbers(
             _W,
-            [*weights, *cov, noise_var, noise_weight, level_mean, level_var, tail_share, run, z, rho, anchor,
-             drift_var, within, recent, *floors, float(n + 1)],
+            [*weights, *cov, noise_var, noise_weight, level_mean, level_var, tail_share, run, z, rho, echo, pending,
+             anchor, drift_var, within, recent, *floors, float(n + 1)],
         )  # fmt: skip
 
     def note_unlearned(self, x: dict[Hashable, Any], y: float, *, tails: bool = True, drift: bool = False) -> None:
@@ -479,14 +482,14 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         state = self.numbers
         prediction = self._predict(x, state)
         z = (math.log(y) - prediction.mean) / prediction.sd
-        share, run, last_z, rho = state[_TAIL:_ANCHOR]
+        share, run, last_z, rho, echo, pending = state[_TAIL:_ANCHOR]
         recent = state[_RECENT]
         if drift:
             now = self._sign * (math.log(y) - prediction.mean + prediction.drift)
             recent = _recent_after(recent, now, self._sign * prediction.drift, self.huber * prediction.sd)
         if tails and self.n_learned >= TAIL_AFTER and self._ordinary(x, self._demand_index(x, state)):
-            share, run = tail_step(share, run, z, last_z, rho, self.n_learned)
-        self._set_numbers(_TAIL, [share, run, z])
+            share, run, echo, pending = tail_step(share, run, z, last_z, rho, self.n_learned, echo, pending)
+        self._set_numbers(_TAIL, [share, run, z, rho, echo, pending])
         self._set_numbers(_RECENT, [recent])
 
     def predict_one(self, x: dict[Hashable, Any]) -> Prediction:
@@ -495,7 +498,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
     def _predict(self, x: dict[Hashable, Any], state: list[float]) -> Prediction:
         phi = self._phi(x, state)
         noise_var, _, level_mean, level_var = state[_NOISE:_TAIL]
-        tail_share, _, _, rho, anchor, drift_var, within, recent = state[_TAIL:_FLOOR]
+        tail_share, _, _, rho, _, _, anchor, drift_var, within, recent = state[_TAIL:_FLOOR]
         sampling_var = self._sampling_var(x, within)
         floor = self.min_noise_sd**2
         sd = math.sqrt(max(noise_var, floor) + sampling_var + _dot(phi, _matvec(state[_COV:_NOISE], phi)))
@@ -553,7 +556,8 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         log_y, sign, nu = math.log(y), self._sign, prediction.nu
         z = sign * (log_y - prediction.mean) / prediction.sd
         alone = student_surprise(z, nu)
-        paired = pair_surprise(z, sign * last_z, rho, nu) if self.n_learned > self.grace_windows else 0.0
+        echo = state[_ECHO]
+        paired = pair_surprise(z, sign * last_z, rho, nu, echo) if self.n_learned > self.grace_windows else 0.0
         window = max(alone, paired) - _TWO_LOOKS
         drift = 0.0
         if 0 < self.drift_after <= self.n_learned and usual_demand:  # a drift is judged at flat demand
@@ -595,6 +599,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         mine[_NOISE] = theirs[_NOISE]  # noise variance
         mine[_TAIL] = theirs[_TAIL]
         mine[_RHO] = theirs[_RHO]
+        mine[_ECHO] = theirs[_ECHO]
         mine[_ANCHOR] = mine[_W]
         mine[_STATE_SIZE] = max(self.n_learned, self.grace_windows - 1)
         self._set_numbers(0, mine)

@@ -35,6 +35,9 @@ RUN_PUSH = 1.0
 #: Quiet windows after which a cluster of tail windows is over (a minute of 10 s windows):
 #: a fault that flickers comes back sooner; noise's rare wild windows seldom do.
 TAIL_QUIET = 6
+#: Weight of each tail event's echo in ``echo`` (about the last five), and "none seen yet".
+ECHO_RATE = 0.2
+NO_ECHO = -1.0
 #: Degrees of freedom a segment's tails start from; what that prior is worth, in windows;
 #: and how many windows the tail share remembers (about three hours of 10 s windows).
 PRIOR_NU = 12.0
@@ -167,58 +170,80 @@ def _run_of(direction: float, windows: int, quiet: int) -> float:
     return direction * (windows + quiet / TAIL_QUIET) if windows else 0.0
 
 
-def tail_step(share: float, run: float, z: float, last_z: float, rho: float, windows: int) -> tuple[float, float]:
-    """The tail share and the current cluster after one more window of standardised
-    residual ``z`` (sds), the ``windows``-th seen; ``last_z`` and ``rho``: the window before
-    and the lag-one correlation. ``run`` is signed and packed (``_run_parts``).
+def tail_step(
+    share: float,
+    run: float,
+    z: float,
+    last_z: float,
+    rho: float,
+    windows: int,
+    echo: float = NO_ECHO,
+    pending: float = NO_ECHO,
+) -> tuple[float, float, float, float]:
+    """The tail share, the current cluster, the echo of wild windows and the echo seen in
+    the current cluster, after one more window of standardised residual ``z`` (sds), the
+    ``windows``-th seen; ``last_z`` and ``rho``: the window before and the lag-one
+    correlation. ``run`` is signed and packed (``_run_parts``).
 
     A cluster starts with a window beyond ``TAIL_Z`` and goes on while each window pushes
     the same way by more than its predecessor's echo explains (``RUN_PUSH`` sds of
     innovation), or comes back the same way within ``TAIL_QUIET`` windows (by ``TAIL_Z`` sds
-    of innovation: more than an echo). It counts once that many quiet windows have passed, and only if it was short
-    (``TAIL_RUN`` windows at most): a wild window and its fading echo are the noise's tails;
-    a fault keeps pushing, or flickers back, and must not teach the model that its tails
-    are heavy (a fault's first, lone anomalous window would otherwise blind the model to
-    the rest of it).
+    of innovation: more than an echo). It counts once that many quiet windows have passed,
+    and only if it was short (``TAIL_RUN`` windows at most): a wild window and its fading
+    echo are the noise's tails; a fault keeps pushing, or flickers back, and must not teach
+    the model that its tails are heavy (a fault's first, lone anomalous window would
+    otherwise blind the model to the rest of it).
 
-    >>> share, run = PRIOR_TAIL_SHARE, 0.0
-    >>> zs = (0.5, 6.0, 2.5, 0.3, 0.1, -0.4, 0.2, 0.5, 0.0)  # a wild window, its echo, calm
+    The window after a cluster's first shows how much of a wild window the next one echoes
+    (``z / last_z``); once the cluster counts as noise, that ratio goes into ``echo``
+    (``ECHO_RATE``), which the pair statistic uses after a wild window. Heavy-tailed,
+    autocorrelated noise echoes its wild windows more than the correlation of ordinary ones
+    (which clipping and the noise of sampling dilute) says, and a pair of a wild window and
+    its echo is no fault.
+
+    >>> share, run, echo, pending = PRIOR_TAIL_SHARE, 0.0, NO_ECHO, NO_ECHO
+    >>> zs = (0.5, 6.0, 3.0, 0.3, 0.1, -0.4, 0.2, 0.5, 0.0)  # a wild window, its echo, calm
     >>> for last_z, z in zip((0.0, *zs), zs):
-    ...     share, run = tail_step(share, run, z, last_z, 0.4, 400)
-    >>> round(share, 4), run
-    (0.0084, 0.0)
-    >>> share, run = PRIOR_TAIL_SHARE, 0.0
+    ...     share, run, echo, pending = tail_step(share, run, z, last_z, 0.4, 400, echo, pending)
+    >>> round(share, 4), run, round(echo, 2)
+    (0.0084, 0.0, 0.5)
+    >>> share, run, echo, pending = PRIOR_TAIL_SHARE, 0.0, NO_ECHO, NO_ECHO
     >>> zs = (4.5, 0.8, 1.2, 3.6, 1.0, 3.4, 0.5, 0.2, 0.1, 0.0, 0.3, 0.1)  # a fault that flickers
     >>> for last_z, z in zip((0.0, *zs), zs):
-    ...     share, run = tail_step(share, run, z, last_z, 0.4, 400)
-    >>> share < PRIOR_TAIL_SHARE, run
-    (True, 0.0)
+    ...     share, run, echo, pending = tail_step(share, run, z, last_z, 0.4, 400, echo, pending)
+    >>> share < PRIOR_TAIL_SHARE, run, echo == NO_ECHO
+    (True, 0.0, True)
     """
     rate = max(1.0 / TAIL_MEMORY, 1.0 / (windows + TAIL_PRIOR_WINDOWS))
     share -= share * rate  # this window, as an ordinary one for now
     direction, count, quiet = _run_parts(run)
     if count:
+        if count == 1 and quiet == 0 and pending == NO_ECHO:  # the window right after the first
+            pending = min(max(z / last_z, 0.0), 1.0) if last_z else NO_ECHO
         rho = min(max(rho, 0.0), 0.9)
         push = direction * (z - rho * last_z) / math.sqrt(1.0 - rho * rho)
         if push > (RUN_PUSH if quiet == 0 else TAIL_Z):
-            return share, _run_of(direction, count + 1, 0)  # the cluster goes on, or is back
+            return share, _run_of(direction, count + 1, 0), echo, pending  # the cluster goes on, or is back
         if count > TAIL_RUN:
-            count = 0  # a change, now over: not the noise's tails
+            count, pending = 0, NO_ECHO  # a change, now over: not the noise's tails
         elif -direction * z > TAIL_Z or quiet + 1 >= TAIL_QUIET:
             share += count * rate  # a short cluster, now over: the tails after all
-            count = 0
+            if pending != NO_ECHO:  # the first echo seen stands alone; later ones are averaged in
+                echo = pending if echo == NO_ECHO else echo + (pending - echo) * ECHO_RATE
+            count, pending = 0, NO_ECHO
         else:
-            return share, _run_of(direction, count, quiet + 1)
+            return share, _run_of(direction, count, quiet + 1), echo, pending
     if abs(z) > TAIL_Z:
-        return share, 1.0 if z > 0 else -1.0
-    return share, 0.0
+        return share, 1.0 if z > 0 else -1.0, echo, NO_ECHO
+    return share, 0.0, echo, pending
 
 
-def pair_surprise(z: float, last_z: float, rho: float, nu: float) -> float:
+def pair_surprise(z: float, last_z: float, rho: float, nu: float, echo: float = NO_ECHO) -> float:
     """``-log10 P(both >= m)`` for two consecutive residuals whose smaller one is ``m``, with
     lag-one correlation ``rho``: the first at least ``m``, then the second given the first
     (its conditional mean ``rho`` times the first's expected size beyond ``m``, its sd
-    ``sqrt(1 - rho^2)``), and no more than what the first leaves unexplained.
+    ``sqrt(1 - rho^2)``), and no more than what the first leaves unexplained. After a window
+    beyond ``TAIL_Z`` the correlation is at least ``echo`` (``tail_step``).
 
     Meant for moderate shifts, neither window remarkable alone: a previous window that was
     (``last_z`` beyond ``PAIR_PREVIOUS_MAX`` in surprise) has spoken for itself, and the
@@ -234,6 +259,8 @@ def pair_surprise(z: float, last_z: float, rho: float, nu: float) -> float:
     m = min(z, last_z)
     if m <= 0.0 or student_surprise(last_z, nu) >= PAIR_PREVIOUS_MAX:
         return 0.0
+    if last_z > TAIL_Z:  # after a wild window, its echo as the segment's wild windows have shown it
+        rho = max(rho, echo)
     rho = min(max(rho, 0.0), 0.9)
     sd = math.sqrt(1.0 - rho * rho)
     # This window given that the previous one was at least m: with heavy tails the previous
