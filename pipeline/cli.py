@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ import orjson
 
 from models.grouping import IncidentGrouper
 from pipeline.broker import BrokerError, EmbeddedBroker
-from pipeline.cli_common import settings_from, with_broker
+from pipeline.cli_common import CommandError, add_embedded_flag, load_settings, settings_from, with_broker
 from pipeline.cli_scrape import cmd_scrape
 from pipeline.cli_ship import cmd_ship
 from pipeline.settings import Settings
@@ -36,6 +37,10 @@ logger = logging.getLogger("servewatch")
 
 
 def cmd_broker(args: argparse.Namespace) -> int:
+    # SIGTERM (a service manager, `kill`) ends the command as Ctrl-C does, so the context
+    # manager stops the Tansu child and frees the port; left to its default, SIGTERM killed
+    # this process and left the broker running.
+    signal.signal(signal.SIGTERM, _interrupt)
     with EmbeddedBroker(port=args.port) as broker:
         print(f"broker ready: {broker.bootstrap}  (export SERVEWATCH_BROKER={broker.bootstrap}); Ctrl-C stops it")
         with contextlib.suppress(KeyboardInterrupt):
@@ -44,12 +49,16 @@ def cmd_broker(args: argparse.Namespace) -> int:
     return 0
 
 
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
     from pipeline.app import create_app
 
-    with with_broker(settings_from(args)) as settings:
+    with with_broker(settings_from(args), "worker", embedded=args.embedded) as settings:
         asyncio.run(_ensure_topics(settings))  # creates only what is missing
         app, _ = create_app(settings)
         tune_gc()  # again: Faust's app, topics and tables live as long as the process
@@ -73,8 +82,10 @@ async def _ensure_topics(settings: Settings) -> None:
 def cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.demo import run_demo, start_worker, stop_worker, summarise
 
+    if not args.speed > 0:
+        raise CommandError(f"demo: --speed must be above 0 (simulated seconds per wall second), got {args.speed}")
     started = time.monotonic()
-    with with_broker(settings_from(args)) as settings:
+    with with_broker(settings_from(args), "demo", embedded=True) as settings:
         assert settings.bootstrap is not None
         asyncio.run(_ensure_topics(settings))
         print("starting the servewatch worker ...", flush=True)
@@ -193,6 +204,10 @@ def _replay_requests(
 def cmd_schema(args: argparse.Namespace) -> int:
     from schemas import EXPORTED
 
+    if args.name is None:  # the list
+        for name, exported in EXPORTED.items():
+            print(f"{name:16} {(exported.__doc__ or '').strip().splitlines()[0]}")
+        return 0
     model = EXPORTED.get(args.name)
     if model is None:
         print(f"unknown schema {args.name!r}; choose from {', '.join(EXPORTED)}", file=sys.stderr)
@@ -341,6 +356,7 @@ def cmd_backtest_series(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="servewatch", description="Streaming anomaly detection for LLM serving.")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"servewatch {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (Tansu) until Ctrl-C")
@@ -348,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_broker)
 
     p = sub.add_parser("worker", help="run the detector worker (Faust)")
-    p.add_argument("--broker", help="Kafka bootstrap host:port (default: SERVEWATCH_BROKER, else embedded)")
+    p.add_argument("--broker", help="Kafka bootstrap host:port (default: SERVEWATCH_BROKER)")
+    add_embedded_flag(p)
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("demo", help="embedded broker + worker + scripted incidents, events printed live")
@@ -371,7 +388,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--count", type=int, default=None, help="stop after this many rounds (default: until Ctrl-C)")
     p.add_argument("--record", help="append every good scrape to this JSONL file (timestamp, instance, body)")
     p.add_argument("--out", help="write intervals as JSONL here ('-' for stdout) instead of to Kafka")
-    p.add_argument("--broker", help="Kafka bootstrap host:port (default: SERVEWATCH_BROKER, else embedded)")
+    p.add_argument("--broker", help="Kafka bootstrap host:port (default: SERVEWATCH_BROKER)")
+    add_embedded_flag(p)
     p.set_defaults(func=cmd_scrape)
 
     p = sub.add_parser("ship", help="ship request logs (JSONL file, stdin or HTTP) to the requests topic in batches")
@@ -393,7 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "engine or engine_version for records without one (repeatable)")  # fmt: skip
     p.add_argument("--batch", type=int, help="records per message (default 500)")
     p.add_argument("--linger", help="how long a partly filled batch waits: 200ms (default), 1s")
-    p.add_argument("--broker", help="Kafka bootstrap host:port (default: SERVEWATCH_BROKER, else embedded)")
+    p.add_argument("--broker", help="Kafka bootstrap host:port (default: SERVEWATCH_BROKER)")
+    add_embedded_flag(p)
     p.set_defaults(func=cmd_ship)
 
     p = sub.add_parser(
@@ -410,8 +429,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, help="rate signals: requests per point, where there is no trials column")
     p.set_defaults(func=cmd_backtest_series)
 
-    p = sub.add_parser("schema", help="print the JSON Schema of RequestLog, AnomalyEvent or DeadLetter")
-    p.add_argument("name")
+    p = sub.add_parser("schema", help="print the JSON Schema of a wire format (without a name: list them)")
+    p.add_argument("name", nargs="?", help="RequestLog, AnomalyEvent, IncidentGroup, EngineInterval or DeadLetter")
     p.add_argument("--out", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_schema)
 
@@ -423,9 +442,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("servewatch")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    environment = Settings()
+    try:
+        environment = load_settings()
+    except CommandError as exc:
+        print(f"servewatch: {exc}", file=sys.stderr)
+        return 2
     if args.command in ("worker", "replay"):
         tune_process(environment.mmap_threshold_bytes)
     level = "DEBUG" if args.verbose else environment.log_level
@@ -435,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("aiokafka").setLevel(logging.WARNING)
     try:
         return int(args.func(args))
+    except CommandError as exc:
+        print(f"servewatch {exc}" if ":" in str(exc).split(" ")[0] else f"servewatch: {exc}", file=sys.stderr)
+        return 2
     except BrokerError as exc:
         print(f"servewatch: {exc}", file=sys.stderr)
         return 3

@@ -1,30 +1,84 @@
-"""What every ``servewatch`` command shares: settings from its arguments, a broker to talk to."""
+"""What every ``servewatch`` command shares: settings from its arguments, a broker to talk to,
+and the errors a command line reports in one line instead of a traceback."""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
+import logging
+import os
 import sys
 from collections.abc import Iterator
+
+from pydantic import ValidationError
 
 from pipeline.broker import EmbeddedBroker
 from pipeline.settings import Settings
 
+logger = logging.getLogger(__name__)
+
+
+class CommandError(Exception):
+    """A command cannot run as asked; its message is the one line the user sees (exit 2)."""
+
 
 def settings_from(args: argparse.Namespace, **overrides: object) -> Settings:
-    """Settings from the environment (read once), with the command's --broker and ``overrides`` on top."""
+    """Settings from the environment (read once), with the command's --broker and ``overrides``
+    on top; a bad value is a ``CommandError`` naming the variable and what it accepts."""
     values = {k: v for k, v in overrides.items() if v is not None}
     if getattr(args, "broker", None):
         values["broker"] = args.broker
-    return Settings(**values)  # type: ignore[arg-type]
+    return load_settings(**values)
+
+
+def load_settings(**values: object) -> Settings:
+    warn_unknown_variables()
+    try:
+        return Settings(**values)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise CommandError(describe_settings_error(exc)) from None
+
+
+def describe_settings_error(exc: ValidationError) -> str:
+    """One line per bad setting: the environment variable, what it got, what it accepts."""
+    lines = []
+    for error in exc.errors():
+        name = str(error["loc"][0]) if error["loc"] else "?"
+        got = error.get("input")
+        lines.append(f"SERVEWATCH_{name.upper()}={got!s}: {error['msg']}")
+    return "; ".join(lines)
+
+
+def warn_unknown_variables() -> None:
+    """A ``SERVEWATCH_*`` variable no setting reads is a typo more often than not: say so, with
+    the closest known name."""
+    known = {f"SERVEWATCH_{name.upper()}" for name in Settings.model_fields}
+    for variable in sorted(v for v in os.environ if v.startswith("SERVEWATCH_") and v not in known):
+        close = difflib.get_close_matches(variable, sorted(known), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        logger.warning("unknown setting %s ignored%s", variable, hint)
 
 
 @contextlib.contextmanager
-def with_broker(settings: Settings) -> Iterator[Settings]:
-    """``settings`` with a broker: the configured one, or an embedded one for the duration."""
+def with_broker(settings: Settings, command: str, embedded: bool = False) -> Iterator[Settings]:
+    """``settings`` with a broker: the configured one, or, only where asked for (``embedded``:
+    the demo, or ``--embedded``), an in-memory one for the duration. Anything else without a
+    broker is refused: a worker or shipper that quietly talks to a throwaway broker loses
+    what it reads or sends."""
     if settings.bootstrap is not None:
         yield settings
         return
+    if not embedded:
+        raise CommandError(
+            f"{command}: no Kafka broker: pass --broker HOST:PORT or set SERVEWATCH_BROKER (for a local one, "
+            "run `servewatch broker` in another shell; --embedded uses a throwaway in-memory broker)"
+        )
     with EmbeddedBroker() as broker:
         print(f"embedded Kafka-compatible broker (Tansu) at {broker.bootstrap}", file=sys.stderr)
         yield settings.model_copy(update={"broker": broker.bootstrap, "broker_profile": "tansu"})
+
+
+def add_embedded_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--embedded", action="store_true", help="without a broker, start a throwaway in-memory one "
+                        "(development only: what it holds is gone when the command ends)")  # fmt: skip

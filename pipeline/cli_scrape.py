@@ -28,7 +28,7 @@ def cmd_scrape(args: argparse.Namespace) -> int:
         return 2
     if args.out:  # no Kafka needed
         return asyncio.run(_scrape(args, interval_s, timeout_s, None))
-    with with_broker(settings_from(args)) as settings:
+    with with_broker(settings_from(args), "scrape", embedded=args.embedded) as settings:
         return asyncio.run(_scrape(args, interval_s, timeout_s, settings))
 
 

@@ -91,7 +91,7 @@ def cmd_ship(args: argparse.Namespace) -> int:
             await kafka.stop()
 
     try:
-        with with_broker(base) as settings:
+        with with_broker(base, "ship", embedded=args.embedded) as settings:
             assert settings.bootstrap is not None
             stats = asyncio.run(ship(settings.bootstrap, settings.topic_partitions))
     except (KafkaError, FileNotFoundError) as exc:

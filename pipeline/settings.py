@@ -6,17 +6,28 @@ Lists are given as JSON in the environment, e.g.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BeforeValidator, Field, SecretStr
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from models.evidence_sample import EvidenceBudget
 from models.segments import DEFAULT_DIMENSIONS, Segmenter
 from models.signal_columns import DEFAULT_REASONING_MARKERS
 from models.signal_detector import DetectorConfig
 from pipeline.tuning import HEAP_TRIM_INTERVAL_S, MMAP_THRESHOLD_BYTES
+
+
+def _list(value: Any) -> Any:
+    """A list setting from the environment: JSON (``[4096,32768]``) or comma-separated (``4096,32768``)."""
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if text.startswith("["):
+        return json.loads(text)
+    return [part.strip() for part in text.split(",") if part.strip()]
 
 
 class Settings(BaseSettings):
@@ -71,9 +82,9 @@ class Settings(BaseSettings):
         description="Records decoded before stage 1 folds them into its windows in one pass (sooner when a "
         "message moves a watermark into the next window, or after half a second). 1: fold every message.",
     )
-    segment_dimensions: tuple[str, ...] = DEFAULT_DIMENSIONS
-    prompt_band_edges: tuple[int, ...] = (4096, 32768)
-    output_band_edges: tuple[int, ...] = (1024,)
+    segment_dimensions: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_list)] = DEFAULT_DIMENSIONS
+    prompt_band_edges: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_list)] = (4096, 32768)
+    output_band_edges: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_list)] = (1024,)
     max_segments: int = Field(default=1000, ge=1)
     no_data_after_s: float = Field(
         default=300.0,
@@ -105,7 +116,7 @@ class Settings(BaseSettings):
         description="Length of the scrubbed answer excerpt in each evidence record (around a leaked reasoning "
         "marker, else the answer's start); 0: no answer text leaves the worker. Prompts never do.",
     )
-    reasoning_markers: tuple[str, ...] = Field(
+    reasoning_markers: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_list)] = Field(
         default=DEFAULT_REASONING_MARKERS,
         description="Reasoning end markers; an answer containing one counts as a reasoning leak.",
     )

@@ -4,6 +4,7 @@ from pydantic import BaseModel
 
 from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 from schemas.dead_letter import DeadLetter
+from schemas.engine_interval import EngineInterval
 from schemas.incident_group import GroupMember, IncidentGroup, parse_anomaly_record
 from schemas.request_log import Engine, FinishReason, RequestLog
 from schemas.version import SCHEMA_VERSION
@@ -13,6 +14,7 @@ EXPORTED: dict[str, type[BaseModel]] = {
     "RequestLog": RequestLog,
     "AnomalyEvent": AnomalyEvent,
     "IncidentGroup": IncidentGroup,
+    "EngineInterval": EngineInterval,
     "DeadLetter": DeadLetter,
 }
 
@@ -22,6 +24,7 @@ __all__ = [
     "AnomalyEvent",
     "DeadLetter",
     "Engine",
+    "EngineInterval",
     "FinishReason",
     "GroupMember",
     "Hint",

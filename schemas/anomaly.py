@@ -88,6 +88,8 @@ class Facets(BaseModel):
 
 
 class AnomalyEvent(BaseModel):
+    """One lifecycle step (firing, update, resolved) of one incident of one signal in one segment."""
+
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int = SCHEMA_VERSION

@@ -8,6 +8,8 @@ from schemas.version import SCHEMA_VERSION
 
 
 class DeadLetter(BaseModel):
+    """A rejected input: its bytes, why it was refused, and where it came from."""
+
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int = SCHEMA_VERSION

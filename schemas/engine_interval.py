@@ -28,6 +28,8 @@ class LatencySummary(BaseModel):
 
 
 class EngineInterval(BaseModel):
+    """One engine (instance and model) between two scrapes of its /metrics, in canonical figures."""
+
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int = SCHEMA_VERSION

@@ -31,6 +31,8 @@ class GroupMember(BaseModel):
 
 
 class IncidentGroup(BaseModel):
+    """One lifecycle step of a group of incidents of one model with one likely cause."""
+
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int = SCHEMA_VERSION

@@ -1,0 +1,96 @@
+"""Issue #17: a command line safe beside production (no quiet throwaway brokers, one-line
+configuration errors, a broker that stops on SIGTERM)."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.cli import main
+from pipeline.settings import Settings
+
+SERVEWATCH = [sys.executable, "-m", "pipeline.cli"]
+
+
+@pytest.mark.parametrize("command", [["worker"], ["ship", "--stdin"], ["scrape", "--target", "http://127.0.0.1:9/m"]])
+def test_no_broker_is_refused_not_replaced_by_a_throwaway_one(
+    command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.delenv("SERVEWATCH_BROKER", raising=False)
+    state = tmp_path / "state.json"
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no Kafka broker" in err[0] and "--broker" in err[0] and "SERVEWATCH_BROKER" in err[0]
+    assert not state.exists() and not list(tmp_path.rglob("*.json"))  # no position saved past unsent lines
+
+
+def test_a_bad_setting_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("SERVEWATCH_THRESHOLD", "abc")
+    assert main(["schema"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("servewatch: SERVEWATCH_THRESHOLD=abc:")
+
+
+def test_lists_read_as_json_or_comma_separated_and_a_typo_is_named(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("SERVEWATCH_PROMPT_BAND_EDGES", "4096, 32768")
+    monkeypatch.setenv("SERVEWATCH_OUTPUT_BAND_EDGES", "[2048]")
+    monkeypatch.setenv("SERVEWATCH_TRESHOLD", "5")
+    from pipeline.cli_common import load_settings
+
+    settings = load_settings()
+    assert settings.prompt_band_edges == (4096, 32768) and settings.output_band_edges == (2048,)
+    assert "SERVEWATCH_TRESHOLD" in caplog.text and "did you mean SERVEWATCH_THRESHOLD" in caplog.text
+    assert Settings().threshold == 4.0  # the typo changed nothing
+
+
+def test_version_schema_list_and_a_refused_demo_speed(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0 and re.match(r"servewatch \S+", capsys.readouterr().out)
+    assert main(["schema"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in ("RequestLog", "AnomalyEvent", "IncidentGroup", "EngineInterval"))
+    assert main(["schema", "EngineInterval"]) == 0 and '"instance"' in capsys.readouterr().out
+    assert main(["demo", "--speed", "0"]) == 2
+    assert "--speed must be above 0" in capsys.readouterr().err
+
+
+def test_sigterm_stops_the_broker_and_frees_its_port() -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("SERVEWATCH_BROKER", None)
+    proc = subprocess.Popen([*SERVEWATCH, "broker"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = ""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not line.startswith("broker ready"):
+            line = proc.stdout.readline()
+        match = re.search(r"broker ready: ([\d.]+):(\d+)", line)
+        assert match, line
+        host, port = match.group(1), int(match.group(2))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) in (0, 130)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with socket.socket() as probe:
+            if probe.connect_ex((host, port)) != 0:
+                return  # nothing listens: the Tansu child is gone
+        time.sleep(0.2)
+    pytest.fail(f"something still listens on {host}:{port} after SIGTERM")
