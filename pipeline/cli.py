@@ -22,7 +22,14 @@ import orjson
 
 from models.grouping import IncidentGrouper
 from pipeline.broker import BrokerError, EmbeddedBroker
-from pipeline.cli_common import CommandError, add_embedded_flag, load_settings, settings_from, with_broker
+from pipeline.cli_common import (
+    CommandError,
+    Progress,
+    add_embedded_flag,
+    load_settings,
+    settings_from,
+    with_broker,
+)
 from pipeline.cli_scrape import cmd_scrape
 from pipeline.cli_ship import cmd_ship
 from pipeline.settings import Settings
@@ -151,19 +158,19 @@ def _replay_scrapes(path: str, settings: Settings, out: BinaryIO, grouper: Incid
     from pipeline.scrape_replay import ScrapeReplay, ScrapeReplayStats
 
     replay = ScrapeReplay(settings)
-    started = time.monotonic()
+    started, line = time.monotonic(), Progress()
 
     def progress(stats: ScrapeReplayStats) -> None:
         rate = stats.scrapes / max(time.monotonic() - started, 1e-9)
-        print(f"\r{stats.scrapes:,} scrapes, {stats.intervals:,} intervals, {stats.events:,} events "
-              f"({rate:,.0f} scrapes/s)", end="", file=sys.stderr, flush=True)  # fmt: skip
+        line.show(f"{stats.scrapes:,} scrapes, {stats.intervals:,} intervals, {stats.events:,} events "
+                  f"({rate:,.0f} scrapes/s)")  # fmt: skip
 
     with sys.stdin.buffer if path == "-" else open(path, "rb") as lines:
         for event in replay.run(lines, progress):
             _write_grouped(event, grouper, out)
     stats = replay.stats
     progress(stats)
-    print(file=sys.stderr)
+    line.done()
     print(f"replayed {stats.scrapes:,} scrapes into {stats.intervals:,} engine intervals: {stats.events:,} anomaly "
           f"events, {stats.rejected:,} rejected lines", file=sys.stderr)  # fmt: skip
     for letter in stats.rejected_samples[:5]:
@@ -178,12 +185,12 @@ def _replay_requests(
 
     chunks = JsonlChunks(path, REPLAY_CHUNK_LINES)
     replay = Replay(settings, reread=chunks.reread if chunks.rereadable else None)
-    started = time.monotonic()
+    started, line = time.monotonic(), Progress()
 
     def progress(stats: ReplayStats) -> None:
         rate = stats.records / max(time.monotonic() - started, 1e-9)
-        print(f"\r{stats.messages:,} chunks, {stats.records:,} records, {stats.events:,} events ({rate:,.0f} rec/s)",
-              end="", file=sys.stderr, flush=True)  # fmt: skip
+        line.show(f"{stats.messages:,} chunks, {stats.records:,} records, {stats.windows:,} windows, "
+                  f"{stats.events:,} events ({rate:,.0f} rec/s)")  # fmt: skip
 
     for event in replay.run(chunks, progress):
         if engines is not None:
@@ -191,7 +198,7 @@ def _replay_requests(
         _write_grouped(event, grouper, out)
     stats = replay.stats
     progress(stats)
-    print(file=sys.stderr)
+    line.done()
     print(
         f"replayed {stats.records:,} request logs in {stats.windows:,} segment windows: {stats.events:,} anomaly "
         f"events, {stats.dead_letters:,} rejected records",
@@ -386,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", default="10s", help="time between scrapes: 10s, 500ms, 1m (default 10s)")
     p.add_argument("--timeout", default="5s", help="per-scrape timeout (default 5s)")
     p.add_argument("--count", type=int, default=None, help="stop after this many rounds (default: until Ctrl-C)")
+    p.add_argument("--give-up-after", default="5m", help="exit 1 when every target has been down this long "
+                   "(default 5m; 0: never), so a supervisor sees it")  # fmt: skip
     p.add_argument("--record", help="append every good scrape to this JSONL file (timestamp, instance, body)")
     p.add_argument("--out", help="write intervals as JSONL here ('-' for stdout) instead of to Kafka")
     p.add_argument("--broker", help="Kafka bootstrap host:port (default: SERVEWATCH_BROKER)")
@@ -463,8 +472,10 @@ def main(argv: list[str] | None = None) -> int:
     level = "DEBUG" if args.verbose else environment.log_level
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not args.verbose:
-        # The Kafka client narrates every (re)connection at INFO; keep the operator's view clean.
-        logging.getLogger("aiokafka").setLevel(logging.WARNING)
+        # The Kafka client narrates every (re)connection, and httpx every request (a scrape
+        # round is one per target), at INFO; keep the operator's view clean.
+        for noisy in ("aiokafka", "httpx", "httpcore"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         return int(args.func(args))
     except CommandError as exc:

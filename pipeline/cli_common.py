@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
+from typing import TextIO
 
 from pydantic import ValidationError
 
@@ -82,3 +83,26 @@ def with_broker(settings: Settings, command: str, embedded: bool = False) -> Ite
 def add_embedded_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--embedded", action="store_true", help="without a broker, start a throwaway in-memory one "
                         "(development only: what it holds is gone when the command ends)")  # fmt: skip
+
+
+class Progress:
+    """A command's running progress line: rewritten in place on a terminal, silent when
+    stderr is piped or redirected (a log file wants the summary, not a line per second);
+    ``SERVEWATCH_PROGRESS`` (``auto``, ``always``, ``never``) overrides."""
+
+    def __init__(self, stream: TextIO | None = None, mode: str | None = None) -> None:
+        self.stream = stream or sys.stderr
+        mode = mode or os.environ.get("SERVEWATCH_PROGRESS", "auto")
+        self.live = mode == "always" or (mode == "auto" and self.stream.isatty())
+        self.shown = False
+
+    def show(self, text: str) -> None:
+        if self.live:
+            print(f"\r{text}", end="", file=self.stream, flush=True)
+            self.shown = True
+
+    def done(self) -> None:
+        """End the progress line (before the summary)."""
+        if self.shown:
+            print(file=self.stream)
+            self.shown = False

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 
 import orjson
 
-from pipeline.cli_common import settings_from, with_broker
+from pipeline.cli_common import Progress, settings_from, with_broker
 from pipeline.settings import Settings
 
 
@@ -18,6 +19,7 @@ def cmd_scrape(args: argparse.Namespace) -> int:
 
     try:
         interval_s, timeout_s = parse_duration(args.interval), parse_duration(args.timeout)
+        args.give_up_s = 0.0 if args.give_up_after.strip() in ("0", "") else parse_duration(args.give_up_after)
     except ValueError as exc:
         print(f"servewatch scrape: bad duration ({exc})", file=sys.stderr)
         return 2
@@ -53,6 +55,10 @@ async def _scrape(args: argparse.Namespace, interval_s: float, timeout_s: float,
     record = open(args.record, "ab") if args.record else None  # noqa: SIM115 - closed below
     out = None if not args.out else sys.stdout.buffer if args.out == "-" else open(args.out, "ab")  # noqa: SIM115
     sent = 0
+    line = Progress()
+    all_down_since: float | None = None
+    gave_up: list[int] = []
+    give_up_s = args.give_up_s
     try:
         async with httpx.AsyncClient() as client:
             scraper = Scraper(args.target, client, timeout_s)
@@ -73,8 +79,15 @@ async def _scrape(args: argparse.Namespace, interval_s: float, timeout_s: float,
                     if handle is not None:
                         handle.flush()
                 up = sum(health.up for health in scraper.health.values())
-                print(f"\rround {n}: {up}/{len(scraper.health)} targets up, {sent:,} intervals sent",
-                      end="", file=sys.stderr, flush=True)  # fmt: skip
+                line.show(f"round {n}: {up}/{len(scraper.health)} targets up, {sent:,} intervals sent")
+                nonlocal all_down_since
+                if up:
+                    all_down_since = None
+                elif all_down_since is None:
+                    all_down_since = time.monotonic()
+                elif give_up_s and time.monotonic() - all_down_since >= give_up_s:
+                    gave_up.append(round(time.monotonic() - all_down_since))
+                    stop.set()  # every target down for --give-up-after: let the supervisor know
 
             rounds = await run_scrapes(scraper, interval_s, on_round, args.count, stop)
     finally:
@@ -83,9 +96,12 @@ async def _scrape(args: argparse.Namespace, interval_s: float, timeout_s: float,
         for handle in (record, out):
             if handle is not None and handle is not sys.stdout.buffer:
                 handle.close()
-    print(file=sys.stderr)
+    line.done()
     print(f"{rounds:,} rounds, {sent:,} intervals", file=sys.stderr)
     for health in scraper.health.values():
         state = "up" if health.up else f"down ({health.last_error})"
         print(f"  {health.url}: {state}, {health.scrapes:,} scrapes", file=sys.stderr)
+    if gave_up:
+        print(f"servewatch scrape: every target down for {gave_up[0]} s (--give-up-after): stopping", file=sys.stderr)
+        return 1
     return 0

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import orjson
 
-from pipeline.cli_common import settings_from, with_broker
+from pipeline.cli_common import Progress, settings_from, with_broker
 
 
 def cmd_ship(args: argparse.Namespace) -> int:
@@ -29,6 +29,7 @@ def cmd_ship(args: argparse.Namespace) -> int:
     from pipeline.shipper import ShipConfig, Shipper, ShipStats
 
     base = settings_from(args)
+    line = Progress()
     try:
         mapping = FieldMapping.parse(orjson.loads(Path(args.mapping).read_bytes())) if args.mapping else None
         prefix_chars = base.ship_prefix_chars if args.prefix_chars is None else args.prefix_chars
@@ -80,8 +81,7 @@ def cmd_ship(args: argparse.Namespace) -> int:
                 s = shipper.stats
                 if (s.read, s.sent, s.rejected) != shown:
                     shown = (s.read, s.sent, s.rejected)
-                    print(f"\rread {s.read:,}, sent {s.sent:,}, rejected {s.rejected:,}", end="", file=sys.stderr,
-                          flush=True)  # fmt: skip
+                    line.show(f"read {s.read:,}, sent {s.sent:,}, rejected {s.rejected:,}")
 
         reporter = asyncio.create_task(progress())
         try:
@@ -97,7 +97,7 @@ def cmd_ship(args: argparse.Namespace) -> int:
     except (KafkaError, FileNotFoundError) as exc:
         print(f"\nservewatch ship: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3
-    print(file=sys.stderr)
+    line.done()
     print(f"ship: read {stats.read:,}, sent {stats.sent:,}, rejected {stats.rejected:,}, pending {stats.pending:,} "
           f"in {stats.elapsed_s:.2f} s ({stats.records_per_s:,.0f} records/s, {stats.messages:,} messages)",
           file=sys.stderr)  # fmt: skip

@@ -86,6 +86,9 @@ class Settings(BaseSettings):
     prompt_band_edges: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_list)] = (4096, 32768)
     output_band_edges: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_list)] = (1024,)
     max_segments: int = Field(default=1000, ge=1)
+    progress: Literal["auto", "always", "never"] = Field(
+        default="auto", description="Commands' running progress line: on a terminal only (auto), always, never."
+    )
     no_data_after_s: float = Field(
         default=300.0,
         gt=0,

@@ -94,3 +94,18 @@ def test_sigterm_stops_the_broker_and_frees_its_port() -> None:
                 return  # nothing listens: the Tansu child is gone
         time.sleep(0.2)
     pytest.fail(f"something still listens on {host}:{port} after SIGTERM")
+
+
+def test_scrape_gives_up_with_exit_1_when_every_target_stays_down(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["scrape", "--target", "http://127.0.0.1:9/metrics", "--out", "-", "--interval", "100ms"]
+    assert main([*args, "--give-up-after", "500ms"]) == 1
+    err = capsys.readouterr().err
+    assert "every target down for" in err and "--give-up-after" in err
+
+
+def test_progress_lines_only_on_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "--out", str(tmp_path / "logs.jsonl"), "--scale", "0.2"]) == 0
+    capsys.readouterr()
+    assert main(["replay", "--requests", str(tmp_path / "logs.jsonl"), "--out", str(tmp_path / "out.jsonl")]) == 0
+    err = capsys.readouterr().err  # captured: not a terminal
+    assert "\r" not in err and err.startswith("replayed ") and len(err.strip().splitlines()) == 1

@@ -378,3 +378,47 @@ def test_fast_row_validator_accepts_only_what_requestlog_accepts(item: dict[str,
 
 def test_fast_row_has_exactly_the_fields_of_requestlog() -> None:
     assert set(FastRow.__struct_fields__) == set(RequestLog.model_fields) - {"schema_version"}
+
+
+def _constraints(prop: dict, defs: dict) -> dict:
+    """A field's bounds from a JSON Schema property, null branch left out, refs followed."""
+    branches = prop.get("anyOf", [prop])
+    out: dict = {}
+    for branch in branches:
+        if "$ref" in branch:
+            branch = defs[branch["$ref"].split("/")[-1]]
+        if branch.get("type") == "null":
+            continue
+        for key in ("minimum", "maximum", "minLength", "maxLength", "enum"):
+            if key in branch:
+                out[key] = sorted(branch[key]) if key == "enum" else float(branch[key])
+        if "const" in branch:
+            out.setdefault("enum", []).append(branch["const"])
+    return out
+
+
+def test_the_hot_paths_row_and_request_log_agree_field_by_field() -> None:
+    """Issue #17: one source of truth. The msgspec twin of ``RequestLog`` has the same fields,
+    the same required ones and, where it checks a bound, the same bound (it may accept less:
+    ISO timestamps and string status codes are left to ``RequestLog``)."""
+    import msgspec
+
+    from pipeline.fast_rows import FastRow
+
+    fast_schema = msgspec.json.schema(FastRow)
+    fast_defs = fast_schema.get("$defs", {})
+    fast = fast_defs.get("FastRow", fast_schema)
+    full = RequestLog.model_json_schema()
+    full_defs = full.get("$defs", {})
+    assert set(fast["properties"]) == set(full["properties"]) - {"schema_version"}
+    assert set(fast["required"]) == set(full["required"])
+    mismatched = []
+    for name, prop in fast["properties"].items():
+        mine, theirs = _constraints(prop, fast_defs), _constraints(full["properties"][name], full_defs)
+        mismatched += [(name, key, bound, theirs.get(key)) for key, bound in mine.items() if theirs.get(key) != bound]
+    # RequestLog checks these in code (ISO timestamps, status codes as strings, finish reasons
+    # normalised), so its JSON Schema shows no bound: the constants are shared instead.
+    assert {name for name, *_ in mismatched} <= CHECKED_IN_CODE, mismatched
+
+
+CHECKED_IN_CODE = {"timestamp", "status_code", "finish_reason"}

@@ -557,7 +557,7 @@ def test_sigterm_ships_what_was_read_and_reports_the_counts(tmp_path: Path, brok
     run = uuid.uuid4().hex[:8]
     log, state, err = tmp_path / f"{run}.jsonl", tmp_path / "state.json", tmp_path / "stderr.txt"
     append(log, *(line(n, run) for n in range(50)), b"oops\n")
-    env = {**os.environ, "SERVEWATCH_SHIP_POLL_S": "0.05"}
+    env = {**os.environ, "SERVEWATCH_SHIP_POLL_S": "0.05", "SERVEWATCH_PROGRESS": "always"}
     cmd = [sys.executable, "-m", "pipeline.cli", "ship", "--file", str(log), "--state", str(state),
            "--linger", "60s", "--broker", broker.bootstrap]  # fmt: skip
     with err.open("wb") as stderr:
