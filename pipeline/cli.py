@@ -132,11 +132,11 @@ def cmd_replay(args: argparse.Namespace) -> int:
         return 2
     settings = settings_from(args)
     out = sys.stdout.buffer if args.out == "-" else open(args.out, "wb")  # noqa: SIM115 - closed below
-    grouper = IncidentGrouper()  # as the worker's grouping agent: one record per group step too
+    writer = _Writer(out, args.format == "text")  # grouped as the worker's grouping agent does
     try:
-        engines = _replay_scrapes(args.scrapes, settings, out, grouper) if args.scrapes else None
+        engines = _replay_scrapes(args.scrapes, settings, writer) if args.scrapes else None
         if args.requests:
-            _replay_requests(args.requests, settings, out, engines, grouper)
+            _replay_requests(args.requests, settings, writer, engines)
     except OSError as exc:
         print(f"servewatch replay: {exc}", file=sys.stderr)
         return 2
@@ -146,15 +146,29 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write_grouped(event: AnomalyEvent, grouper: IncidentGrouper, out: BinaryIO) -> None:
-    """An incident's event, with its group, then the group's record if the group moved."""
-    event, told = grouper.add(event)
-    out.write(event.model_dump_json().encode() + b"\n")
-    for group in told:
-        out.write(group.model_dump_json().encode() + b"\n")
+class _Writer:
+    """Replay's output: each incident event with its group, then the group's record if the
+    group moved; as JSON lines, or as the demo's readable lines (``--format text``)."""
+
+    def __init__(self, out: BinaryIO, text: bool) -> None:
+        self.out, self.text, self.grouper, self.seen = out, text, IncidentGrouper(), set[str]()
+
+    def write(self, event: AnomalyEvent) -> None:
+        from pipeline.event_text import event_text, group_text, utc
+
+        event, told = self.grouper.add(event)
+        if self.text:
+            lines = [event_text(event, utc(event.window_start), update=event.fingerprint in self.seen)]
+            lines += [group_text(group) for group in told if group.transition != "update"]
+            self.seen.add(event.fingerprint)
+            self.out.write("\n".join(lines).encode() + b"\n")
+            return
+        self.out.write(event.model_dump_json().encode() + b"\n")
+        for group in told:
+            self.out.write(group.model_dump_json().encode() + b"\n")
 
 
-def _replay_scrapes(path: str, settings: Settings, out: BinaryIO, grouper: IncidentGrouper) -> JudgeEngines:
+def _replay_scrapes(path: str, settings: Settings, writer: _Writer) -> JudgeEngines:
     from pipeline.scrape_replay import ScrapeReplay, ScrapeReplayStats
 
     replay = ScrapeReplay(settings)
@@ -167,7 +181,7 @@ def _replay_scrapes(path: str, settings: Settings, out: BinaryIO, grouper: Incid
 
     with sys.stdin.buffer if path == "-" else open(path, "rb") as lines:
         for event in replay.run(lines, progress):
-            _write_grouped(event, grouper, out)
+            writer.write(event)
     stats = replay.stats
     progress(stats)
     line.done()
@@ -178,9 +192,7 @@ def _replay_scrapes(path: str, settings: Settings, out: BinaryIO, grouper: Incid
     return replay.engines
 
 
-def _replay_requests(
-    path: str, settings: Settings, out: BinaryIO, engines: JudgeEngines | None, grouper: IncidentGrouper
-) -> None:
+def _replay_requests(path: str, settings: Settings, writer: _Writer, engines: JudgeEngines | None) -> None:
     from pipeline.replay import JsonlChunks, Replay, ReplayStats
 
     chunks = JsonlChunks(path, REPLAY_CHUNK_LINES)
@@ -195,7 +207,7 @@ def _replay_requests(
     for event in replay.run(chunks, progress):
         if engines is not None:
             engines.explain([event])
-        _write_grouped(event, grouper, out)
+        writer.write(event)
     stats = replay.stats
     progress(stats)
     line.done()
@@ -384,7 +396,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--requests", help="JSONL file of RequestLog records ('-' for stdin)")
     p.add_argument("--scrapes", help="JSONL file of recorded scrapes, as `scrape --record` writes them "
                    '({"timestamp", "instance", "body"} per line)')  # fmt: skip
-    p.add_argument("--out", default="-", help="where to write AnomalyEvent JSONL (default stdout)")
+    p.add_argument("--out", default="-", help="where to write the events (default stdout)")
+    p.add_argument("--format", choices=("json", "text"), default="json", help="JSON lines (AnomalyEvent and "
+                   "IncidentGroup records, default) or readable lines, as the demo prints them")  # fmt: skip
     p.set_defaults(func=cmd_replay)
 
     p = sub.add_parser("scrape", help="scrape vLLM/SGLang /metrics into canonical per-model intervals")

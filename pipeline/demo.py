@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import orjson
 
 from pipeline import topics
+from pipeline.event_text import event_text, group_text
 from pipeline.kafka import producer, read_topic
 from pipeline.workload import EPOCH, Workload, demo_phases
 from schemas.anomaly import AnomalyEvent, Status
@@ -58,27 +59,9 @@ class DemoOutcome:
 
 
 def format_event(event: AnomalyEvent, phase: str, update: bool = False) -> str:
-    """Two or three lines for a terminal; ``update``: a later event of an incident already shown."""
-    segment = "/".join(v for k, v in event.segment.items() if v != "-")
-    offset = event.window_start - EPOCH
-    status = "UPDATE" if update or event.transition == "update" else event.status.value.upper()
-    head = (
-        f"[t+{int(offset) // 60:02d}:{int(offset) % 60:02d} {phase:>9}] {status:8} "
-        f"{event.severity.value:8} {event.signal.value:5} {segment}  score={event.score:.1f} "
-        f"explained_by_load={str(event.explained_by_load).lower()}"
-    )
-    hints = f"\n      hints: {', '.join(h.code for h in event.hints)}" if event.hints else ""
-    changed = ""
-    if event.facets is not None and event.facets.changes:  # what moved in the traffic, against the baseline
-        changed = f"\n      changed: {'; '.join(event.facets.changes[:3])}"
-    shown = [r for r in event.evidence if r.get("sample") in ("slowest", "faulty")][:1]
-    evidence = ""
-    if shown:  # one request to look up in one's own log store
-        r = shown[0]
-        evidence = f"\n      e.g. {r.get('request_id')} on {r.get('instance', '?')}: " + ", ".join(
-            f"{name}={r[name]}" for name in ("ttft_s", "prompt_tokens", "cached_tokens", "finish_reason") if name in r
-        )
-    return f"{head}\n      {event.summary}{hints}{changed}{evidence}"
+    """Two or three lines for a terminal, led by the demo's clock and phase."""
+    offset = int(event.window_start - EPOCH)
+    return event_text(event, f"t+{offset // 60:02d}:{offset % 60:02d} {phase:>9}", update)
 
 
 def start_worker(bootstrap: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
@@ -157,7 +140,7 @@ async def run_demo(
             if isinstance(record, IncidentGroup):
                 outcome.groups.append(record)
                 if record.transition != "update":
-                    out(f"  >> group {record.transition.upper()} {record.severity.value}: {record.title}")
+                    out(group_text(record))
                 continue
             event = record
             phase = phase_at_window(event.window_start)

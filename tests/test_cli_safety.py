@@ -109,3 +109,15 @@ def test_progress_lines_only_on_a_terminal(tmp_path: Path, capsys: pytest.Captur
     assert main(["replay", "--requests", str(tmp_path / "logs.jsonl"), "--out", str(tmp_path / "out.jsonl")]) == 0
     err = capsys.readouterr().err  # captured: not a terminal
     assert "\r" not in err and err.startswith("replayed ") and len(err.strip().splitlines()) == 1
+
+
+def test_replay_prints_the_demos_readable_lines_with_format_text(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["generate", "--out", str(tmp_path / "logs.jsonl")]) == 0
+    capsys.readouterr()
+    assert main(["replay", "--requests", str(tmp_path / "logs.jsonl"), "--format", "text"]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^\[2026-01-01 \d\d:\d\d:\d\dZ\] FIRING +warning +ttft ", text, re.M)
+    assert "  >> group FIRING" in text and "prefix_cache_ineffective on " in text
+    assert not text.lstrip().startswith("{")  # not JSON
