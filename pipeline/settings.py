@@ -19,6 +19,8 @@ from models.signal_columns import DEFAULT_REASONING_MARKERS
 from models.signal_detector import DetectorConfig
 from pipeline.tuning import HEAP_TRIM_INTERVAL_S, MMAP_THRESHOLD_BYTES
 
+_DETECTOR = DetectorConfig()  # the detectors' defaults, read once
+
 
 def _list(value: Any) -> Any:
     """A list setting from the environment: JSON (``[4096,32768]``) or comma-separated (``4096,32768``)."""
@@ -90,12 +92,12 @@ class Settings(BaseSettings):
         default="auto", description="Commands' running progress line: on a terminal only (auto), always, never."
     )
     no_data_after_s: float = Field(
-        default=300.0,
+        default=_DETECTOR.no_data_after_s,
         gt=0,
         description="Event seconds a segment may send nothing before its open incidents resolve as no_data.",
     )
     segment_idle_s: float = Field(
-        default=86_400.0,
+        default=_DETECTOR.segment_idle_s,
         gt=0,
         description="Event seconds a segment may send nothing before it is forgotten: its detectors' state and, "
         "once max_segments is reached, its id, which a new label combination then takes instead of the "
@@ -128,14 +130,17 @@ class Settings(BaseSettings):
     )
 
     # -- detection ------------------------------------------------------------------
-    threshold: float = Field(default=4.0, gt=0, description="Surprise (-log10 p) that makes a window anomalous.")
-    critical: float = Field(default=8.0, gt=0)
-    min_requests: int = Field(default=5, ge=1)
-    fire_after: int = Field(default=2, ge=1)
-    fire_within: int = Field(default=3, ge=1)
-    resolve_after: int = Field(default=3, ge=1)
-    update_every: int = Field(default=6, ge=1)
-    grace_windows: int = Field(default=6, ge=1)
+    # The detectors' numbers: their defaults are ``DetectorConfig``'s, the one place they live.
+    threshold: float = Field(
+        default=_DETECTOR.threshold, gt=0, description="Surprise (-log10 p) that makes a window anomalous."
+    )
+    critical: float = Field(default=_DETECTOR.critical, gt=0)
+    min_requests: int = Field(default=_DETECTOR.min_requests, ge=1)
+    fire_after: int = Field(default=_DETECTOR.fire_after, ge=1)
+    fire_within: int = Field(default=_DETECTOR.fire_within, ge=1)
+    resolve_after: int = Field(default=_DETECTOR.resolve_after, ge=1)
+    update_every: int = Field(default=_DETECTOR.update_every, ge=1)
+    grace_windows: int = Field(default=_DETECTOR.grace_windows, ge=1)
     state_every_windows: int = Field(
         default=6,
         ge=1,

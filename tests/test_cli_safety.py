@@ -121,3 +121,10 @@ def test_replay_prints_the_demos_readable_lines_with_format_text(
     assert re.search(r"^\[2026-01-01 \d\d:\d\d:\d\dZ\] FIRING +warning +ttft ", text, re.M)
     assert "  >> group FIRING" in text and "prefix_cache_ineffective on " in text
     assert not text.lstrip().startswith("{")  # not JSON
+
+
+def test_the_detectors_numbers_live_in_one_place() -> None:
+    """Issue #17: the settings' defaults are ``DetectorConfig``'s, not a second copy."""
+    from models.signal_detector import DetectorConfig
+
+    assert Settings().detector_config() == DetectorConfig()
