@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # What each package may import beyond the standard library and itself.
 ALLOWED = {
     "schemas": {"pydantic", "pydantic_core", "typing_extensions"},
-    # scipy: special functions only (Student-t tails, models/tails.py); river depends on it anyway
+    # scipy: distribution tails only (Student-t in models/tails.py, negative binomial in
+    # models/traffic.py); river depends on it anyway
     "models": {"schemas", "numpy", "river", "scipy"},
 }
 FORBIDDEN_EVERYWHERE_BUT_PIPELINE = {"faust", "aiokafka", "mode", "httpx", "pipeline", "prometheus_client"}
@@ -52,3 +53,16 @@ def test_only_the_command_line_prints() -> None:
             calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "print"]
             printing += [f"{path.relative_to(ROOT)}:{call.lineno}" for call in calls]
     assert printing == []
+
+
+def test_every_module_is_on_the_readmes_map() -> None:
+    """A newcomer finds each module under its concept in README's "Where things live"; a new
+    module must be placed there (issue #17)."""
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Where things live")[1].split("\n## ")[0]
+    named = set(re.findall(r"`([a-z_]+)`", section))
+    for package in ("schemas", "models", "pipeline"):
+        modules = {path.stem for path in (ROOT / package).glob("*.py")} - {"__init__"}
+        assert modules <= named, f"{package}: {sorted(modules - named)} missing from README's map"
