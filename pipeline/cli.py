@@ -90,7 +90,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from pipeline.demo import run_demo, start_worker, stop_worker, summarise
 
     if not args.speed > 0:
-        raise CommandError(f"demo: --speed must be above 0 (simulated seconds per wall second), got {args.speed}")
+        raise CommandError(f"--speed must be above 0 (simulated seconds per wall second), got {args.speed}", "demo")
     started = time.monotonic()
     with with_broker(settings_from(args), "demo", embedded=True) as settings:
         assert settings.bootstrap is not None
@@ -151,7 +151,8 @@ class _Writer:
     group moved; as JSON lines, or as the demo's readable lines (``--format text``)."""
 
     def __init__(self, out: BinaryIO, text: bool) -> None:
-        self.out, self.text, self.grouper, self.seen = out, text, IncidentGrouper(), set[str]()
+        self.out, self.text, self.grouper = out, text, IncidentGrouper()
+        self.seen: set[str] = set()  # incidents already shown (text): later events are updates
 
     def write(self, event: AnomalyEvent) -> None:
         from pipeline.event_text import event_text, group_text, utc
@@ -479,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         environment = load_settings()
     except CommandError as exc:
-        print(f"servewatch: {exc}", file=sys.stderr)
+        print(exc.line(), file=sys.stderr)
         return 2
     if args.command in ("worker", "replay"):
         tune_process(environment.mmap_threshold_bytes)
@@ -493,7 +494,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except CommandError as exc:
-        print(f"servewatch {exc}" if ":" in str(exc).split(" ")[0] else f"servewatch: {exc}", file=sys.stderr)
+        print(exc.line(), file=sys.stderr)
         return 2
     except BrokerError as exc:
         print(f"servewatch: {exc}", file=sys.stderr)

@@ -21,7 +21,15 @@ logger = logging.getLogger(__name__)
 
 
 class CommandError(Exception):
-    """A command cannot run as asked; its message is the one line the user sees (exit 2)."""
+    """A command cannot run as asked; its message is the one line the user sees (exit 2),
+    after ``servewatch <command>:`` when the command is known."""
+
+    def __init__(self, message: str, command: str | None = None) -> None:
+        super().__init__(message)
+        self.command = command
+
+    def line(self) -> str:
+        return f"servewatch {self.command}: {self}" if self.command else f"servewatch: {self}"
 
 
 def settings_from(args: argparse.Namespace, **overrides: object) -> Settings:
@@ -72,8 +80,9 @@ def with_broker(settings: Settings, command: str, embedded: bool = False) -> Ite
         return
     if not embedded:
         raise CommandError(
-            f"{command}: no Kafka broker: pass --broker HOST:PORT or set SERVEWATCH_BROKER (for a local one, "
-            "run `servewatch broker` in another shell; --embedded uses a throwaway in-memory broker)"
+            "no Kafka broker: pass --broker HOST:PORT or set SERVEWATCH_BROKER (for a local one, run "
+            "`servewatch broker` in another shell; --embedded uses a throwaway in-memory broker)",
+            command,
         )
     with EmbeddedBroker() as broker:
         print(f"embedded Kafka-compatible broker (Tansu) at {broker.bootstrap}", file=sys.stderr)
