@@ -485,7 +485,7 @@ class DetectorBank:
     expired: list[str] = field(default_factory=list)  # keys of segments dropped as idle, not yet told
 
     def __post_init__(self) -> None:
-        self.traffic = TrafficWatch(self.config)
+        self.traffic = TrafficWatch(self.config, restore=lambda key: self.restore(key) if self.restore else None)
 
     def segment(self, key: str) -> SegmentDetectors:
         detectors = self.detectors.get(key)
@@ -525,6 +525,8 @@ class DetectorBank:
             if every_one or detectors.unsaved >= every or detectors.transitioned:
                 detectors.unsaved, detectors.transitioned = 0, False
                 due.append((key, detectors.state()))
+        if every_one or self.traffic.judged >= every:  # each model's traffic, as often as a segment's
+            due += self.traffic.states()
         return due
 
     def observe(self, window: WindowStats) -> list[AnomalyEvent]:

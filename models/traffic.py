@@ -12,7 +12,7 @@ overdispersion (real traffic is burstier than Poisson). A count far below it, at
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple
 
 from river import base
@@ -143,14 +143,41 @@ class TrafficWatch:
     traffic dropped (``traffic_drop``) or came back.
     """
 
-    def __init__(self, config: DetectorConfig) -> None:
+    def __init__(self, config: DetectorConfig, restore: Callable[[str], dict[str, Any] | None] | None = None) -> None:
         self.config = config
         self.models: dict[str, tuple[TrafficModel, IncidentTracker]] = {}
+        #: A model's stored state (``state``), when the watch first meets the model after a
+        #: restart; the bank passes its table's, under ``key(model)``.
+        self.restore = restore
+        self.judged = 0  # windows judged since the states were last taken
+
+    @staticmethod
+    def key(model: str) -> str:
+        """The state table key of a model's traffic (segment keys start ``model=``, engines'
+        ``instance|``: a ``~`` starts neither)."""
+        return f"~traffic|{model}"
+
+    def _meet(self, model: str) -> None:
+        traffic, tracker = TrafficModel(), self.config.tracker()
+        stored = self.restore(self.key(model)) if self.restore is not None else None
+        if stored is not None:
+            try:
+                traffic.load_state(stored["model"])
+                tracker.load_state(stored["tracker"])
+            except (KeyError, TypeError, ValueError, IndexError):  # another version: start fresh
+                traffic, tracker = TrafficModel(), self.config.tracker()
+        self.models[model] = (traffic, tracker)
+
+    def states(self) -> list[tuple[str, dict[str, Any]]]:
+        """(key, state) of every model's traffic, for the state table."""
+        self.judged = 0
+        return [(self.key(m), {"model": t.state(), "tracker": k.state()}) for m, (t, k) in self.models.items()]
 
     def observe(self, start: float, end: float, counts: dict[str, int]) -> list[AnomalyEvent]:
+        self.judged += 1
         for model in counts:
             if model not in self.models:
-                self.models[model] = (TrafficModel(), self.config.tracker())
+                self._meet(model)
         hour = int(start // 3600) % HOURS
         events = []
         for model, (traffic, tracker) in self.models.items():

@@ -86,3 +86,25 @@ def test_an_idle_segments_id_goes_to_a_new_label_combination_not_to_the_overflow
     assert c.startswith("model=d") and segmenter.keys[0] == c and segmenter.reclaimed == 1
     assert segmenter.key_for(model="b", prompt_tokens=10, output_tokens=10) == b
     assert segmenter.key_for(model="a", prompt_tokens=10, output_tokens=10) == OVERFLOW_KEY != a  # back: full
+
+
+def test_a_models_traffic_survives_a_restart_through_the_state_table() -> None:
+    """What each model's traffic usually is goes to the state table with the segments', so a
+    restarted worker judges a model going dark at once instead of relearning for minutes (a
+    model must send once after the restart to be met: one dark all along is not)."""
+    from models.traffic import TrafficWatch
+
+    config = DetectorConfig()
+    before = TrafficWatch(config)
+    for i in range(200):
+        before.observe(10.0 * i, 10.0 * i + 10, {"m": 40 + i % 7, "n": 30})
+    stored = dict(before.states())
+    assert set(stored) == {"~traffic|m", "~traffic|n"}
+    after = TrafficWatch(config, restore=stored.get)
+    events = after.observe(2000.0, 2010.0, {"m": 44, "n": 30})  # the first window after the restart
+    for i in range(201, 204):  # then "m" goes dark
+        events += after.observe(10.0 * i, 10.0 * i + 10, {"n": 30})
+    assert [(e.segment["model"], e.hints[0].code) for e in events if e.pages] == [("m", "traffic_drop")]
+    fresh = TrafficWatch(config)  # without the stored state: a young model says nothing for minutes
+    fresh.observe(2000.0, 2010.0, {"m": 44, "n": 30})
+    assert not [e for i in range(201, 204) for e in fresh.observe(10.0 * i, 10.0 * i + 10, {"n": 30})]
