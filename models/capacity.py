@@ -53,13 +53,15 @@ from typing import Any, NamedTuple
 
 from models.compact import CompactState, count, number
 from models.params import shared
-from models.window import ARRIVAL_LAGS
 
 #: Load figures this module adds to a window's ``load``.
 ARRIVAL_FIGURES = ("model_arrivals_per_s", "model_arrival_prompt_tokens_per_s")
 #: The served figures capacity is learned from (``WindowStats.load``), in the same order.
 SERVED_FIGURES = ("model_requests_per_s", "model_prompt_tokens_per_s")
 
+#: Windows back that a request's start is counted in (``arrived_<lag>`` of ``models.window``):
+#: 0 is this window. A request started earlier than that is not counted as an arrival.
+ARRIVAL_LAGS = 4
 _RING = 2 * ARRIVAL_LAGS  # arrivals (requests, prompt tokens) per window, latest first
 
 

@@ -35,9 +35,10 @@ from models.rates import BetaBinomialRate
 from models.signal_detector import DetectorConfig, SignalDetector, Verdict
 from models.signals import MODEL_FIGURES, SPEC_SETS, Reading, SignalSpec
 from models.silence import no_data_events
-from models.traffic import TrafficWatch
+from models.summary import window_summary
+from models.traffic_watch import TrafficWatch
 from models.window import WindowStats
-from models.wording import describe, event_id, segment_phrase, window_summary
+from models.wording import describe, event_id, segment_phrase
 from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 
 logger = logging.getLogger(__name__)

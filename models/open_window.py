@@ -25,10 +25,11 @@ from typing import Any
 import numpy as np
 
 from models.batch import RowBatch
+from models.capacity import ARRIVAL_LAGS
 from models.segments import Segmenter, parse_key
 from models.signal_columns import DEFAULT_REASONING_MARKERS, PrefixMemory, signal_columns
 from models.sketch import bucket_indices
-from models.window import ARRIVAL_LAGS, COLUMN_OF, REASONS, SUMS, WindowBlock, WindowStats, pack_location
+from models.window import COLUMN_OF, REASONS, SUMS, WindowBlock, WindowStats, pack_location
 
 _ERROR_CODES = np.array([REASONS.index("error"), REASONS.index("abort")])
 _LABEL_DIMENSIONS = ("model", "route", "tenant", "instance", "engine")

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from models.capacity import ARRIVAL_LAGS
 from models.segments import parse_key
 from models.sketch import N_BUCKETS, LogHistogram
 from schemas.request_log import FinishReason
@@ -33,8 +34,6 @@ EVIDENCE_FIELDS = (
     "finish_reason", "status_code", "engine", "engine_version",
 )  # fmt: skip
 
-#: Windows back that a request's start is counted in (``arrived_<lag>``): 0 is this window.
-ARRIVAL_LAGS = 4
 ARRIVAL_COLUMNS = tuple(
     f"{scope}arrived{what}_{lag}" for scope in ("", "model_") for what in ("", "_tokens") for lag in range(ARRIVAL_LAGS)
 )

@@ -1,13 +1,9 @@
-"""How events read: the segment, the values and one sentence a person reads first."""
+"""How events read: the segment, the values, and an event's stable id (``models.summary``
+words a judged window's sentence)."""
 
 from __future__ import annotations
 
 import hashlib
-import math
-
-from models.signal_detector import Verdict
-from models.signals import Reading, SignalSpec
-from schemas.anomaly import Hint
 
 
 def segment_phrase(labels: dict[str, str]) -> str:
@@ -27,32 +23,3 @@ def describe(value: float, unit: str) -> str:
     if unit == "s":
         return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
     return f"{value:,.1f} {unit}"
-
-
-def window_summary(
-    spec: SignalSpec,
-    who: str,
-    observed: str,
-    expected: str,
-    reading: Reading,
-    verdict: Verdict,
-    load: dict[str, float],
-    demand_ratio: float,
-    hints: list[Hint],
-) -> str:
-    demand = f"demand {demand_ratio:.1f}x usual" if math.isfinite(demand_ratio) else "demand as usual"
-    why = f"; {hints[0].message}" if hints else ""
-    who = who[:1].upper() + who[1:]  # the sentence a person reads first
-    if spec.kind == "rate":
-        return f"{who} is {observed} ({reading.bad:,} of {reading.n:,} requests) against a usual {expected}{why}."
-    if spec.kind == "share":
-        return f"{who} is {observed} against a usual {expected} over {reading.n:,} requests{why}."
-    if verdict.explained:
-        return (
-            f"{who} is {observed} against a usual {describe(verdict.usual, spec.unit)}, in line with load: "
-            f"{demand} ({load['requests_per_s']:.1f} req/s); explained by load, not paging."
-        )
-    return (
-        f"{who} is {observed} against {expected} expected at this load "
-        f"({load['requests_per_s']:.1f} req/s, {demand}); not explained by load{why}."
-    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -58,11 +59,42 @@ def test_only_the_command_line_prints() -> None:
 def test_every_module_is_on_the_readmes_map() -> None:
     """A newcomer finds each module under its concept in README's "Where things live"; a new
     module must be placed there (issue #17)."""
-    import re
-
     readme = (ROOT / "README.md").read_text()
     section = readme.split("## Where things live")[1].split("\n## ")[0]
     named = set(re.findall(r"`([a-z_]+)`", section))
     for package in ("schemas", "models", "pipeline"):
         modules = {path.stem for path in (ROOT / package).glob("*.py")} - {"__init__"}
         assert modules <= named, f"{package}: {sorted(modules - named)} missing from README's map"
+
+
+#: ``models``' concepts, lowest first: a module imports from its own layer or lower ones only
+#: (README's "Where things live" lists the same modules; issue #17 will make them packages).
+MODEL_LAYERS = {
+    "statistics": {"latency", "tails", "rates", "share", "cache_hits", "capacity", "traffic", "baseline", "sketch",
+                   "compact", "params"},
+    "windows": {"batch", "rows", "excerpt", "segments", "signal_columns", "open_window", "windowing", "window", "wire",
+                "engine_window"},
+    "explanation": {"hints", "wording", "facets", "evidence_sample", "faulty_requests"},
+    "detection": {"signals", "signal_detector", "detector", "summary", "lifecycle", "grouping", "silence",
+                  "traffic_watch", "headroom", "series"},
+}  # fmt: skip
+
+
+def test_models_layers_point_one_way() -> None:
+    layer_of = {module: rank for rank, modules in enumerate(MODEL_LAYERS.values()) for module in modules}
+    on_disk = {path.stem for path in (ROOT / "models").glob("*.py")} - {"__init__"}
+    assert on_disk == set(layer_of), f"place {sorted(on_disk - set(layer_of))} in a layer"
+    upward = []
+    for path in sorted((ROOT / "models").glob("*.py")):
+        if path.stem == "__init__":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("models."):
+                used = node.module.split(".")[1]
+                if layer_of[used] > layer_of[path.stem]:
+                    upward.append(f"{path.stem} imports {used}")
+    assert not upward, upward
+    readme = (ROOT / "README.md").read_text()
+    for concept, modules in MODEL_LAYERS.items():
+        row = next(line for line in readme.splitlines() if line.startswith(f"| {concept} (`models/`)"))
+        assert set(re.findall(r"`([a-z_]+)`", row)) - {"models"} == modules, concept

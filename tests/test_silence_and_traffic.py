@@ -92,7 +92,7 @@ def test_a_models_traffic_survives_a_restart_through_the_state_table() -> None:
     """What each model's traffic usually is goes to the state table with the segments', so a
     restarted worker judges a model going dark at once instead of relearning for minutes (a
     model must send once after the restart to be met: one dark all along is not)."""
-    from models.traffic import TrafficWatch
+    from models.traffic_watch import TrafficWatch
 
     config = DetectorConfig()
     before = TrafficWatch(config)
