@@ -76,8 +76,7 @@ def run_stream(
         reading = Reading(float(k) / n, n, {"trials": n}, bad=int(k))
         detector.tracker = tracker
         verdict = detector.judge(reading, config)
-        if verdict.learnable and not verdict.pages:
-            detector.learn(reading)
+        detector.learn_if_normal(reading, verdict)
         step = tracker.step(verdict.pages, window_start=float(len(transitions)), severity="warning",
                             sustained=verdict.sustained)  # fmt: skip
         transitions.append(step)

@@ -213,16 +213,7 @@ class SegmentDetectors:
                 demand_ratio = math.exp(detector.model.demand_index(reading.x))
             if spec.signal in (Signal.TTFT, Signal.QUEUE_TIME) and verdict.score < config.threshold / 2:
                 capacity.settle()  # no queue to speak of (not merely below paging): none to explain
-            if not verdict.learnable or detector.paging:
-                # A surprise the model did not expect is never its normal, even when load
-                # explains it (a fault that starts during a surge must not be learned);
-                # outside an incident it still tells how heavy the segment's tails are.
-                # Inside a paging incident nothing is learned: its quieter windows are the
-                # fault too (a lasting change is adopted instead, after ``adopt_after``
-                # windows). An incident load explains (info) still teaches the slopes.
-                detector.note_unlearned(reading, verdict)
-            elif not verdict.pages:
-                detector.learn(reading)
+            if detector.learn_if_normal(reading, verdict):
                 if spec.kind == "rate":
                     pool = pooled.get(pool_key) or pooled.setdefault(pool_key, BetaBinomialRate(grace_windows=0))
                     pool.learn_one(reading.x, reading.bad)
@@ -301,7 +292,7 @@ class SegmentDetectors:
         severity = Severity(level)
         if adopted and tracker.firing:
             transition: Transition | None = Transition.RESOLVED
-            tracker.firing, tracker.recent, tracker.since_resolved = False, (), None
+            tracker.end_by_adoption()
         else:
             transition = tracker.step(
                 anomalous, window_start=window.start, severity=severity.value, sustained=verdict.sustained
@@ -560,6 +551,8 @@ class DetectorBank:
                 per_model = pending.setdefault((window.start, window.end), {})
                 model = window.labels.get("model", "other")
                 per_model[model] = per_model.get(model, 0) + int(window.requests)
+            if window.start <= self._started_in:
+                continue  # no start in it can be later than one already seen
             for lag, (arrived, _) in enumerate(window.arrival_counts()):
                 if arrived > 0:  # requests that started ``lag`` windows before this one
                     self._started_in = max(self._started_in, window.start - lag * window.length)

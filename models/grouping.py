@@ -39,11 +39,10 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Literal
 
+from models.lifecycle import SEVERITY_RANK
 from models.wording import event_id
 from schemas.anomaly import AnomalyEvent, Severity, Status
 from schemas.incident_group import GroupMember, IncidentGroup
-
-_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 
 
 def cause_of(event: AnomalyEvent) -> str:
@@ -70,7 +69,7 @@ class _Group:
 
     def current_severity(self) -> Severity:
         open_ = self.open_members or list(self.members.values())
-        return max((m.severity for m in open_), key=_RANK.__getitem__, default=Severity.INFO)
+        return max((m.severity for m in open_), key=SEVERITY_RANK.__getitem__, default=Severity.INFO)
 
 
 class IncidentGrouper:
@@ -104,7 +103,7 @@ class IncidentGrouper:
         )  # fmt: skip
         event = event.model_copy(update={"group": group.key})
         severity = group.current_severity()
-        stepped_up = _RANK[severity] > _RANK[group.severity]
+        stepped_up = SEVERITY_RANK[severity] > SEVERITY_RANK[group.severity]
         group.severity = severity
         if not group.open_members:  # the last member resolved: so does the group
             del self._open[(group.model, group.cause)]

@@ -32,8 +32,9 @@ def fingerprint(segment_key: str, signal: str, incident_start: float) -> str:
     return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
-#: Severities in order: a step up is announced at once, a step down at the next update.
-_RANK = {"info": 0, "warning": 1, "critical": 2}
+#: Severities in order (``Severity`` values): a step up is announced at once, a step down at
+#: the next update.
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 
 
 @functools.cache
@@ -105,7 +106,7 @@ class IncidentTracker:
             # Only a step up is news at once (warning to critical); a severity that moves back
             # and forth around a bound would otherwise send an event every window. The regular
             # update carries the severity as it is then.
-            escalated = _RANK.get(severity or "", -1) > _RANK.get(self.severity or "", -1)
+            escalated = SEVERITY_RANK.get(severity or "", -1) > SEVERITY_RANK.get(self.severity or "", -1)
             if escalated or self.windows_since_event >= self.update_every:
                 self.severity = severity or self.severity
                 self.windows_since_event = 0
@@ -117,6 +118,11 @@ class IncidentTracker:
             self.windows_since_event, self.since_resolved = 0, 0
             return Transition.RESOLVED
         return None
+
+    def end_by_adoption(self) -> None:
+        """The incident's level was adopted as the new normal: it ends now, and is no
+        incident that a flare soon after could reopen."""
+        self.firing, self.recent, self.since_resolved = False, (), None
 
     def reopens(self, *, paging: bool) -> bool | None:
         """Whether an anomalous window now would reopen the incident that resolved recently

@@ -83,6 +83,14 @@ def log_likelihood_ratio(k: int, n: int, p1: float, p0: float) -> float:
     return k * math.log(p1 / p0) + (n - k) * math.log((1.0 - p1) / (1.0 - p0))
 
 
+class Looks(NamedTuple):
+    """A rate window's surprises (``BetaBinomialRate.looks``)."""
+
+    alone: float
+    together: float
+    sustained: bool  # the evidence spans windows: no single one counts for more than half
+
+
 class _RateParams(NamedTuple):
     prior_rate: float
     prior_strength: float
@@ -198,13 +206,23 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
     def expected_rate(self) -> float:
         return self.alpha / (self.alpha + self.beta)
 
-    def raised_rate(self, n: int) -> float:
-        """The raised rate the CUSUM weighs the next window (of ``n``) against: the windows
-        since it last stood at 0, with ``prior_weight`` requests' worth of ``prior_ratio``
-        times the usual."""
-        p0 = self._usual_high(n)
-        guess = (self.run_bad + self.prior_ratio * p0 * self.prior_weight) / (self.run_trials + self.prior_weight)
-        return min(max(guess, self.min_ratio * p0), 0.5 + 0.5 * p0)
+    def _hypotheses(self, n: int) -> tuple[float, float]:
+        """The usual rate and the raised one the CUSUM weighs a window of ``n`` between.
+
+        The usual rate is taken one standard error above its estimate, so that a usual rate
+        learned a little low does not add up to a page (the requests behind the estimate
+        count for less where windows of ``n`` wander: overdispersion). The raised rate is
+        what the windows since the CUSUM last stood at 0 showed, with ``prior_weight``
+        requests' worth of ``prior_ratio`` times the usual."""
+        p, strength = self.expected_rate, (self.alpha + self.beta) / self._inflation(n)
+        usual = min(p + math.sqrt(p * (1.0 - p) / (strength + 1.0)), 0.5)
+        guess = (self.run_bad + self.prior_ratio * usual * self.prior_weight) / (self.run_trials + self.prior_weight)
+        return usual, min(max(guess, self.min_ratio * usual), 0.5 + 0.5 * usual)
+
+    def _evidence(self, n: int, k: int) -> tuple[float, float, float]:
+        """(usual, raised, nats a window of ``k`` bad out of ``n`` adds for the raised rate)."""
+        usual, raised = self._hypotheses(n)
+        return usual, raised, log_likelihood_ratio(k, n, raised, usual) / self._inflation(n)
 
     @property
     def recovered(self) -> bool:
@@ -246,42 +264,25 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
         p = self.expected_rate
         return p * strength, (1.0 - p) * strength
 
-    def _usual_high(self, n: int) -> float:
-        """The usual rate the CUSUM weighs against: one standard error above its estimate, so
-        that a usual rate learned a little low does not add up to a page. The requests behind
-        the estimate count for less where windows of ``n`` wander (overdispersion)."""
-        p, strength = self.expected_rate, (self.alpha + self.beta) / self._inflation(n)
-        return min(p + math.sqrt(p * (1.0 - p) / (strength + 1.0)), 0.5)
-
-    def _cusum_after(self, n: int, k: int, cap: float = math.inf) -> float:
-        """The CUSUM after a window of ``k`` bad out of ``n``, that window counting for at most ``cap`` nats."""
-        if n <= 0:
-            return self.cusum
-        llr = log_likelihood_ratio(k, n, self.raised_rate(n), self._usual_high(n)) / self._inflation(n)
-        return max(self.cusum + min(llr, cap), 0.0)
-
-    def sustained(self, x: dict[Hashable, Any], y: base.typing.Target, threshold: float) -> bool:
-        """Whether the windows up to this one page with no window counting for more than half
-        of ``threshold``: evidence that spans windows, which one wild window cannot give."""
-        if self.n_learned < self.grace_windows:
-            return False
-        half = threshold * _LN10 / 2.0
-        return self._cusum_after(int(x["trials"]), int(y), cap=half) / _LN10 - _TWO_LOOKS >= threshold
-
     def score_one(self, x: dict[Hashable, Any], y: base.typing.Target) -> float:
         """Surprise (-log10 of the upper-tail probability) of ``y`` bad out of ``x["trials"]``:
         the window alone, or with the windows before it (the CUSUM after this one)."""
-        return max(self.looks(x, y))
+        looks = self.looks(x, y)
+        return max(looks.alone, looks.together)
 
-    def looks(self, x: dict[Hashable, Any], y: base.typing.Target) -> tuple[float, float]:
+    def looks(self, x: dict[Hashable, Any], y: base.typing.Target, threshold: float = math.inf) -> Looks:
         """The window's surprise alone and with the windows before it, each less what looking
-        twice costs (0 while the model is young)."""
-        if self.n_learned < self.grace_windows:
-            return 0.0, 0.0
+        twice costs (0 while the model is young), and whether the windows up to this one reach
+        ``threshold`` with none counting for more than half of it: evidence that spans
+        windows, which one wild window cannot give."""
         n, k = int(x["trials"]), int(y)
+        if self.n_learned < self.grace_windows or n <= 0:
+            return Looks(0.0, 0.0, False)
         alone = beta_binomial_surprise(k, n, *self._window_belief())
-        together = self._cusum_after(n, k) / _LN10
-        return max(alone - _TWO_LOOKS, 0.0), max(together - _TWO_LOOKS, 0.0)
+        llr = self._evidence(n, k)[2]
+        together = max(self.cusum + llr, 0.0) / _LN10 - _TWO_LOOKS
+        spread = self.cusum + min(llr, threshold * _LN10 / 2.0)
+        return Looks(max(alone - _TWO_LOOKS, 0.0), max(together, 0.0), spread / _LN10 - _TWO_LOOKS >= threshold)
 
     def step(self, x: dict[Hashable, Any], y: base.typing.Target, *, incident: bool = False) -> None:
         """Move the sequential evidence on by one judged window. Inside an ``incident`` it
@@ -291,11 +292,11 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
         n, k = int(x["trials"]), int(y)
         if n <= 0:
             return
+        usual, raised, llr = self._evidence(n, k)
         if incident:
-            p0, fault = self._usual_high(n), self.raised_rate(n)
-            favour = log_likelihood_ratio(k, n, p0, fault) / self._inflation(n)
+            favour = log_likelihood_ratio(k, n, usual, raised) / self._inflation(n)
             self.recovery_evidence = max(self.recovery_evidence + favour, 0.0)
-        cusum = self._cusum_after(n, k)
+        cusum = max(self.cusum + llr, 0.0)
         if cusum <= 0.0:
             self._set_numbers(4, [0.0, 0.0, 0.0])
         else:

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from models.lifecycle import Transition
+from models.lifecycle import SEVERITY_RANK, Transition
 from models.signal_detector import DetectorConfig, SignalDetector
 from models.signals import BY_SIGNAL, MODEL_FIGURES, Reading
 from schemas.anomaly import Signal
@@ -91,21 +91,14 @@ def score_series(
         before = tracker.severity if tracker.firing else None
         step = tracker.step(anomalous, window_start=float(point["timestamp"]), severity=severity,
                             sustained=verdict.sustained)  # fmt: skip
-        pages = severity != "info" and (
-            step is Transition.FIRING or (step is Transition.UPDATE and _RANK[severity] > _RANK.get(before or "", -1))
-        )
+        stepped_up = SEVERITY_RANK[severity] > SEVERITY_RANK.get(before or "", -1)
+        pages = severity != "info" and (step is Transition.FIRING or (step is Transition.UPDATE and stepped_up))
         status = _status(step, tracker.firing, tracker.severity, anomalous)
         yield ScoredPoint(float(point["timestamp"]), value, round(verdict.score, 4), pages, status, verdict.explained)
-        if not verdict.learnable or detector.paging:
-            detector.note_unlearned(reading, verdict)
-        elif not verdict.pages:
-            detector.learn(reading)
+        detector.learn_if_normal(reading, verdict)
         if detector.note_run(verdict.pages, reading, adopt_after):  # a lasting change: the new normal
             detector.adopt(reading)
-            tracker.firing, tracker.recent, tracker.since_resolved = False, (), None
-
-
-_RANK = {"info": 0, "warning": 1, "critical": 2}
+            tracker.end_by_adoption()
 
 
 def _status(step: Transition | None, firing: bool, severity: str | None, anomalous: bool) -> str:

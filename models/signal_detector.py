@@ -121,9 +121,8 @@ class SignalDetector:
             incident = self.firing
             if not incident:
                 model.incident_over()  # a resolved incident's evidence must not fire it again
-            alone, together = model.looks(reading.x, reading.bad)
-            score = max(alone, together)
-            sustained = together >= config.threshold and model.sustained(reading.x, reading.bad, config.threshold)
+            looks = model.looks(reading.x, reading.bad, config.threshold)
+            score, sustained = max(looks.alone, looks.together), looks.sustained
             model.step(reading.x, reading.bad, incident=incident)
             # An incident lasts until the evidence favours the usual rate over its own (a 5 %
             # rate over 20 requests gives many windows with 0 or 1 bad ones), and then ends at
@@ -188,6 +187,23 @@ class SignalDetector:
             queue == queue and queue >= QUEUE_SHARE * reading.value
         )
         return flat_out and queued
+
+    def learn_if_normal(self, reading: Reading, verdict: Verdict) -> bool:
+        """Learn the window if it is the segment's normal; whether it was.
+
+        A surprise the model did not expect is never its normal, even when load explains it
+        (a fault that starts during a surge must not be learned); outside an incident it
+        still tells how heavy the segment's tails are (``note_unlearned``). Inside a paging
+        incident nothing is learned: its quieter windows are the fault too (a lasting change
+        is adopted instead, after ``adopt_after`` windows). An incident load explains (info)
+        still teaches the slopes."""
+        if not verdict.learnable or self.paging:
+            self.note_unlearned(reading, verdict)
+            return False
+        if verdict.pages:
+            return False
+        self.learn(reading)
+        return True
 
     def learn(self, reading: Reading) -> None:
         self.model.learn_one(reading.x, reading.bad if self.spec.kind == "rate" else reading.value)
