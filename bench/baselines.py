@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from models.segments import Segmenter
+from servewatch.models.windows.segments import Segmenter
 
 WINDOW_S = 10.0
 MIN_REQUESTS = 5

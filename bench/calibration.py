@@ -1,6 +1,6 @@
 """Calibration of the latency model on null streams, and the hour-long ramp (issue #15).
 
-    python bench/calibration.py [--streams 20] [--windows 3000]
+    python -m bench.calibration [--streams 20] [--windows 3000]
 
 A surprise of 4 promises 1 anomalous window in 10,000 when nothing is wrong. Each null
 stream is TTFT per window at flat demand around 0.5 s: noise of scale 0.1 in log space
@@ -17,17 +17,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from models.lifecycle import IncidentTracker
-from models.signal_detector import DetectorConfig, SignalDetector
-from models.signals import BY_SIGNAL, Reading
-from schemas.anomaly import Signal
+from servewatch.models.detect.lifecycle import IncidentTracker
+from servewatch.models.detect.signal_detector import DetectorConfig, SignalDetector
+from servewatch.models.detect.signals import BY_SIGNAL, Reading
+from servewatch.schemas.anomaly import Signal
 
 FLAT = {"model_arrivals_per_s": 10.0, "model_arrival_prompt_tokens_per_s": 1e4, "sampling_var": 0.004}
 PROMISE = 1e-4  # surprise 4

@@ -1,8 +1,8 @@
-"""Derive the small trace samples bundled in ``pipeline/trace_samples/`` from the public traces.
+"""Derive the small trace samples bundled in ``pipeline/dev/trace_samples/`` from the public traces.
 
-    python bench/derive_trace_samples.py [--source /work/shared/data] [--out pipeline/trace_samples]
+    python -m bench.derive_trace_samples [--source /work/shared/data] [--out pipeline/dev/trace_samples]
 
-The simulator (``pipeline/serving_sim.py``) and the real-run replays (``pipeline/real_runs.py``)
+The simulator (``pipeline/dev/serving_sim.py``) and the real-run replays (``pipeline/dev/real_runs.py``)
 must work on a clean clone, without the shared data folder, so what they need is committed as
 gzip-compressed CSV files: a few columns per request, one comment line naming the source and
 its licence, written byte-for-byte reproducibly (gzip mtime 0). Run this script to regenerate

@@ -1,8 +1,8 @@
 """Detection: the scenario suite as tables (what paged, how fast, what paged by mistake), per family.
 
-    python bench/detection.py [--seeds 7 8 9] [--only NAME ...] [--family "real arrivals"]
+    python -m bench.detection [--seeds 7 8 9] [--only NAME ...] [--family "real arrivals"]
 
-Each scenario (``pipeline/scenarios.py``) is normal traffic, one injected condition (or none)
+Each scenario (``pipeline/dev/scenarios.py``) is normal traffic, one injected condition (or none)
 and normal traffic again, replayed through the worker's code (windows, detectors, lifecycle;
 no broker). Three families: ``synthetic`` (the bundled generator), ``real arrivals`` (the
 Mooncake trace through slot-limited engines) and ``real GPU runs`` (kv-cache-tester's runs on
@@ -23,11 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 from collections import defaultdict
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.baselines import (
     WINDOW_S,
@@ -36,8 +32,8 @@ from bench.baselines import (
     rolling_z_incidents,
     ttft_p95_series,
 )
-from pipeline.scenarios import FAMILIES, SCENARIOS, ScenarioResult, run_scenario
-from pipeline.settings import Settings
+from servewatch.pipeline.dev.scenarios import FAMILIES, SCENARIOS, ScenarioResult, run_scenario
+from servewatch.pipeline.settings import Settings
 
 DETECTORS = ("servewatch", "fixed p95 threshold", "rolling z-score (TTFT)")
 

@@ -1,6 +1,6 @@
 """Detection latency: a window's last event produced -> its AnomalyEvent readable, in wall time.
 
-    python bench/latency.py [--history 300] [--incident 40] [--rate 200]
+    python -m bench.latency [--history 300] [--incident 40] [--rate 200]
 
 Starts the embedded broker and one worker, replays ``--history`` seconds of normal traffic
 (timestamps in the recent past, sent at once) so every segment has a baseline, then
@@ -17,22 +17,18 @@ import argparse
 import asyncio
 import contextlib
 import statistics
-import sys
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipeline import topics
-from pipeline.broker import EmbeddedBroker
-from pipeline.demo import start_worker, stop_worker
-from pipeline.kafka import ensure_topics, producer, read_topic
-from pipeline.workload import Phase, Workload
-from schemas.anomaly import AnomalyEvent
+from servewatch.pipeline import topics
+from servewatch.pipeline.dev.broker import EmbeddedBroker
+from servewatch.pipeline.dev.demo import start_worker, stop_worker
+from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.kafka import ensure_topics, producer, read_topic
+from servewatch.schemas.anomaly import AnomalyEvent
 
 PARTITIONS = 4
 FLUSH_S = 0.25  # how often the simulated shippers send what finished
@@ -121,6 +117,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    from pipeline.settings import Settings
+    from servewatch.pipeline.settings import Settings
 
     main()

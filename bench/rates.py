@@ -1,6 +1,6 @@
 """Rates judged with sequential evidence: windows to page against requests per window (issue #16).
 
-    python bench/rates.py [--runs 40]
+    python -m bench.rates [--runs 40]
 
 A segment's error rate (any rate signal: truncation, leaks, errors are judged alike) at a
 usual 0.2 %, with overdispersion (the rate itself wanders from window to window: a Beta of
@@ -26,18 +26,14 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from models.lifecycle import Transition
-from models.signal_detector import DetectorConfig, SignalDetector
-from models.signals import BY_SIGNAL, Reading
-from schemas.anomaly import Signal
+from servewatch.models.detect.lifecycle import Transition
+from servewatch.models.detect.signal_detector import DetectorConfig, SignalDetector
+from servewatch.models.detect.signals import BY_SIGNAL, Reading
+from servewatch.schemas.anomaly import Signal
 
 USUAL = 0.002
 #: How much the usual rate wanders from window to window: a Beta of this strength around it.

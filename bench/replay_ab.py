@@ -1,7 +1,7 @@
 """Replay records/s of two checkouts of servewatch, side by side on the same request logs.
 
     git worktree add /tmp/before <commit>
-    python bench/replay_ab.py /tmp/before [--records 200000] [--rate 300] [--rounds 5]
+    python -m bench.replay_ab /tmp/before [--records 200000] [--rate 300] [--rounds 5]
 
 Writes ``--records`` request logs of ``bench/common.py``'s fleet at ``--rate`` requests/s of
 event time as JSONL, then runs ``Replay`` over that file in a fresh process per run,
@@ -22,20 +22,23 @@ from pathlib import Path
 
 import orjson
 
+from bench.common import fleet_records
+
 HERE = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(HERE))
 
-from bench.common import fleet_records  # noqa: E402
-
-#: Run inside the checkout under test: its own pipeline, on the file given.
+#: Run with the checkout under test as working directory, so that ``python -c`` imports its
+#: own code from there (a checkout's folders, or its ``servewatch/`` links since issue #17).
 CHILD = """
-import sys, time
-sys.path.insert(0, sys.argv[1])
-from pipeline.cli import REPLAY_CHUNK_LINES
-from pipeline.replay import JsonlChunks, Replay
-from pipeline.tuning import tune_process
+import pathlib, sys, time
+if pathlib.Path("servewatch", "pipeline").exists():
+        from servewatch.pipeline.replay.request_logs import REPLAY_CHUNK_LINES, JsonlChunks, Replay
+    from servewatch.pipeline.tuning import tune_process
+else:  # the flat layout before issue #17
+    from pipeline.cli import REPLAY_CHUNK_LINES
+    from pipeline.replay import JsonlChunks, Replay
+    from pipeline.tuning import tune_process
 tune_process()
-chunks = JsonlChunks(sys.argv[2], REPLAY_CHUNK_LINES)
+chunks = JsonlChunks(sys.argv[1], REPLAY_CHUNK_LINES)
 engine = Replay(reread=chunks.reread)
 started = time.perf_counter()
 events = sum(1 for _ in engine.run(chunks))
@@ -44,9 +47,7 @@ print(engine.stats.records / (time.perf_counter() - started), events)
 
 
 def replay_once(checkout: Path, path: Path) -> tuple[float, int]:
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, str(checkout), str(path)], capture_output=True, text=True, cwd=checkout
-    )
+    done = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, cwd=checkout)
     if done.returncode:
         raise SystemExit(f"replay in {checkout} failed:\n{done.stderr[-2000:]}")
     rate, events = done.stdout.split()

@@ -1,6 +1,6 @@
 """Scale: memory and per-window CPU as the number of live segments grows.
 
-    python bench/scale.py [--segments 10 100 1000 10000] [--windows 30] [--partitions 4]
+    python -m bench.scale [--segments 10 100 1000 10000] [--windows 30] [--partitions 4]
 
 Each size runs in a fresh process: the worker's stream logic (stage 1 over its input
 partitions, bundles of partials as sent over the partials topic, stage 2 and the detectors;
@@ -33,9 +33,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from pipeline.settings import Settings
+from servewatch.pipeline.settings import Settings
 
 T0 = 1_767_225_600.0
 PER_SEGMENT_PER_WINDOW = 8
@@ -76,9 +74,9 @@ def batches(segments: int, windows: int, partitions: int = 1, full: bool = False
 
 
 def child(segments: int, windows: int, partitions: int, max_segments: int, full: bool) -> dict[str, float]:
-    from pipeline.decode import Source
-    from pipeline.stages import StageOne, StageTwo
-    from pipeline.tuning import trim_heap, tune_process
+    from servewatch.pipeline.tuning import trim_heap, tune_process
+    from servewatch.pipeline.worker.decode import Source
+    from servewatch.pipeline.worker.stages import StageOne, StageTwo
 
     tune_process()  # as `servewatch worker` does
     settings = Settings(allowed_lateness_s=0.0, topic_partitions=partitions, max_segments=max_segments)
@@ -121,7 +119,7 @@ def child(segments: int, windows: int, partitions: int, max_segments: int, full:
 
 def run_child(segments: int, windows: int, partitions: int, max_segments: int, records: str) -> dict[str, float]:
     out = subprocess.run(
-        [sys.executable, __file__, "--child", str(segments), "--windows", str(windows),
+        [sys.executable, "-m", "bench.scale", "--child", str(segments), "--windows", str(windows),
          "--partitions", str(partitions), "--max-segments", str(max_segments), "--records", records],
         capture_output=True, text=True, check=True,
     )  # fmt: skip

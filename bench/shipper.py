@@ -1,6 +1,6 @@
 """Shipper throughput: ``servewatch ship`` from a JSONL file into Kafka, against a raw aiokafka producer.
 
-    python bench/shipper.py [--records 200000] [--openai 50000] [--batch 500] [--repeat 3]
+    python -m bench.shipper [--records 200000] [--openai 50000] [--batch 500] [--repeat 3]
 
 Two inputs, each written once as a JSONL file: the bench fleet's request logs as native
 ``RequestLog`` JSON (``bench/common.py``), and the same kind of requests as an OpenAI-compatible
@@ -11,7 +11,7 @@ of its own:
   (a) a raw aiokafka producer (``pipeline.kafka.producer``, the shipper's own settings) sending
       the very messages the shipper will send (JSON arrays of ``--batch`` adapted records,
       built beforehand), from its first send to its last acknowledgement, and
-  (b) ``servewatch ship --file F --no-follow`` end to end (read, split lines, parse, adapt,
+  (b) ``servewatch ship --in F --no-follow`` end to end (read, split lines, parse, adapt,
       validate, hash prompts, batch, send, save positions), from its first line read to its
       last acknowledgement, as it reports on exit,
 and prints records/s of both and the ratio (b)/(a) per round, then the round with the
@@ -35,13 +35,11 @@ from typing import Any
 
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bench.common import encode, fleet_records
-from pipeline import topics
-from pipeline.broker import EmbeddedBroker
-from pipeline.kafka import ensure_topics, producer
-from pipeline.ship_adapters import Rejection, adapter_for
+from servewatch.pipeline import topics
+from servewatch.pipeline.dev.broker import EmbeddedBroker
+from servewatch.pipeline.ingest.ship.adapters import Rejection, adapter_for
+from servewatch.pipeline.kafka import ensure_topics, producer
 
 PARTITIONS = 4
 ROUTE_PROMPTS = {route: f"You are the {route} assistant of Example Corp. " * 50 for route in ("chat", "rag", "agent")}
@@ -111,7 +109,7 @@ def run_child(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def ship_rate(bootstrap: str, source: Path, records: int, batch: int, state: Path) -> float:
-    done = run_child("-m", "pipeline.cli", "ship", "--file", str(source), "--no-follow", "--state", str(state),
+    done = run_child("-m", "servewatch", "ship", "--in", str(source), "--no-follow", "--state", str(state),
                      "--batch", str(batch), "--broker", bootstrap)  # fmt: skip
     match = SHIP_LINE.search(done.stderr)
     assert match is not None, done.stderr[-2000:]
@@ -128,7 +126,9 @@ def measure(
     for n in range(repeat):
         with EmbeddedBroker() as broker:  # fresh per round: Tansu keeps every record in memory
             asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS, (topics.REQUESTS, topics.DEADLETTER)))
-            raw = float(run_child(__file__, "--raw-child", broker.bootstrap, str(messages), str(records)).stdout)
+            raw = float(
+                run_child("-m", "bench.shipper", "--raw-child", broker.bootstrap, str(messages), str(records)).stdout
+            )
             shipped = ship_rate(broker.bootstrap, source, records, batch, tmp / f"{source.stem}-{n}.state")
         rounds.append((raw, shipped))
         print(f"  {source.stem}, round {n + 1}: raw producer {raw:,.0f}/s, servewatch ship {shipped:,.0f}/s, "

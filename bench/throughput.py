@@ -1,6 +1,6 @@
 """Throughput: the servewatch worker against a raw aiokafka consumer, side by side in one run.
 
-    python bench/throughput.py [--records 200000] [--batch 500] [--single 20000] [--repeat 5]
+    python -m bench.throughput [--records 200000] [--batch 500] [--single 20000] [--repeat 5]
 
 For each message shape (batched JSON arrays, then one record per message) it starts a fresh
 embedded broker, produces the same request logs, then measures, ``--repeat`` times in turn,
@@ -31,17 +31,14 @@ from pathlib import Path
 import orjson
 from aiokafka import AIOKafkaConsumer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bench.common import PEAK_RATE, encode, fleet_records, peak_rss_kib, produce, wait_for
-from pipeline import topics
-from pipeline.broker import EmbeddedBroker, free_loopback_port
-from pipeline.cli import REPLAY_CHUNK_LINES
-from pipeline.demo import start_worker, stop_worker
-from pipeline.kafka import ensure_topics
-from pipeline.metrics import served_value
-from pipeline.replay import JsonlChunks, Replay
-from pipeline.tuning import tune_process
+from servewatch.pipeline import topics
+from servewatch.pipeline.dev.broker import EmbeddedBroker, free_loopback_port
+from servewatch.pipeline.dev.demo import start_worker, stop_worker
+from servewatch.pipeline.kafka import ensure_topics
+from servewatch.pipeline.replay.request_logs import REPLAY_CHUNK_LINES, JsonlChunks, Replay
+from servewatch.pipeline.tuning import tune_process
+from servewatch.pipeline.worker.metrics import served_value
 
 PARTITIONS = 4
 
@@ -83,7 +80,11 @@ def raw_rate(bootstrap: str, expected: int) -> float:
 def run_self(*args: str) -> str:
     """This script in a fresh process (one of its ``--*-child`` modes); its standard output."""
     out = subprocess.run(
-        [sys.executable, __file__, *args], capture_output=True, text=True, check=True, stdin=subprocess.DEVNULL
+        [sys.executable, "-m", "bench.throughput", *args],
+        capture_output=True,
+        text=True,
+        check=True,
+        stdin=subprocess.DEVNULL,
     )
     return out.stdout
 

@@ -4,11 +4,11 @@
 ``tests/test_model_conformance.py`` runs over all of them.
 """
 
-from models.cache_hits import CacheHitRate
-from models.latency import LoadConditionedLatency
-from models.rates import BetaBinomialRate
-from models.share import ShareLevel
-from models.traffic import TrafficModel
+from servewatch.models.stats.cache_hits import CacheHitRate
+from servewatch.models.stats.latency import LoadConditionedLatency
+from servewatch.models.stats.rates import BetaBinomialRate
+from servewatch.models.stats.share import ShareLevel
+from servewatch.models.stats.traffic import TrafficModel
 
 REGISTRY: dict[str, type] = {
     "load_conditioned_latency": LoadConditionedLatency,

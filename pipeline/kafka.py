@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from pipeline import topics
+from servewatch.pipeline import topics
 
 logger = logging.getLogger(__name__)
 

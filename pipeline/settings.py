@@ -13,11 +13,11 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, SecretStr
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from models.evidence_sample import EvidenceBudget
-from models.segments import DEFAULT_DIMENSIONS, Segmenter
-from models.signal_columns import DEFAULT_REASONING_MARKERS
-from models.signal_detector import DetectorConfig
-from pipeline.tuning import HEAP_TRIM_INTERVAL_S, MMAP_THRESHOLD_BYTES
+from servewatch.models.detect.signal_detector import DetectorConfig
+from servewatch.models.explain.evidence_sample import EvidenceBudget
+from servewatch.models.windows.segments import DEFAULT_DIMENSIONS, Segmenter
+from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS
+from servewatch.pipeline.tuning import HEAP_TRIM_INTERVAL_S, MMAP_THRESHOLD_BYTES
 
 _DETECTOR = DetectorConfig()  # the detectors' defaults, read once
 
@@ -191,7 +191,7 @@ class Settings(BaseSettings):
             return None
         return self.broker.removeprefix("kafka://")
 
-    # -- shipper (`servewatch ship`, issue #6; pipeline/shipper.py) ------------------------
+    # -- shipper (`servewatch ship`, issue #6; pipeline/ingest/ship/shipper.py) ------------------------
     # One block, kept at the end of the class: other sections are edited independently.
     ship_batch_records: int = Field(default=500, ge=1, description="Records per message the shipper sends.")
     ship_batch_bytes: int = Field(

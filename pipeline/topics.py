@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import faust
 
 REQUESTS = "servewatch.requests"  # RequestLog JSON: one object, an array, or NDJSON per message
-PARTIALS = "servewatch.partials"  # internal: closed windows' partials (models/wire.py), by segment
+PARTIALS = "servewatch.partials"  # internal: closed windows' partials (models/windows/wire.py), by segment
 ANOMALIES = "servewatch.anomalies"  # AnomalyEvent (keyed by fingerprint) and IncidentGroup (by group) JSON
 #: internal: incident events before grouping, keyed by model, so that one worker groups a model's
 INCIDENTS = "servewatch.incidents"

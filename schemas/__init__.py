@@ -2,12 +2,12 @@
 
 from pydantic import BaseModel
 
-from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
-from schemas.dead_letter import DeadLetter
-from schemas.engine_interval import EngineInterval
-from schemas.incident_group import GroupMember, IncidentGroup, parse_anomaly_record
-from schemas.request_log import Engine, FinishReason, RequestLog
-from schemas.version import SCHEMA_VERSION
+from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
+from servewatch.schemas.dead_letter import DeadLetter
+from servewatch.schemas.engine_interval import EngineInterval
+from servewatch.schemas.incident_group import GroupMember, IncidentGroup, parse_anomaly_record
+from servewatch.schemas.request_log import Engine, FinishReason, RequestLog
+from servewatch.schemas.version import SCHEMA_VERSION
 
 #: Schemas that ``servewatch schema NAME`` exports as JSON Schema.
 EXPORTED: dict[str, type[BaseModel]] = {

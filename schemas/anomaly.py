@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.version import SCHEMA_VERSION
+from servewatch.schemas.version import SCHEMA_VERSION
 
 
 class Signal(StrEnum):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from schemas.version import SCHEMA_VERSION
+from servewatch.schemas.version import SCHEMA_VERSION
 
 
 class LatencySummary(BaseModel):

@@ -16,8 +16,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
-from schemas.anomaly import AnomalyEvent, Severity, Signal, Status
-from schemas.version import SCHEMA_VERSION
+from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status
+from servewatch.schemas.version import SCHEMA_VERSION
 
 
 class GroupMember(BaseModel):

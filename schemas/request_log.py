@@ -15,7 +15,7 @@ from typing import Annotated, Any, Literal, NotRequired, cast
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from typing_extensions import TypedDict
 
-from schemas.version import SCHEMA_VERSION
+from servewatch.schemas.version import SCHEMA_VERSION
 
 # Bounds that reject absurd values rather than let one record skew a window.
 MAX_TOKENS_PER_REQUEST = 10_000_000
@@ -147,7 +147,7 @@ class RequestLog(BaseModel):
 class RequestLogRow(TypedDict):
     """A ``RequestLog`` as a plain dict (``RequestLog.to_row``): what tests and tools pass around.
 
-    The worker's hot path validates JSON into ``pipeline.fast_rows.FastRow`` instead, which
+    The worker's hot path validates JSON into ``pipeline.worker.fast_rows.FastRow`` instead, which
     has the same fields and bounds and reads the same way.
     """
 

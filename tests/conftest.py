@@ -9,9 +9,9 @@ from typing import TypeVar
 
 import pytest
 
-from pipeline.broker import EmbeddedBroker
-from pipeline.demo import start_worker, stop_worker
-from pipeline.kafka import ensure_topics, read_topic
+from servewatch.pipeline.dev.broker import EmbeddedBroker
+from servewatch.pipeline.dev.demo import start_worker, stop_worker
+from servewatch.pipeline.kafka import ensure_topics, read_topic
 
 T = TypeVar("T")
 

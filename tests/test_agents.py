@@ -7,15 +7,15 @@ from typing import Any
 import orjson
 import pytest
 
-from models.wire import windows_from_wire
-from pipeline.app import create_app
-from pipeline.decode import Source
-from pipeline.settings import Settings
-from pipeline.stages import StageOne
-from pipeline.workload import Phase, Workload
-from schemas.anomaly import AnomalyEvent
-from schemas.dead_letter import DeadLetter
-from schemas.incident_group import IncidentGroup, parse_anomaly_record
+from servewatch.models.windows.wire import windows_from_wire
+from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.worker.app import create_app
+from servewatch.pipeline.worker.decode import Source
+from servewatch.pipeline.worker.stages import StageOne
+from servewatch.schemas.anomaly import AnomalyEvent
+from servewatch.schemas.dead_letter import DeadLetter
+from servewatch.schemas.incident_group import IncidentGroup, parse_anomaly_record
 
 
 class Captured:
@@ -39,7 +39,7 @@ def app_and_sinks(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[str, Captu
 
 async def test_bad_message_is_dead_lettered_and_the_agent_keeps_going(app_and_sinks: Any) -> None:
     app, sinks = app_and_sinks
-    agent = app.agents["pipeline.app.aggregate_request_batches"]
+    agent = app.agents["servewatch.pipeline.worker.app.aggregate_request_batches"]
     good = {"request_id": "ok", "timestamp": 1767225600, "model": "m", "prompt_tokens": 5, "completion_tokens": 1,
             "e2e_s": 0.5, "finish_reason": "stop", "ttft_s": 0.1}  # fmt: skip
     async with agent.test_context() as running:
@@ -62,7 +62,7 @@ async def test_partials_in_anomalies_out(app_and_sinks: Any) -> None:
     for offset, (_, batch) in enumerate(workload.seconds()):
         _, partials = stage_one.process(orjson.dumps(batch), Source("t", 0, offset), now=0.0)
         messages += [bundle for _, bundle in stage_one.bundles(partials, 1)]
-    agent = app.agents["pipeline.app.detect_anomalies"]
+    agent = app.agents["servewatch.pipeline.worker.app.detect_anomalies"]
     async with agent.test_context() as running:
         await running.put(b"garbage that is not a bundle")  # logged and dropped, never fatal
         await running.put(b'{"partials": [{"key": 1}], "watermarks": {}}')
@@ -72,7 +72,7 @@ async def test_partials_in_anomalies_out(app_and_sinks: Any) -> None:
     incidents = [AnomalyEvent.model_validate_json(v) for v in sinks["incidents"].values]
     assert any(e.pages and e.signal.value == "ttft" for e in incidents)
     # The grouping agent: each incident event on, with its group, and the groups' own records.
-    async with app.agents["pipeline.app.group_incidents"].test_context() as running:
+    async with app.agents["servewatch.pipeline.worker.app.group_incidents"].test_context() as running:
         for value in sinks["incidents"].values:
             await running.put(value)
     records = [parse_anomaly_record(v) for v in sinks["anomalies"].values]

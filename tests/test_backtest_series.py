@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from models.series import ScoredPoint, score_series
-from pipeline.cli import main
-from schemas.anomaly import Signal
+from servewatch.models.detect.series import ScoredPoint, score_series
+from servewatch.pipeline.cli.main import main
+from servewatch.schemas.anomaly import Signal
 
 
 def write_series(path: Path, values: list[float], *, ms: bool = False, load: list[float] | None = None) -> None:

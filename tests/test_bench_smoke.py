@@ -18,7 +18,7 @@ def run(*args: str) -> str:
 
 
 def test_scale_benchmark_runs_and_the_cap_holds() -> None:
-    out = run("bench/scale.py", "--segments", "5", "1000", "1200", "--windows", "3")
+    out = run("-m", "bench.scale", "--segments", "5", "1000", "1200", "--windows", "3")
     rows = [line.split() for line in out.splitlines() if "µs  cap" in line]
     # Raised cap for the memory rows, then the default cap: 1,000 segments + the overflow one.
     assert [row[1].replace(",", "") for row in rows] == ["5", "1000", "1200", "1001"]
@@ -27,7 +27,7 @@ def test_scale_benchmark_runs_and_the_cap_holds() -> None:
 
 @pytest.mark.integration
 def test_throughput_benchmark_runs() -> None:
-    out = run("bench/throughput.py", "--records", "3000", "--single", "300", "--repeat", "1")
+    out = run("-m", "bench.throughput", "--records", "3000", "--single", "300", "--repeat", "1")
     assert "batched (500/msg)" in out and "one record per message" in out and "replay" in out
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from schemas.anomaly import AnomalyEvent
-from schemas.incident_group import IncidentGroup, parse_anomaly_record
+from servewatch.pipeline.cli.main import main
+from servewatch.schemas.anomaly import AnomalyEvent
+from servewatch.schemas.incident_group import IncidentGroup, parse_anomaly_record
 
 
 @pytest.mark.parametrize("name", ["RequestLog", "AnomalyEvent", "DeadLetter"])
@@ -30,7 +30,7 @@ def test_generate_then_replay_finds_the_incident(tmp_path: Path, capsys: pytest.
     with logs.open("ab") as f:  # bad lines in the middle of real logs must cost only themselves
         f.write(b"this is not json\n")
         f.write(b'{"request_id": "x", "timestamp": 1767225600, "model": "m"}\n')
-    assert main(["replay", "--requests", str(logs), "--out", str(out)]) == 0
+    assert main(["replay", "--in", str(logs), "--out", str(out)]) == 0
     records = [parse_anomaly_record(line) for line in out.read_text().splitlines()]
     events = [r for r in records if isinstance(r, AnomalyEvent)]
     assert any(e.pages and e.signal.value == "ttft" for e in events)
@@ -43,7 +43,7 @@ def test_generate_then_replay_finds_the_incident(tmp_path: Path, capsys: pytest.
 def test_process_tuning_pins_the_allocator_and_the_collector() -> None:
     import gc
 
-    from pipeline.tuning import tune_malloc, tune_process
+    from servewatch.pipeline.tuning import tune_malloc, tune_process
 
     thresholds = gc.get_threshold()
     try:
@@ -58,8 +58,8 @@ def test_process_tuning_pins_the_allocator_and_the_collector() -> None:
 def test_the_allocator_pin_and_heap_trims_are_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     import platform
 
-    from pipeline.settings import Settings
-    from pipeline.tuning import HEAP_TRIM_INTERVAL_S, MMAP_THRESHOLD_BYTES, trim_heap, tune_malloc
+    from servewatch.pipeline.settings import Settings
+    from servewatch.pipeline.tuning import HEAP_TRIM_INTERVAL_S, MMAP_THRESHOLD_BYTES, trim_heap, tune_malloc
 
     assert Settings().mmap_threshold_bytes == MMAP_THRESHOLD_BYTES == 0  # glibc's dynamic threshold
     assert tune_malloc(0) is False  # nothing pinned
@@ -73,8 +73,8 @@ def test_the_allocator_pin_and_heap_trims_are_settings(monkeypatch: pytest.Monke
 
 
 def test_the_demo_shows_what_changed_and_a_request_to_look_up() -> None:
-    from pipeline.demo import format_event
-    from schemas.anomaly import Signal
+    from servewatch.pipeline.dev.demo import format_event
+    from servewatch.schemas.anomaly import Signal
     from tests.test_scenarios import result
 
     r = result("cache_off")

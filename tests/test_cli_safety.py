@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.cli import main
-from pipeline.settings import Settings
+from servewatch.pipeline.cli.main import main
+from servewatch.pipeline.settings import Settings
 
-SERVEWATCH = [sys.executable, "-m", "pipeline.cli"]
+SERVEWATCH = [sys.executable, "-m", "servewatch"]
 
 
-@pytest.mark.parametrize("command", [["worker"], ["ship", "--stdin"], ["scrape", "--target", "http://127.0.0.1:9/m"]])
+@pytest.mark.parametrize("command", [["worker"], ["ship", "--in", "-"], ["scrape", "--target", "http://127.0.0.1:9/m"]])
 def test_no_broker_is_refused_not_replaced_by_a_throwaway_one(
     command: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
@@ -48,7 +48,7 @@ def test_lists_read_as_json_or_comma_separated_and_a_typo_is_named(
     monkeypatch.setenv("SERVEWATCH_PROMPT_BAND_EDGES", "4096, 32768")
     monkeypatch.setenv("SERVEWATCH_OUTPUT_BAND_EDGES", "[2048]")
     monkeypatch.setenv("SERVEWATCH_TRESHOLD", "5")
-    from pipeline.cli_common import load_settings
+    from servewatch.pipeline.cli.common import load_settings
 
     settings = load_settings()
     assert settings.prompt_band_edges == (4096, 32768) and settings.output_band_edges == (2048,)
@@ -106,7 +106,7 @@ def test_scrape_gives_up_with_exit_1_when_every_target_stays_down(capsys: pytest
 def test_progress_lines_only_on_a_terminal(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["generate", "--out", str(tmp_path / "logs.jsonl"), "--scale", "0.2"]) == 0
     capsys.readouterr()
-    assert main(["replay", "--requests", str(tmp_path / "logs.jsonl"), "--out", str(tmp_path / "out.jsonl")]) == 0
+    assert main(["replay", "--in", str(tmp_path / "logs.jsonl"), "--out", str(tmp_path / "out.jsonl")]) == 0
     err = capsys.readouterr().err  # captured: not a terminal
     assert "\r" not in err and err.startswith("replayed ") and len(err.strip().splitlines()) == 1
 
@@ -116,7 +116,7 @@ def test_replay_prints_the_demos_readable_lines_with_format_text(
 ) -> None:
     assert main(["generate", "--out", str(tmp_path / "logs.jsonl")]) == 0
     capsys.readouterr()
-    assert main(["replay", "--requests", str(tmp_path / "logs.jsonl"), "--format", "text"]) == 0
+    assert main(["replay", "--in", str(tmp_path / "logs.jsonl"), "--format", "text"]) == 0
     text = capsys.readouterr().out
     assert re.search(r"^\[2026-01-01 \d\d:\d\d:\d\dZ\] FIRING +warning +ttft ", text, re.M)
     assert "  >> group FIRING" in text and "prefix_cache_ineffective on " in text
@@ -125,6 +125,33 @@ def test_replay_prints_the_demos_readable_lines_with_format_text(
 
 def test_the_detectors_numbers_live_in_one_place() -> None:
     """Issue #17: the settings' defaults are ``DetectorConfig``'s, not a second copy."""
-    from models.signal_detector import DetectorConfig
+    from servewatch.models.detect.signal_detector import DetectorConfig
 
     assert Settings().detector_config() == DetectorConfig()
+
+
+def test_one_flag_vocabulary_documented_in_one_table() -> None:
+    """Every flag of README's "Flags" table is on exactly the commands its row names, and no
+    command spells one of those concepts another way (``--file``, ``--output``...)."""
+    import argparse
+
+    from servewatch.pipeline.cli.main import build_parser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("| flag | means | commands |")[1].split("\n\n")[0]
+    documented = {}
+    for row in table.splitlines():
+        if not row.startswith("| `--"):
+            continue
+        flag, _, commands = (cell.strip() for cell in re.split(r"(?<!\\)\|", row.strip().strip("|")))
+        if flag.startswith("`--"):
+            documented[flag.strip("`").split()[0]] = set(re.findall(r"`([a-z-]+)", commands))
+    subparsers = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    has: dict[str, set[str]] = {flag: set() for flag in documented}
+    synonyms = {"--file", "--input", "--output", "--stdin", "--requests", "--output-format", "--kafka", "--bootstrap"}
+    for command, parser in subparsers.choices.items():
+        flags = {s for action in parser._actions for s in action.option_strings if s.startswith("--")}
+        assert not flags & synonyms, f"{command}: {flags & synonyms} (use the table's flags)"
+        for flag in flags & set(documented):
+            has[flag].add(command)
+    assert has == documented

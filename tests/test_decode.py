@@ -1,4 +1,4 @@
-"""``pipeline.decode.decode_message``: one object, a JSON array or NDJSON in; records and dead letters out."""
+"""``pipeline.worker.decode.decode_message``: one object, a JSON array or NDJSON in; records and dead letters out."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.decode import RAW_KEEP_BYTES, Decoded, Source, decode_message
-from schemas import DeadLetter, RequestLog
+from servewatch.pipeline.worker.decode import RAW_KEEP_BYTES, Decoded, Source, decode_message
+from servewatch.schemas import DeadLetter, RequestLog
 from tests.samples import VALID_RECORD
 
 VALID: dict[str, Any] = VALID_RECORD

@@ -11,10 +11,10 @@ import math
 import orjson
 import pytest
 
-from pipeline.replay import Replay
-from pipeline.settings import Settings
-from pipeline.workload import EPOCH, Phase, Workload, demo_phases
-from schemas.anomaly import AnomalyEvent, Severity, Signal, Status
+from servewatch.pipeline.dev.workload import EPOCH, Phase, Workload, demo_phases
+from servewatch.pipeline.replay.request_logs import Replay
+from servewatch.pipeline.settings import Settings
+from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status
 
 
 def replay(workload: Workload, settings: Settings | None = None) -> list[AnomalyEvent]:

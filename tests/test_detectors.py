@@ -6,12 +6,12 @@ import json
 
 import orjson
 
-from models.detector import DetectorBank, DetectorConfig, SegmentDetectors
-from models.lifecycle import IncidentTracker, Transition
-from models.rates import BetaBinomialRate
-from pipeline.replay import Replay
-from pipeline.workload import Phase, Workload
-from schemas.anomaly import Signal, Status
+from servewatch.models.detect.detector import DetectorBank, DetectorConfig, SegmentDetectors
+from servewatch.models.detect.lifecycle import IncidentTracker, Transition
+from servewatch.models.stats.rates import BetaBinomialRate
+from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.replay.request_logs import Replay
+from servewatch.schemas.anomaly import Signal, Status
 
 
 def batches(workload: Workload) -> list[bytes]:
@@ -49,7 +49,7 @@ def test_a_new_segment_borrows_its_models_error_rate() -> None:
     for _ in range(50):
         pooled[("m", Signal.ERROR_RATE)].learn_one({"trials": 1000}, 20)  # this model fails 2 %
     segment = SegmentDetectors("model=m|route=new")
-    from models.signals import BY_SIGNAL
+    from servewatch.models.detect.signals import BY_SIGNAL
 
     model = segment.model(BY_SIGNAL[Signal.ERROR_RATE], pooled[("m", Signal.ERROR_RATE)])
     assert abs(model.expected_rate - 0.02) < 0.002
@@ -92,8 +92,8 @@ def test_state_of_another_version_is_refused() -> None:
 
 def test_shared_prefixes_with_a_near_zero_hit_rate_page_even_without_history() -> None:
     """Prefix caching never on: no usual hit rate to fall from, yet every request reuses a prefix."""
-    from pipeline.scenarios import Scenario, run_scenario
-    from pipeline.workload import Phase
+    from servewatch.pipeline.dev.scenarios import Scenario, run_scenario
+    from servewatch.pipeline.dev.workload import Phase
 
     never_on = Scenario("never_on", Phase("cache_off", 300, prefix_caching=False), frozenset(), warmup_s=0.0)
     result = run_scenario(never_on)
@@ -114,7 +114,7 @@ def test_a_new_latency_segment_borrows_its_models_response_to_load() -> None:
     import math
     import random
 
-    from models.latency import LoadConditionedLatency
+    from servewatch.models.stats.latency import LoadConditionedLatency
 
     rng = random.Random(2)
     known, new = LoadConditionedLatency(), LoadConditionedLatency()
@@ -175,7 +175,7 @@ def test_a_segment_whose_incident_moves_is_due_for_storage_at_once() -> None:
 
 def test_an_event_from_a_young_segment_says_so_after_its_cause() -> None:
     # 25 windows of history: young (below 30), yet enough that its noise is known (a younger
-    # segment is judged with heavier tails, see models.latency, and pages only bigger faults)
+    # segment is judged with heavier tails, see models.stats.latency, and pages only bigger faults)
     workload = Workload((Phase("normal", 250), Phase("cache_off", 120, prefix_caching=False)), seed=14)
     pages = [e for e in Replay().run(batches(workload)) if e.pages and e.signal is Signal.TTFT]
     assert pages and all(e.baseline_young for e in pages)

@@ -22,10 +22,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipeline import topics
-from pipeline.workload import EPOCH, Phase, Workload
-from schemas.anomaly import AnomalyEvent, Signal
-from schemas.incident_group import parse_anomaly_record
+from servewatch.pipeline import topics
+from servewatch.pipeline.dev.workload import EPOCH, Phase, Workload
+from servewatch.schemas.anomaly import AnomalyEvent, Signal
+from servewatch.schemas.incident_group import parse_anomaly_record
 from tests.conftest import first_matching, own_broker
 from tests.engine_sim import ExpositionHandler, SimulatedVllm
 
@@ -70,7 +70,7 @@ def servewatch(*args: str, broker: str, timeout_s: float = 120) -> subprocess.Co
     """Run a CLI command as its own process against ``broker``."""
     env_args = {"SERVEWATCH_BROKER": broker, "SERVEWATCH_LOG_LEVEL": "WARNING"}
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args],
+        [sys.executable, "-m", "servewatch", *args],
         env={**os.environ, **env_args},
         capture_output=True,
         text=True,
@@ -93,7 +93,7 @@ def test_scraper_shipper_and_worker_page_a_prefix_cache_switched_off_at_flat_tra
                         models=("llama-3.1-70b",), start=start)  # fmt: skip
     logs = tmp_path / f"requests-{uuid.uuid4().hex[:6]}.jsonl"
     logs.write_bytes(b"".join(orjson.dumps(record) + b"\n" for record in workload.records()))
-    shipped = servewatch("ship", "--file", str(logs), "--no-follow", "--state", str(tmp_path / "position.json"),
+    shipped = servewatch("ship", "--in", str(logs), "--no-follow", "--state", str(tmp_path / "position.json"),
                          broker=worker)  # fmt: skip
     records = sum(1 for _ in logs.open("rb"))
     assert f"ship: read {records:,}, sent {records:,}, rejected 0" in shipped.stderr, shipped.stderr

@@ -7,12 +7,12 @@ import random
 
 import orjson
 
-from models.engine_window import EngineWindow
-from pipeline.decode import Source
-from pipeline.engine_stage import JudgeEngines
-from pipeline.settings import Settings
-from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
-from schemas.engine_interval import EngineInterval
+from servewatch.models.windows.engine_window import EngineWindow
+from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.worker.decode import Source
+from servewatch.pipeline.worker.engine_stage import JudgeEngines
+from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
+from servewatch.schemas.engine_interval import EngineInterval
 
 T0 = 1_767_225_600.0
 

@@ -7,12 +7,12 @@ from typing import Any
 
 import orjson
 
-from models.evidence_sample import EvidenceBudget
-from pipeline.decode import decode_message
-from pipeline.evidence import fill, wanted
-from pipeline.replay import JsonlChunks, Replay
-from pipeline.workload import Workload, demo_phases
-from schemas.anomaly import AnomalyEvent, Severity, Signal, Status
+from servewatch.models.explain.evidence_sample import EvidenceBudget
+from servewatch.pipeline.dev.workload import Workload, demo_phases
+from servewatch.pipeline.replay.request_logs import JsonlChunks, Replay
+from servewatch.pipeline.worker.decode import decode_message
+from servewatch.pipeline.worker.evidence import fill, wanted
+from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status
 
 T0 = 1_767_225_600.0
 
@@ -104,7 +104,7 @@ def test_replay_from_a_file_and_from_memory_give_the_same_events(tmp_path: Path)
 
 
 def test_a_sample_reads_a_bounded_number_of_messages_spread_over_every_source_in_turn() -> None:
-    from models.evidence_sample import SAMPLE_MESSAGES, spread
+    from servewatch.models.explain.evidence_sample import SAMPLE_MESSAGES, spread
 
     picked = spread([(0, 10, 1000), (3, 7, 8)])
     assert len(picked) == SAMPLE_MESSAGES and picked[:4] == [(0, 10), (3, 7), (0, 86), (3, 8)]
@@ -114,7 +114,7 @@ def test_a_sample_reads_a_bounded_number_of_messages_spread_over_every_source_in
 
 
 def test_a_scan_keeps_the_segments_faulty_requests_and_is_dropped_without_a_segmenter() -> None:
-    from pipeline.settings import Settings
+    from servewatch.pipeline.settings import Settings
 
     base = {"timestamp": T0 + 1, "model": "m", "route": "chat", "prompt_tokens": 100, "completion_tokens": 10,
             "e2e_s": 1.0}  # fmt: skip

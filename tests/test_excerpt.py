@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.batch import evidence_from_row
-from models.excerpt import excerpt, scrub
+from servewatch.models.windows.batch import evidence_from_row
+from servewatch.models.windows.excerpt import excerpt, scrub
 
 SECRETS = [
     "sk-proj-Zx8fK2mQ9vT4wR7yL1nB6cD3",

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from pipeline.exposition import Histogram, interval, parse
+from servewatch.pipeline.ingest.scrape.exposition import Histogram, interval, parse
 
 # vLLM's default TTFT buckets (first few) and request-latency buckets, as the engine exports them.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)

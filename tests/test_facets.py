@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from models.facets import compare, window_facets
+from servewatch.models.explain.facets import compare, window_facets
 
 
 def rows(n: int, **fields: Any) -> list[dict[str, Any]]:

@@ -1,15 +1,15 @@
-"""Issue #16: one cause, one group (``models.grouping``), on the demo's workload and by rule."""
+"""Issue #16: one cause, one group (``models.detect.grouping``), on the demo's workload and by rule."""
 
 from __future__ import annotations
 
 import orjson
 import pytest
 
-from models.grouping import IncidentGrouper
-from pipeline.replay import Replay
-from pipeline.workload import EPOCH, Workload, demo_phases
-from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
-from schemas.incident_group import IncidentGroup, parse_anomaly_record
+from servewatch.models.detect.grouping import IncidentGrouper
+from servewatch.pipeline.dev.workload import EPOCH, Workload, demo_phases
+from servewatch.pipeline.replay.request_logs import Replay
+from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
+from servewatch.schemas.incident_group import IncidentGroup, parse_anomaly_record
 
 
 @pytest.fixture(scope="module")

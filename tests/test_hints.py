@@ -1,7 +1,7 @@
 """Issue #5: each hint from the windows that should raise it, and not from those that should not.
 
 The rules are pure functions of a window's load, the segment's usual figures and the
-signal (``models.hints``); engine-side hints come from scrape windows (``capacity_headroom``
+signal (``models.explain.hints``); engine-side hints come from scrape windows (``capacity_headroom``
 and ``prefix_cache_disabled`` end to end in ``tests/test_engine_stage.py``; ``new_segment``
 in ``tests/test_detectors.py``), and each injected case's first page in
 ``tests/test_scenarios.py``.
@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from models.engine_window import EngineWindow
-from models.headroom import HeadroomWatch
-from models.hints import (
+from servewatch.models.detect.headroom import HeadroomWatch
+from servewatch.models.explain.hints import (
     HINT_CODES,
     Baseline,
     latency_hints,
@@ -24,8 +23,9 @@ from models.hints import (
     mention_max_tokens,
     signal_hints,
 )
-from models.window import WindowStats
-from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
+from servewatch.models.windows.engine_window import EngineWindow
+from servewatch.models.windows.window import WindowStats
+from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 
 #: A segment's usual window: 10 requests/s of 2,000-token prompts, 80 % served from cache,
 #: 300-token answers.
@@ -169,7 +169,7 @@ def test_capacity_headroom_needs_a_queue_a_mostly_empty_kv_cache_and_a_working_p
 
 
 def test_every_hint_raised_anywhere_is_documented() -> None:
-    from pipeline.scenarios import BY_NAME, run_scenario
+    from servewatch.pipeline.dev.scenarios import BY_NAME, run_scenario
 
     raised = {hint.code for name in ("cache_off", "truncation") for e in run_scenario(BY_NAME[name]).events
               for hint in e.hints}  # fmt: skip
@@ -246,7 +246,7 @@ def test_prefill_slower_per_token_at_the_same_cache_hit_rate_is_prefill_bound() 
 
 
 def test_a_latency_rise_with_nothing_else_moved_still_names_where_to_look() -> None:
-    from models.hints import fallback_hint
+    from servewatch.models.explain.hints import fallback_hint
 
     hint = fallback_hint("TTFT")
     assert hint.code == "latency_rise" and hint.code in HINT_CODES and "serving instances" in hint.message

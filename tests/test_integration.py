@@ -14,15 +14,15 @@ from typing import TypeVar
 import orjson
 import pytest
 
-from pipeline import topics
-from pipeline.broker import EmbeddedBroker
-from pipeline.demo import play, start_worker, stop_worker
-from pipeline.kafka import ensure_topics, producer
-from pipeline.metrics import served_value
-from pipeline.workload import Phase, Workload
-from schemas.anomaly import AnomalyEvent, Signal
-from schemas.dead_letter import DeadLetter
-from schemas.incident_group import parse_anomaly_record
+from servewatch.pipeline import topics
+from servewatch.pipeline.dev.broker import EmbeddedBroker
+from servewatch.pipeline.dev.demo import play, start_worker, stop_worker
+from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.kafka import ensure_topics, producer
+from servewatch.pipeline.worker.metrics import served_value
+from servewatch.schemas.anomaly import AnomalyEvent, Signal
+from servewatch.schemas.dead_letter import DeadLetter
+from servewatch.schemas.incident_group import parse_anomaly_record
 from tests.conftest import first_matching
 
 pytestmark = pytest.mark.integration
@@ -117,8 +117,8 @@ def test_detector_state_survives_a_restart() -> None:
 
 
 def restart_and_judge(broker: EmbeddedBroker) -> None:
-    from pipeline.broker import free_loopback_port
-    from pipeline.workload import EPOCH
+    from servewatch.pipeline.dev.broker import free_loopback_port
+    from servewatch.pipeline.dev.workload import EPOCH
 
     asyncio.run(ensure_topics(broker.bootstrap, 4))
     app_id = f"servewatch-restart-{uuid.uuid4().hex[:8]}"
@@ -202,7 +202,7 @@ def test_engine_metrics_on_the_scrapes_topic_page_a_capacity_incident(worker: st
 def test_a_truncation_page_carries_the_truncated_requests_read_back_from_the_topic(worker: str) -> None:
     """A rate event's evidence: the worker scans the window's own messages on the requests
     topic for the requests it counted, and quotes answers only as scrubbed excerpts."""
-    from pipeline.workload import EPOCH
+    from servewatch.pipeline.dev.workload import EPOCH
 
     # Event times of its own: other tests' request logs on this topic share EPOCH and segments.
     phases = (Phase("normal", 240), Phase("truncation", 150, max_tokens=1000, leak_rate=0.03))

@@ -9,10 +9,10 @@ from __future__ import annotations
 import math
 import random
 
-from models.latency import LoadConditionedLatency
-from models.signal_detector import DetectorConfig, SignalDetector
-from models.signals import BY_SIGNAL, Reading
-from schemas.anomaly import Signal
+from servewatch.models.detect.signal_detector import DetectorConfig, SignalDetector
+from servewatch.models.detect.signals import BY_SIGNAL, Reading
+from servewatch.models.stats.latency import LoadConditionedLatency
+from servewatch.schemas.anomaly import Signal
 
 
 def demand(ratio: float) -> dict[str, float]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.lifecycle import IncidentTracker, Transition, fingerprint
+from servewatch.models.detect.lifecycle import IncidentTracker, Transition, fingerprint
 
 
 def run(tracker: IncidentTracker, verdicts: str, severity: str = "warning") -> str:

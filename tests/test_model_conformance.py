@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from models import REGISTRY
+from servewatch.models import REGISTRY
 
 
 def latency_stream(seed: int, n: int) -> list[tuple[dict[str, Any], float]]:
@@ -161,7 +161,7 @@ def test_clone_keeps_config(model_cls: type, stream: Any) -> None:
 
 
 def test_a_view_in_a_shared_buffer_learns_like_the_model_alone(model_cls: type, stream: Any) -> None:
-    """Segments keep every model's numbers in one buffer (``models.compact``): a view there
+    """Segments keep every model's numbers in one buffer (``models.stats.compact``): a view there
     must score exactly as the model alone, and write only its own numbers."""
     from array import array
 

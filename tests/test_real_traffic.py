@@ -1,8 +1,8 @@
 """Detection on traffic servewatch's own generator does not make (issue #15).
 
 Real arrival traces (Mooncake) through engines with a hard slot limit and a FIFO queue
-(``pipeline.serving_sim``), and real GPU load tests replayed as request logs
-(``pipeline.real_runs``): bursts that fill every slot, a surge that overloads the fleet, a
+(``pipeline.dev.serving_sim``), and real GPU load tests replayed as request logs
+(``pipeline.dev.real_runs``): bursts that fill every slot, a surge that overloads the fleet, a
 start-up ramp, concurrency stepped up and down at a flat request rate, heavy tails. Each
 case runs through ``Replay`` (the worker's code, no broker). ``bench/detection.py`` prints
 the same cases as a table beside naive detectors.
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.real_runs import RealRunWorkload
-from pipeline.scenarios import BY_NAME, SCENARIOS, ScenarioResult, run_scenario
-from schemas.anomaly import Severity, Signal, Status
+from servewatch.pipeline.dev.real_runs import RealRunWorkload
+from servewatch.pipeline.dev.scenarios import BY_NAME, SCENARIOS, ScenarioResult, run_scenario
+from servewatch.schemas.anomaly import Severity, Signal, Status
 
 _results: dict[str, ScenarioResult] = {}
 

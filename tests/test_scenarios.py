@@ -1,7 +1,7 @@
 """The detection scenario suite (issue #4): each injected case pages the right signals, and
 only in the injected phase; traffic growth and daily cycles page nothing.
 
-Runs ``pipeline.scenarios`` through ``Replay`` (the worker's code without a broker).
+Runs ``pipeline.dev.scenarios`` through ``Replay`` (the worker's code without a broker).
 ``bench/detection.py`` prints the same suite as a table with detection delays.
 """
 
@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.scenarios import BY_NAME, SCENARIOS, ScenarioResult, run_scenario
-from schemas.anomaly import AnomalyEvent, Severity, Signal, Status
+from servewatch.pipeline.dev.scenarios import BY_NAME, SCENARIOS, ScenarioResult, run_scenario
+from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status
 
 _results: dict[str, ScenarioResult] = {}
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from schemas import EXPORTED, AnomalyEvent, FinishReason, Hint, RequestLog, Severity, Signal, Status
-from schemas.request_log import MAX_TOKENS_PER_REQUEST
+from servewatch.schemas import EXPORTED, AnomalyEvent, FinishReason, Hint, RequestLog, Severity, Signal, Status
+from servewatch.schemas.request_log import MAX_TOKENS_PER_REQUEST
 from tests.samples import VALID_RECORD
 
 VALID: dict[str, Any] = VALID_RECORD
@@ -196,7 +196,7 @@ def test_labels_must_be_short_and_non_empty(field: str, value: str) -> None:
 
 def test_labels_are_kept_as_sent_and_segment_without_their_blanks() -> None:
     """No stripping: the request id must match the user's own log store byte for byte."""
-    from models.segments import Segmenter
+    from servewatch.models.windows.segments import Segmenter
 
     log = RequestLog.model_validate({**VALID_RECORD, "request_id": " r-1 ", "route": "   "})
     assert log.request_id == " r-1 " and log.route == "   "
@@ -335,7 +335,7 @@ import orjson  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from pipeline.fast_rows import FastRow, decode_array  # noqa: E402
+from servewatch.pipeline.worker.fast_rows import FastRow, decode_array  # noqa: E402
 
 _values = st.one_of(
     st.none(), st.booleans(), st.integers(-5, 20_000_000), st.floats(allow_nan=True, allow_infinity=True),
@@ -403,7 +403,7 @@ def test_the_hot_paths_row_and_request_log_agree_field_by_field() -> None:
     ISO timestamps and string status codes are left to ``RequestLog``)."""
     import msgspec
 
-    from pipeline.fast_rows import FastRow
+    from servewatch.pipeline.worker.fast_rows import FastRow
 
     fast_schema = msgspec.json.schema(FastRow)
     fast_defs = fast_schema.get("$defs", {})

@@ -7,9 +7,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from pipeline.scrape_replay import ScrapeReplay
-from schemas.anomaly import AnomalyEvent, Signal
-from schemas.incident_group import parse_anomaly_record
+from servewatch.pipeline.replay.scrapes import ScrapeReplay
+from servewatch.schemas.anomaly import AnomalyEvent, Signal
+from servewatch.schemas.incident_group import parse_anomaly_record
 from tests.engine_sim import SimulatedVllm
 
 T0 = 1_767_225_600.0
@@ -62,8 +62,8 @@ def incidents_in(path: Path) -> list[AnomalyEvent]:
 def test_replay_command_takes_scrapes_and_request_logs_and_names_the_engine_with_caching_off(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from pipeline.cli import main
-    from pipeline.workload import Phase, Workload
+    from servewatch.pipeline.cli.main import main
+    from servewatch.pipeline.dev.workload import Phase, Workload
 
     scrapes = record(tmp_path / "scrapes.jsonl")
     out = tmp_path / "events.jsonl"
@@ -76,7 +76,7 @@ def test_replay_command_takes_scrapes_and_request_logs_and_names_the_engine_with
                         models=("llama-3.1-70b",))  # fmt: skip
     requests = tmp_path / "requests.jsonl"
     requests.write_bytes(b"".join(orjson.dumps(r) + b"\n" for r in workload.records()))
-    assert main(["replay", "--scrapes", str(scrapes), "--requests", str(requests), "--out", str(out)]) == 0
+    assert main(["replay", "--scrapes", str(scrapes), "--in", str(requests), "--out", str(out)]) == 0
     events = incidents_in(out)
     ttft = next(e for e in events if e.signal is Signal.TTFT and e.pages and "instance" not in e.segment)
     assert "enable_prefix_caching=False on 10.0.0.7:8000" in ttft.hints[0].message

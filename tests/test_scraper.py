@@ -12,12 +12,19 @@ import httpx
 import orjson
 import pytest
 
-from pipeline import topics
-from pipeline.broker import EmbeddedBroker
-from pipeline.cli import main
-from pipeline.kafka import read_topic
-from pipeline.scraper import IntervalTracker, Scraper, check_targets, instance_of, parse_duration, run_scrapes
-from schemas.engine_interval import EngineInterval
+from servewatch.pipeline import topics
+from servewatch.pipeline.cli.main import main
+from servewatch.pipeline.dev.broker import EmbeddedBroker
+from servewatch.pipeline.ingest.scrape.scraper import (
+    IntervalTracker,
+    Scraper,
+    check_targets,
+    instance_of,
+    parse_duration,
+    run_scrapes,
+)
+from servewatch.pipeline.kafka import read_topic
+from servewatch.schemas.engine_interval import EngineInterval
 from tests.engine_sim import ExpositionHandler
 from tests.test_exposition import counter, gauge, histogram, sglang, vllm_v1
 

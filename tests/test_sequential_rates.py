@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from bench.rates import bound_windows, fault_run, null_day
-from schemas.anomaly import Signal
+from servewatch.schemas.anomaly import Signal
 
 RATE_SIGNALS = [Signal.ERROR_RATE, Signal.LENGTH_TRUNCATION]
 

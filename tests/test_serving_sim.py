@@ -1,5 +1,5 @@
-"""The trace-driven fleet simulation (``pipeline/serving_sim.py``) and the real-run replays
-(``pipeline/real_runs.py``): deterministic, physically consistent, faults where they are put."""
+"""The trace-driven fleet simulation (``pipeline/dev/serving_sim.py``) and the real-run replays
+(``pipeline/dev/real_runs.py``): deterministic, physically consistent, faults where they are put."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from pipeline import real_runs, serving_sim
-from pipeline.real_runs import HEALTHY_S, RUN_NAMES, Injection, RealRunWorkload, run_columns
-from pipeline.serving_sim import (
+from servewatch.pipeline.dev import real_runs, serving_sim
+from servewatch.pipeline.dev.real_runs import HEALTHY_S, RUN_NAMES, Injection, RealRunWorkload, run_columns
+from servewatch.pipeline.dev.serving_sim import (
     CHAT_MODEL,
     DEFAULT_FLEET,
     LOW_VOLUME_MODEL,
@@ -27,8 +27,8 @@ from pipeline.serving_sim import (
     read_sample,
     scenario_phases,
 )
-from pipeline.workload import EPOCH
-from schemas.request_log import RequestLog
+from servewatch.pipeline.dev.workload import EPOCH
+from servewatch.schemas.request_log import RequestLog
 
 
 def _arrival(record: dict[str, Any]) -> float:
@@ -47,7 +47,7 @@ def surge() -> TraceWorkload:
 
 
 def test_samples_are_bundled_with_the_package() -> None:
-    folder = resources.files("pipeline") / "trace_samples"
+    folder = resources.files("servewatch.pipeline.dev") / "trace_samples"
     assert Path(str(folder)).resolve() == Path(serving_sim.__file__).resolve().parent / "trace_samples"
     _, columns = serving_sim.read_sample("mooncake_conversation.csv.gz")
     assert len(columns["t_s"]) == 12_031

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.ship_adapters import (
+from servewatch.pipeline.ingest.ship.adapters import (
     AdaptOptions,
     FieldMapping,
     Rejection,
@@ -22,7 +22,7 @@ from pipeline.ship_adapters import (
     prefix_hash,
     prompt_text,
 )
-from schemas.request_log import RequestLog
+from servewatch.schemas.request_log import RequestLog
 
 NATIVE: dict[str, Any] = {
     "request_id": "r1", "timestamp": 1767225600.5, "model": "m", "prompt_tokens": 900, "completion_tokens": 120,

@@ -18,18 +18,18 @@ import orjson
 import pytest
 from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 
-from pipeline import topics
-from pipeline.broker import EmbeddedBroker
-from pipeline.cli import main
-from pipeline.decode import decode_message
-from pipeline.kafka import read_topic
-from pipeline.ship_adapters import adapter_for
-from pipeline.ship_file import FileFollower, StateFile
-from pipeline.ship_http import HttpSource, parse_listen
-from pipeline.ship_sources import ChunkResult, LineSplitter, StreamSource, Unit
-from pipeline.shipper import ShipConfig, Shipper
-from schemas.dead_letter import DeadLetter
-from schemas.request_log import RequestLog
+from servewatch.pipeline import topics
+from servewatch.pipeline.cli.main import main
+from servewatch.pipeline.dev.broker import EmbeddedBroker
+from servewatch.pipeline.ingest.ship.adapters import adapter_for
+from servewatch.pipeline.ingest.ship.file_follower import FileFollower, StateFile
+from servewatch.pipeline.ingest.ship.http_endpoint import HttpSource, parse_listen
+from servewatch.pipeline.ingest.ship.shipper import ShipConfig, Shipper
+from servewatch.pipeline.ingest.ship.sources import ChunkResult, LineSplitter, StreamSource, Unit
+from servewatch.pipeline.kafka import read_topic
+from servewatch.pipeline.worker.decode import decode_message
+from servewatch.schemas.dead_letter import DeadLetter
+from servewatch.schemas.request_log import RequestLog
 from tests.conftest import own_broker
 
 #: A broker of its own: these tests read whole topics from the beginning.
@@ -527,7 +527,7 @@ def test_ship_command_publishes_a_file_and_its_dead_letters_and_resumes(tmp_path
     run = uuid.uuid4().hex[:8]
     log, state = tmp_path / f"{run}.jsonl", tmp_path / "state.json"
     append(log, *(line(n, run) for n in range(1200)), b"{broken\n", *(line(n, run) for n in range(1200, 1300)))
-    args = ["ship", "--file", str(log), "--no-follow", "--state", str(state), "--broker", broker.bootstrap]
+    args = ["ship", "--in", str(log), "--no-follow", "--state", str(state), "--broker", broker.bootstrap]
     assert main(args) == 0
 
     def mine(value: bytes) -> list[Any]:
@@ -558,7 +558,7 @@ def test_sigterm_ships_what_was_read_and_reports_the_counts(tmp_path: Path, brok
     log, state, err = tmp_path / f"{run}.jsonl", tmp_path / "state.json", tmp_path / "stderr.txt"
     append(log, *(line(n, run) for n in range(50)), b"oops\n")
     env = {**os.environ, "SERVEWATCH_SHIP_POLL_S": "0.05", "SERVEWATCH_PROGRESS": "always"}
-    cmd = [sys.executable, "-m", "pipeline.cli", "ship", "--file", str(log), "--state", str(state),
+    cmd = [sys.executable, "-m", "servewatch", "ship", "--in", str(log), "--state", str(state),
            "--linger", "60s", "--broker", broker.bootstrap]  # fmt: skip
     with err.open("wb") as stderr:
         process = subprocess.Popen(cmd, cwd=ROOT, env=env, stdin=subprocess.DEVNULL, stderr=stderr)
@@ -585,18 +585,18 @@ def test_sigterm_ships_what_was_read_and_reports_the_counts(tmp_path: Path, brok
 
 @pytest.mark.integration
 def test_the_shipper_benchmark_runs() -> None:
-    done = subprocess.run([sys.executable, "bench/shipper.py", "--records", "3000", "--repeat", "1"], cwd=ROOT,
+    done = subprocess.run([sys.executable, "-m", "bench.shipper", "--records", "3000", "--repeat", "1"], cwd=ROOT,
                           capture_output=True, text=True, timeout=240)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     assert "servewatch ship" in done.stdout and "raw producer" in done.stdout and "ratio" in done.stdout
 
 
 def test_cli_argument_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["ship", "--file", str(tmp_path / "none.jsonl"), "--no-follow"]) == 2
+    assert main(["ship", "--in", str(tmp_path / "none.jsonl"), "--no-follow"]) == 2
     bad_mapping = tmp_path / "mapping.json"
     bad_mapping.write_text('{"model": "a"}')
-    assert main(["ship", "--stdin", "--mapping", str(bad_mapping)]) == 2
-    assert main(["ship", "--stdin", "--default", "colour=red"]) == 2
+    assert main(["ship", "--in", "-", "--mapping", str(bad_mapping)]) == 2
+    assert main(["ship", "--in", "-", "--default", "colour=red"]) == 2
     assert main(["ship", "--listen", "nowhere:port"]) == 2
     err = capsys.readouterr().err
     assert "no such file" in err and "lacks required fields" in err and "not a label" in err

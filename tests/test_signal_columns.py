@@ -5,11 +5,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from models.open_window import aggregate_rows
-from models.segments import Segmenter
-from models.signal_columns import PrefixMemory
-from models.window import WindowStats
-from models.wire import windows_from_wire, windows_to_wire
+from servewatch.models.windows.open_window import aggregate_rows
+from servewatch.models.windows.segments import Segmenter
+from servewatch.models.windows.signal_columns import PrefixMemory
+from servewatch.models.windows.window import WindowStats
+from servewatch.models.windows.wire import windows_from_wire, windows_to_wire
 
 T0 = 1_700_000_000.0
 

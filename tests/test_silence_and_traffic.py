@@ -6,12 +6,12 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from models.detector import DetectorBank
-from models.signal_detector import DetectorConfig
-from pipeline.replay import Replay
-from pipeline.settings import Settings
-from pipeline.workload import EPOCH, Phase, Workload
-from schemas.anomaly import AnomalyEvent, Signal, Status
+from servewatch.models.detect.detector import DetectorBank
+from servewatch.models.detect.signal_detector import DetectorConfig
+from servewatch.pipeline.dev.workload import EPOCH, Phase, Workload
+from servewatch.pipeline.replay.request_logs import Replay
+from servewatch.pipeline.settings import Settings
+from servewatch.schemas.anomaly import AnomalyEvent, Signal, Status
 
 DARK = "qwen3-32b"
 #: Event seconds from the start: errors begin (both models), then one model goes dark.
@@ -74,7 +74,7 @@ def test_segments_idle_for_long_are_forgotten() -> None:
 
 
 def test_an_idle_segments_id_goes_to_a_new_label_combination_not_to_the_overflow() -> None:
-    from models.segments import OVERFLOW_KEY, Segmenter
+    from servewatch.models.windows.segments import OVERFLOW_KEY, Segmenter
 
     segmenter = Segmenter(max_segments=2, idle_s=600.0)
     a = segmenter.key_for(model="a", prompt_tokens=10, output_tokens=10)
@@ -92,7 +92,7 @@ def test_a_models_traffic_survives_a_restart_through_the_state_table() -> None:
     """What each model's traffic usually is goes to the state table with the segments', so a
     restarted worker judges a model going dark at once instead of relearning for minutes (a
     model must send once after the restart to be met: one dark all along is not)."""
-    from models.traffic_watch import TrafficWatch
+    from servewatch.models.detect.traffic_watch import TrafficWatch
 
     config = DetectorConfig()
     before = TrafficWatch(config)

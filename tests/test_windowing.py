@@ -9,17 +9,17 @@ import numpy as np
 import orjson
 import pytest
 
-from models.batch import RowBatch
-from models.open_window import OpenWindow, aggregate_rows, fold_batch
-from models.segments import OVERFLOW_KEY, Segmenter
-from models.sketch import LogHistogram
-from models.window import WindowStats
-from models.windowing import WindowAssembler, Windower
-from pipeline.decode import Source
-from pipeline.settings import Settings
-from pipeline.stages import StageOne, StageTwo
-from pipeline.workload import Phase, Workload
-from schemas.request_log import RequestLog, RequestLogRow
+from servewatch.models.stats.sketch import LogHistogram
+from servewatch.models.windows.batch import RowBatch
+from servewatch.models.windows.open_window import OpenWindow, aggregate_rows, fold_batch
+from servewatch.models.windows.segments import OVERFLOW_KEY, Segmenter
+from servewatch.models.windows.window import WindowStats
+from servewatch.models.windows.windowing import WindowAssembler, Windower
+from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.worker.decode import Source
+from servewatch.pipeline.worker.stages import StageOne, StageTwo
+from servewatch.schemas.request_log import RequestLog, RequestLogRow
 
 T0 = 1_767_225_600.0
 

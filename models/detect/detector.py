@@ -1,0 +1,578 @@
+"""From closed segment windows to ``AnomalyEvent``s: per segment, one detector per signal.
+
+Each signal (``models.detect.signals``) reads its observation from the window and asks its model
+for a surprise. Latency-like signals are judged twice: against the load-conditioned
+prediction (is it worse than this *demand* explains? pages) and against the load-blind
+level (is it worse than usual at all? if so but demand explains it, an ``info`` event with
+``explained_by_load: true``). Rates and shares are per request already, so load does not
+explain them.
+
+Windows that page are not learned, so an incident never becomes the new normal by
+accident; one that lasts ``adopt_after`` windows is adopted deliberately, reported once
+as a level change. The lifecycle (``IncidentTracker``) turns verdicts into a few events.
+
+Here: a segment's detectors and the bank of all segments. One signal's judgement is in
+``models.detect.signal_detector``; how events read, in ``models.explain.wording``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import zlib
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from servewatch.models.detect.events import incident_event
+from servewatch.models.detect.lifecycle import Transition
+from servewatch.models.detect.signal_detector import DetectorConfig, SignalDetector, Verdict
+from servewatch.models.detect.signals import MODEL_FIGURES, SPEC_SETS, Reading, SignalSpec
+from servewatch.models.detect.silence import no_data_events
+from servewatch.models.detect.summary import window_summary
+from servewatch.models.detect.traffic_watch import TrafficWatch
+from servewatch.models.explain.faulty_requests import FAULT_SIGNALS, SLOWNESS
+from servewatch.models.explain.hints import fallback_hint, latency_hints, signal_hints
+from servewatch.models.explain.wording import describe, segment_phrase
+from servewatch.models.stats.baseline import Baseline
+from servewatch.models.stats.capacity import Capacity
+from servewatch.models.stats.rates import BetaBinomialRate
+from servewatch.models.windows.window import WindowStats
+from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal
+
+logger = logging.getLogger(__name__)
+
+#: Windows of past model load that latency is also judged against (see ``recent_load``).
+LOAD_MEMORY = 2
+
+#: Version of ``SegmentDetectors.state()``; ``load_state`` refuses others (start fresh).
+#: 2: arrivals and capacity (``models.stats.capacity``); latency models with tails, drift, floors.
+STATE_VERSION = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Which signals' models a segment's buffer holds, and where each one's numbers start.
+
+    Segments whose signals showed up in the same order share one (``extended`` is cached),
+    so a segment pays a reference for it, not a dict of models.
+    """
+
+    signals: tuple[Signal, ...] = ()
+    offsets: tuple[int, ...] = ()
+    size: int = 0
+
+    def offset(self, signal: Signal) -> int | None:
+        for known, at in zip(self.signals, self.offsets, strict=True):
+            if known is signal:
+                return at
+        return None
+
+    def extended(self, signal: Signal, size: int) -> Layout:
+        return _extended(self, signal, size)
+
+
+@functools.lru_cache(maxsize=4096)
+def _extended(layout: Layout, signal: Signal, size: int) -> Layout:
+    return Layout((*layout.signals, signal), (*layout.offsets, layout.size), layout.size + size)
+
+
+#: A segment's buffer starts with its recent model load (``LOAD_MEMORY`` runs of window
+#: end and ``MODEL_FIGURES``; an end of -inf is an empty run), then its ``Baseline``; its
+#: models' numbers follow, where its ``Layout`` says. Its ``Capacity`` (arrivals of its
+#: model, what the model's engines have served) comes between the two.
+_LOAD_RUN = 1 + len(MODEL_FIGURES)
+_USUAL_AT = LOAD_MEMORY * _LOAD_RUN
+_NO_LOAD = [-math.inf] + [0.0] * len(MODEL_FIGURES)
+_BASELINE = Baseline()
+_CAPACITY = Capacity()
+_CAPACITY_AT = _USUAL_AT + Baseline.STATE_SIZE
+_FRESH = array("d", _NO_LOAD * LOAD_MEMORY + _BASELINE.numbers + _CAPACITY.numbers)
+_NO_MODELS = Layout(size=len(_FRESH))
+
+
+@functools.lru_cache(maxsize=256)
+def _template(signal: Signal, grace_windows: int, source: str = "requests") -> Any:
+    """A model of ``signal`` whose constructor arguments every segment's views share."""
+    return SPEC_SETS[source][signal].build(grace_windows)
+
+
+@dataclass(slots=True)
+class SegmentDetectors:
+    """Every signal's detector for one segment, created as the signal first shows data."""
+
+    key: str
+    config: DetectorConfig = field(default_factory=DetectorConfig)
+    # Recent load, the baseline and every model's learned numbers, one after another
+    # (``_FRESH``, ``models.stats.compact``); models are made as views when a window is judged.
+    # The load is kept for ``LOAD_MEMORY`` windows: a request finishing now was queued and
+    # prefilled up to a few windows ago, under the load of then; judged against the load of
+    # now alone, the end of a surge looks like a fault.
+    numbers: array[float] = field(default_factory=lambda: array("d", _FRESH))
+    layout: Layout = _NO_MODELS
+    # Signals with an incident in progress or a run of anomalous windows: few at any time,
+    # so their lifecycle costs nothing per segment the rest of the time.
+    active: dict[Signal, SignalDetector] | None = None
+    last_window_end: float = -math.inf
+    # Windows judged since ``state()`` was last taken for storage (below 0: windows before
+    # its first turn, see ``DetectorBank.segment``), and whether an incident or a run of
+    # anomalous windows moved since: that is stored at once, whatever the cadence.
+    unsaved: int = 0
+    transitioned: bool = False
+
+    @property
+    def usual(self) -> Baseline:
+        """The segment's normal figures (a view on ``numbers``)."""
+        return _BASELINE.view(self.numbers, _USUAL_AT)
+
+    @property
+    def capacity(self) -> Capacity:
+        """Arrivals of the segment's model and what its engines can serve (a view on ``numbers``)."""
+        return _CAPACITY.view(self.numbers, _CAPACITY_AT)
+
+    @property
+    def recent_load(self) -> list[list[float]]:
+        """The model load of recent windows, oldest first, as [window end, *MODEL_FIGURES]."""
+        runs = [self.numbers[i : i + _LOAD_RUN].tolist() for i in range(0, _USUAL_AT, _LOAD_RUN)]
+        return [run for run in runs if run[0] > -math.inf]
+
+    def _keep_load(self, runs: list[list[float]]) -> None:
+        runs = runs[-LOAD_MEMORY:]
+        padded = [_NO_LOAD] * (LOAD_MEMORY - len(runs)) + runs
+        self.numbers[0:_USUAL_AT] = array("d", [value for run in padded for value in run])
+
+    def model(self, spec: SignalSpec, borrow: BetaBinomialRate | None = None) -> Any:
+        """The segment's model of ``spec``'s signal (a view on ``numbers``), built the first
+        time the signal shows data."""
+        at = self.layout.offset(spec.signal)
+        if at is not None:
+            return _template(spec.signal, self.config.grace_windows, self.config.source).view(self.numbers, at)
+        fresh = spec.build(self.config.grace_windows)
+        if borrow is not None and isinstance(fresh, BetaBinomialRate) and borrow.n_learned >= fresh.grace_windows:
+            # Cold start: a new segment starts from its model's rate, not a generic prior.
+            fresh.borrow(borrow.expected_rate, min(borrow.alpha + borrow.beta, 200.0))
+        at = fresh.append_to(self.numbers)
+        self.layout = self.layout.extended(spec.signal, fresh.STATE_SIZE)
+        return fresh.view(self.numbers, at)
+
+    def detector(self, spec: SignalSpec, borrow: BetaBinomialRate | None = None) -> SignalDetector:
+        """The signal in judgement: its active state if it has one, else a fresh, idle one."""
+        active = self.active.get(spec.signal) if self.active else None
+        return active if active is not None else SignalDetector(spec, self.model(spec, borrow))
+
+    def keep(self, detector: SignalDetector) -> None:
+        """Remember ``detector`` while it is active; forget it once idle."""
+        signal = detector.spec.signal
+        if detector.tracker is not None or detector.run:
+            if self.active is None:
+                self.active = {}
+            self.active[signal] = detector
+        elif self.active is not None and self.active.pop(signal, None) is not None and not self.active:
+            self.active = None
+
+    def observe(
+        self,
+        window: WindowStats,
+        pooled: dict[tuple[str, Signal], BetaBinomialRate],
+        templates: dict[tuple[str, Any], Any] | None = None,
+    ) -> list[AnomalyEvent]:
+        """Judge one window (latency against its model's load, ``WindowStats.load``)."""
+        if window.end <= self.last_window_end:
+            return []  # already judged: a replayed window changes nothing (idempotent)
+        self.last_window_end = window.end
+        self.unsaved += 1
+        templates = {} if templates is None else templates
+        config = self.config
+        load = window.load()
+        self._with_recent_load(load, window)
+        model_name = window.labels.get("model", "other")
+        capacity = self.capacity
+        self._borrow_or_lend_capacity(capacity, model_name, templates)
+        capacity.observe(window, load)
+        demand_ratio = math.nan
+        events: list[AnomalyEvent] = []
+        any_page = False
+        usual = self.usual  # one view for the whole window
+        usual_requests = usual.requests_per_s * window.length
+        sparse = usual.windows >= config.grace_windows and window.requests < config.min_share_of_usual * usual_requests
+        specs = SPEC_SETS[config.source]
+        for name in config.signals:
+            spec = specs[Signal(name)]
+            if sparse and spec.kind == "latency":
+                continue
+            reading = spec.read(window, load)
+            if reading is None or (spec.kind != "rate" and reading.n < config.min_requests):
+                continue
+            pool_key = (model_name, spec.signal)
+            pool = pooled.get(pool_key) if spec.kind == "rate" else None
+            detector = self.detector(spec, pool)
+            verdict = detector.judge(reading, config)
+            any_page |= verdict.pages
+            if spec.signal is Signal.TTFT and detector.model.n_learned:
+                demand_ratio = math.exp(detector.model.demand_index(reading.x))
+            if spec.signal in (Signal.TTFT, Signal.QUEUE_TIME) and verdict.score < config.threshold / 2:
+                capacity.settle()  # no queue to speak of (not merely below paging): none to explain
+            if detector.learn_if_normal(reading, verdict):
+                if spec.kind == "rate":
+                    pool = pooled.get(pool_key) or pooled.setdefault(pool_key, BetaBinomialRate(grace_windows=0))
+                    pool.learn_one(reading.x, reading.bad)
+                elif spec.kind == "latency":
+                    self._borrow_or_lend(detector.model, pool_key, templates)
+            adopted = detector.note_run(verdict.pages, reading, config.adopt_after)
+            # ``usual`` learns this window only after the loop: hints compare against the past.
+            event = self._transition(detector, window, reading, verdict, load, usual, demand_ratio, adopted)
+            if adopted:
+                detector.adopt(reading)
+            self.keep(detector)
+            if event is not None:
+                events.append(event)
+        if not any_page:
+            usual.learn(load, window.start)
+            capacity.learn(load)
+        if events or self.active:
+            self.transitioned = True
+        return events
+
+    @staticmethod
+    def _borrow_or_lend_capacity(capacity: Capacity, model_name: str, templates: dict[tuple[str, Any], Any]) -> None:
+        """Capacity is the model's, not the segment's: a segment that has seen too few windows
+        to know it (a rare prompt band) takes the best-known segment's of its model."""
+        key = (model_name, "capacity")
+        best = templates.get(key)
+        if best is not None and capacity.borrow(best):
+            return
+        if best is None or capacity.windows > best.windows:
+            templates[key] = capacity
+
+    @staticmethod
+    def _borrow_or_lend(model: Any, key: tuple[str, Any], templates: dict[tuple[str, Any], Any]) -> None:
+        """Latency cold start: a segment's first window borrows the response to load of the
+        best-known segment of its model; the best-known one is remembered (a reference,
+        one per model and signal)."""
+        best = templates.get(key)
+        if model.n_learned == 1 and best is not None:
+            model.borrow(best)
+        elif best is None or model.n_learned > best.n_learned:
+            templates[key] = model
+
+    def _with_recent_load(self, load: dict[str, float], window: WindowStats) -> None:
+        """Set ``load``'s model figures to their peak over this window and the recent ones."""
+        names = [f"model_{name}" for name in MODEL_FIGURES]
+        horizon = window.start - LOAD_MEMORY * window.length
+        kept = [run for run in self.recent_load if run[0] > horizon]
+        now = [load[name] for name in names]
+        for _end, *figures in kept:
+            for name, value in zip(names, figures, strict=True):
+                load[name] = max(load[name], value)
+        self._keep_load([*kept, [window.end, *now]])
+
+    def _transition(
+        self,
+        detector: SignalDetector,
+        window: WindowStats,
+        reading: Reading,
+        verdict: Verdict,
+        load: dict[str, float],
+        usual: Baseline,
+        demand_ratio: float,
+        adopted: bool,
+    ) -> AnomalyEvent | None:
+        config, spec = self.config, detector.spec
+        anomalous, level = detector.for_lifecycle(verdict, config)
+        if detector.tracker is None:
+            if not anomalous:
+                return None
+            detector.tracker = config.tracker()
+        elif anomalous and detector.tracker.reopens(paging=verdict.pages) is False:
+            # Back soon after resolving, but the other kind (a page after load's info event, or
+            # the reverse): a new incident, not the old one reopened under its fingerprint.
+            detector.tracker = config.tracker()
+        tracker = detector.tracker
+        severity = Severity(level)
+        if adopted and tracker.firing:
+            transition: Transition | None = Transition.RESOLVED
+            tracker.end_by_adoption()
+        else:
+            transition = tracker.step(
+                anomalous, window_start=window.start, severity=severity.value, sustained=verdict.sustained
+            )
+        incident_start = tracker.incident_start or window.start
+        if tracker.idle:
+            detector.tracker = None  # most signals are normal most of the time: keep nothing
+        if transition is None:
+            return None
+        labels = window.labels
+        who = f"{spec.what} for {segment_phrase(labels)}"
+        observed, expected = describe(reading.value, spec.unit), describe(verdict.expected, spec.unit)
+        hints: list[Hint] = []
+        explained = verdict.explained
+        if transition is Transition.RESOLVED:
+            severity = Severity(tracker.severity or Severity.INFO.value)
+            explained = False
+            if adopted:
+                hints = [
+                    Hint(
+                        code="level_shift",
+                        message=f"the new level held for {config.adopt_after} windows and is now the baseline",
+                    )
+                ]
+                summary = f"Level change: {who} has stayed at {observed}; adopted as the new normal."
+            else:
+                summary = f"Resolved: {who} is back to {observed} against {expected} expected."
+        else:
+            if spec.kind == "latency":
+                hints = latency_hints(load, usual, explained_by_load=explained, signal=spec.signal,
+                                      cause=verdict.cause)  # fmt: skip
+            if not explained:  # explained by load: the load is the cause, not the signal's own fault
+                known = {hint.code for hint in hints}  # the load-side reading of a cause ranks first
+                hints += [h for h in signal_hints(spec.signal, window, reading.value, verdict.expected)
+                          if h.code not in known]  # fmt: skip
+            if not hints and spec.kind == "latency":
+                hints.append(fallback_hint(spec.what))  # every event names a likely cause
+            learned = detector.model.n_learned
+            if learned < config.young_windows and not explained:
+                hints.append(
+                    Hint(
+                        code="new_segment",
+                        message=f"this segment's baseline has {learned} windows behind it (young below "
+                        f"{config.young_windows}): a new workload, or one judged against its model's usual",
+                    )
+                )
+            summary = window_summary(spec, who, observed, expected, reading, verdict, load, demand_ratio, hints)
+        return incident_event(
+            key=self.key,
+            signal=spec.signal,
+            incident_start=incident_start,
+            transition=transition,
+            labels=labels,
+            window=(window.start, window.end),
+            observed=reading.value,
+            expected=verdict.expected,
+            score=verdict.score,
+            severity=severity,
+            load={
+                **{k: round(v, 4) for k, v in load.items() if math.isfinite(v)},  # NaN: not measured
+                "demand_vs_usual": round(demand_ratio if math.isfinite(demand_ratio) else 1.0, 3),
+            },
+            explained_by_load=explained,
+            hints=hints,
+            evidence=self._evidence(window, spec, usual) if transition is not Transition.RESOLVED else [],
+            summary=summary,
+            baseline_young=detector.model.n_learned < config.young_windows,
+        )
+
+    @staticmethod
+    def _evidence(window: WindowStats, spec: SignalSpec, usual: Baseline) -> list[dict[str, Any]]:
+        """Pointers that ``pipeline.worker.evidence`` fills in: a sample of the window and one of the
+        segment's latest normal window (``models.explain.evidence_sample``; stage 2 adds the ranges of
+        the latter, ``RecentSources``), and the worst requests by the event's signal: TTFT's
+        slowest, kept by the fold; the sample's slowest by another phase; or, for a rate
+        event, the sample's requests it counted as bad."""
+        sources = getattr(window, "sources", None)  # an engine's window has no requests
+        if not sources:
+            return window.evidence_records() if spec.kind == "latency" else []
+        ranges = [list(s) for s in sources]
+        pointers = []
+        if spec.signal is Signal.TTFT:
+            pointers = window.evidence_records()
+        elif spec.signal in SLOWNESS:  # the window sample's slowest by the signal's own measure
+            pointers.append({"worst": spec.signal.value})
+        if spec.signal in FAULT_SIGNALS:
+            pointers.append({"scan": spec.signal.value})
+        pointers.append(
+            {"window_sample": "anomalous", "segment": window.key, "window_start": window.start,
+             "window_end": window.end, "sources": ranges}
+        )  # fmt: skip
+        before = usual.last_window_start
+        if math.isfinite(before) and before < window.start:
+            pointers.append(
+                {"window_sample": "baseline", "segment": window.key, "window_start": before,
+                 "window_end": before + window.length}
+            )  # fmt: skip
+        return pointers
+
+    # -- compact state -------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        """JSON-ready, versioned: what a changelog-backed table keeps per segment."""
+        specs = SPEC_SETS[self.config.source]
+        models = {signal: self.model(specs[signal]) for signal in self.layout.signals}
+        return {
+            "v": STATE_VERSION,
+            "last_window_end": self.last_window_end if math.isfinite(self.last_window_end) else None,
+            # NaN (not seen yet) as null: strict JSON, as Kafka tooling expects
+            "usual": self.usual.state(),
+            "capacity": self.capacity.state(),
+            "recent_load": [value for run in self.recent_load for value in run],
+            "signals": {
+                signal.value: {
+                    "model": model.state(),
+                    "tracker": None
+                    if (d := (self.active or {}).get(signal)) is None or d.tracker is None
+                    else d.tracker.state(),
+                    "run": [d.run, d.run_total] if d is not None else [0, 0.0],
+                }
+                for signal, model in models.items()
+            },
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        if state.get("v") != STATE_VERSION:
+            raise ValueError(f"detector state version {state.get('v')!r}, this build reads {STATE_VERSION}")
+        end = state["last_window_end"]
+        self.last_window_end = -math.inf if end is None else float(end)
+        self.usual.load_state(state["usual"])
+        self.capacity.load_state(state["capacity"])
+        flat = [float(value) for value in state["recent_load"]]
+        if len(flat) % _LOAD_RUN or len(flat) > _USUAL_AT:
+            raise ValueError(f"recent load of {len(flat)} numbers")
+        self._keep_load([flat[i : i + _LOAD_RUN] for i in range(0, len(flat), _LOAD_RUN)])
+        specs = SPEC_SETS[self.config.source]
+        for name, saved in state["signals"].items():
+            spec = specs[Signal(name)]
+            detector = self.detector(spec)
+            detector.model.load_state(saved["model"])
+            if saved["tracker"] is not None:
+                detector.tracker = self.config.tracker()
+                detector.tracker.load_state(saved["tracker"])
+            detector.run, detector.run_total = int(saved["run"][0]), float(saved["run"][1])
+            self.keep(detector)
+
+
+#: Windows of traffic counts kept waiting for evidence that traffic went on past them.
+TRAFFIC_PENDING_MAX = 60
+
+
+@dataclass
+class DetectorBank:
+    """All segments' detectors. Bounded: segments are capped upstream by the ``Segmenter``.
+
+    ``restore(key)`` (optional) returns a segment's stored state (``SegmentDetectors.state``)
+    when the bank first meets it, e.g. from a changelog-backed table after a restart or a
+    rebalance; ``states_to_save`` hands back what changed, for storing: a segment's state
+    every ``save_every`` windows it is judged, and at once when its lifecycle moves.
+    """
+
+    config: DetectorConfig = field(default_factory=DetectorConfig)
+    detectors: dict[str, SegmentDetectors] = field(default_factory=dict)
+    # Model-level rates, learned from every segment of a model: a new segment's prior.
+    pooled: dict[tuple[str, Signal], BetaBinomialRate] = field(default_factory=dict)
+    # Per model and latency signal, its best-known segment's model: what a new one borrows.
+    templates: dict[tuple[str, Any], Any] = field(default_factory=dict)
+    restore: Callable[[str], dict[str, Any] | None] | None = None
+    save_every: int = 1
+    windows_judged: int = 0
+    restored: int = 0  # segments whose state was restored
+    discarded: int = 0  # stored states refused (another version, or corrupt): started fresh
+    clock: float = -math.inf  # event time: the latest window end judged
+    traffic: TrafficWatch = field(init=False)  # requests per model per window (models going dark)
+    # Windows' requests per model not judged yet, and the latest window requests started in.
+    _traffic_pending: dict[tuple[float, float], dict[str, int]] = field(default_factory=dict, repr=False)
+    _started_in: float = -math.inf
+    expired: list[str] = field(default_factory=list)  # keys of segments dropped as idle, not yet told
+
+    def __post_init__(self) -> None:
+        self.traffic = TrafficWatch(self.config, restore=lambda key: self.restore(key) if self.restore else None)
+
+    def segment(self, key: str) -> SegmentDetectors:
+        detectors = self.detectors.get(key)
+        if detectors is None:
+            detectors = self.detectors[key] = SegmentDetectors(key, self.config)
+            # Segments that appear together (a worker's start) take their turns spread over
+            # the period, not all in one window: a store costs a changelog message each.
+            detectors.unsaved = -(zlib.crc32(key.encode()) % self.save_every)
+            stored = self.restore(key) if self.restore is not None else None
+            if stored is not None:
+                try:
+                    detectors.load_state(stored)
+                    self.restored += 1
+                except (ValueError, KeyError, TypeError, IndexError) as exc:
+                    # Deliberately fresh, and said so: an upgrade that cannot read old state
+                    # costs a segment its grace windows, never the worker.
+                    logger.warning("stored state of %s not loaded (%s): starting fresh", key, exc)
+                    detectors = self.detectors[key] = SegmentDetectors(key, self.config)
+                    self.discarded += 1
+        return detectors
+
+    def forget(self, which: Callable[[str], bool]) -> int:
+        """Drop the segments ``which(key)`` selects (e.g. of partitions handed to another
+        worker); ``restore`` brings them back if they return. Returns how many."""
+        gone = [key for key in self.detectors if which(key)]
+        for key in gone:
+            del self.detectors[key]
+        return len(gone)
+
+    def states_to_save(self, every_one: bool = False) -> list[tuple[str, dict[str, Any]]]:
+        """(key, state) of segments judged ``save_every`` windows since last saved, or whose
+        lifecycle moved (an event, or a run of anomalous windows in progress); of every
+        segment with ``every_one`` (before a worker lets its segments go)."""
+        due = []
+        every = self.save_every
+        for key, detectors in self.detectors.items():
+            if every_one or detectors.unsaved >= every or detectors.transitioned:
+                detectors.unsaved, detectors.transitioned = 0, False
+                due.append((key, detectors.state()))
+        if every_one or self.traffic.judged >= every:  # each model's traffic, as often as a segment's
+            due += self.traffic.states()
+        return due
+
+    def observe(self, window: WindowStats) -> list[AnomalyEvent]:
+        detectors = self.segment(window.key)
+        self.windows_judged += 1
+        return detectors.observe(window, self.pooled, self.templates)
+
+    def observe_all(self, windows: list[WindowStats], final: bool = False) -> list[AnomalyEvent]:
+        """Judge windows released together; then, once per new window end, each model's
+        traffic in it (``models.stats.traffic``) and the silent segments (``models.detect.silence``).
+        ``final``: the stream's end flushed them, and its last windows are cut short by that
+        end, not by their traffic."""
+        events = [event for window in windows for event in self.observe(window)]
+        if not final:
+            events += self._judge_traffic(windows)
+        now = max((window.end for window in windows), default=self.clock)
+        if now > self.clock:
+            self.clock = now
+            events += self.sweep(now)
+        return events
+
+    def _judge_traffic(self, windows: list[WindowStats]) -> list[AnomalyEvent]:
+        """Each model's requests per window, judged once requests have *started* in a later
+        window: traffic went on past it, so a window with few requests is not merely the
+        end of the input (a file replayed, whose last windows hold the drain of requests
+        still finishing)."""
+        pending = self._traffic_pending
+        for window in windows:
+            if window.end > self.clock:
+                per_model = pending.setdefault((window.start, window.end), {})
+                model = window.labels.get("model", "other")
+                per_model[model] = per_model.get(model, 0) + int(window.requests)
+            if window.start <= self._started_in:
+                continue  # no start in it can be later than one already seen
+            for lag, (arrived, _) in enumerate(window.arrival_counts()):
+                if arrived > 0:  # requests that started ``lag`` windows before this one
+                    self._started_in = max(self._started_in, window.start - lag * window.length)
+                    break
+        events = []
+        for start, end in sorted(pending):
+            if start >= self._started_in:
+                break
+            events += self.traffic.observe(start, end, pending.pop((start, end)))
+        while len(pending) > TRAFFIC_PENDING_MAX:  # no start times seen (requests all longer
+            del pending[min(pending)]  # than ARRIVAL_LAGS windows): those go unjudged
+        return events
+
+    def sweep(self, now: float) -> list[AnomalyEvent]:
+        """Open incidents of segments silent for ``no_data_after_s`` resolve as ``no_data``;
+        segments silent for ``segment_idle_s`` are dropped (their keys go to ``expired``, for
+        their stored state to go too)."""
+        events: list[AnomalyEvent] = []
+        config = self.config
+        for key, segment in list(self.detectors.items()):
+            silent_s = now - segment.last_window_end
+            if silent_s >= config.no_data_after_s and segment.active:
+                events += no_data_events(segment, now)
+            if silent_s >= config.segment_idle_s:
+                del self.detectors[key]
+                self.expired.append(key)
+        return events

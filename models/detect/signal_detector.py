@@ -1,0 +1,239 @@
+"""One signal of one segment in judgement, and the knobs every detector shares.
+
+``SignalDetector.judge`` turns a window's ``Reading`` into a ``Verdict``: latency-like
+signals are judged against the load-conditioned prediction (pages) and the load-blind
+level (explained by load when only that one is surprising); rates and shares against
+their usual level. The run of anomalous windows it keeps decides when a lasting change
+is adopted as the new normal.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from servewatch.models.detect.lifecycle import IncidentTracker
+from servewatch.models.detect.signals import SPECS, Reading, SignalSpec, structural_cache_surprise
+from servewatch.schemas.anomaly import Signal
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """Knobs shared by every segment's detectors."""
+
+    threshold: float = 4.0  # surprise (-log10 p) at which a window is anomalous
+    critical: float = 8.0  # surprise at which a paging window is critical
+    min_requests: int = 5  # fewer samples behind a latency or share: no verdict, nothing learned
+    fire_after: int = 2
+    fire_within: int = 3
+    resolve_after: int = 3
+    update_every: int = 6
+    young_windows: int = 30  # baseline younger than this is flagged in events
+    grace_windows: int = 6
+    adopt_after: int = 90  # anomalous windows in a row after which the new level is the normal
+    reopen_within: int = 30  # a re-fire this soon after resolving continues the incident
+    # A window with fewer requests than this share of the segment's usual is not judged on
+    # latency: its few survivors (a segment draining or going quiet) are a biased sample.
+    min_share_of_usual: float = 0.2
+    # Event seconds without a window after which a segment's open incidents resolve as
+    # ``no_data``, and after which the segment itself is forgotten (``models.detect.silence``).
+    no_data_after_s: float = 300.0
+    segment_idle_s: float = 86_400.0
+    signals: tuple[str, ...] = tuple(spec.signal.value for spec in SPECS)  # the signals judged
+    source: str = "requests"  # whose windows: "requests" (WindowStats) or "engines" (EngineWindow)
+
+    def tracker(self) -> IncidentTracker:
+        return IncidentTracker(
+            self.fire_after, self.fire_within, self.resolve_after, self.update_every, self.reopen_within
+        )
+
+
+@dataclass(slots=True)
+class Verdict:
+    score: float  # the surprise reported
+    expected: float
+    pages: bool
+    explained: bool
+    usual: float  # load-blind usual value (latency) or the expected one
+    # Why, when the window alone does not say: "saturated" (demand beyond the capacity the
+    # model has shown: explained by load), "drift" (the level crept away from its anchor).
+    cause: str | None = None
+    learnable: bool = True  # the model may learn this window (it is what the model expects)
+    drifting: bool = False  # what surprises is the drift of recent windows, not this one alone
+    # The evidence spans windows already (a rate's CUSUM): an anomalous window fires without
+    # waiting for a second one, a normal one inside an incident resolves it without waiting
+    # for more (either would count the same evidence twice).
+    sustained: bool = False
+
+
+#: Signals a queue in front of the engines lengthens: saturation explains their rise.
+#: (Prefill per token is TTFT less queue time where the logs do not split them.)
+QUEUE_SENSITIVE = frozenset({Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E, Signal.PREFILL_PER_TOKEN})
+#: Slots kept busy over a window, as a share of the most ever: the engines were full for much
+#: of it (a burst of seconds straddles windows, so its average is below the most).
+MOMENTARY_BUSY = 0.7
+#: Share of a signal's time that queueing must make up for a full engine to explain it.
+QUEUE_SHARE = 0.25
+
+
+@dataclass(slots=True)
+class SignalDetector:
+    """One signal of one segment in judgement: its model, and its incident tracker and run of
+    anomalous windows. Kept by the segment only while something is going on (see ``active``).
+    """
+
+    spec: SignalSpec
+    model: Any
+    tracker: IncidentTracker | None = None
+    run: int = 0  # anomalous windows of the current run (see ``note_run``)
+    run_total: float = 0.0  # sum over the run of what ``adopt`` takes (log value, or share)
+
+    def judge(self, reading: Reading, config: DetectorConfig) -> Verdict:
+        model, kind = self.model, self.spec.kind
+        if kind == "latency":
+            prediction, conditioned, level, drifting, at_most_usual = model.judge(reading.x, reading.value)
+            worse = (math.log(reading.value) - prediction.level) * (1 if model.tail == "upper" else -1) > 0
+            surprising = conditioned >= config.threshold
+            if surprising and self.spec.signal in QUEUE_SENSITIVE and self._saturated(reading):
+                # Demand beyond anything the engines have kept up with: the queue is load.
+                return Verdict(max(conditioned, level), prediction.expected, False, True,
+                               math.exp(prediction.level), "saturated", learnable=False)  # fmt: skip
+            pages = surprising and (worse or drifting)
+            # Above its usual level at all, but as expected at this demand: load. While the
+            # engines are saturated a rise that is merely unusual (1 in 100) is reported too:
+            # capacity is binding, and on-call should see it before it becomes a fault.
+            # At the usual demand or less, load explains nothing.
+            saturated = reading.x.get("saturated", 0.0) > 0 and self.spec.signal in QUEUE_SENSITIVE
+            bar = config.threshold / 2 if saturated else config.threshold
+            explained = not surprising and not at_most_usual and level >= bar
+            score = max(conditioned, level) if explained else conditioned
+            expected = prediction.anchored if drifting and pages else prediction.expected
+            # A window within a decade of paging is not learned either: a fault's first windows
+            # often fall just short, and learning them would teach the model the fault.
+            learnable = conditioned < config.threshold - 1.0
+            return Verdict(score, expected, pages, explained, math.exp(prediction.level),
+                           "drift" if drifting and pages else None, learnable=learnable,
+                           drifting=drifting)  # fmt: skip
+        if kind == "rate":
+            # Judged alone and with the windows before it (``BetaBinomialRate``); this moves
+            # the sequential evidence on, so ``judge`` is called once per window.
+            incident = self.firing
+            if not incident:
+                model.incident_over()  # a resolved incident's evidence must not fire it again
+            looks = model.looks(reading.x, reading.bad, config.threshold)
+            score, sustained = max(looks.alone, looks.together), looks.sustained
+            model.step(reading.x, reading.bad, incident=incident)
+            # An incident lasts until the evidence favours the usual rate over its own (a 5 %
+            # rate over 20 requests gives many windows with 0 or 1 bad ones), and then ends at
+            # once: that evidence spans windows already.
+            if incident:
+                pages = not model.recovered
+                sustained = not pages
+            else:
+                pages = score >= config.threshold
+            # As for latency: a window within a decade of paging is not the usual rate.
+            learnable = not incident and score < config.threshold - 1.0
+            return Verdict(score, model.expected_rate, pages, False, model.expected_rate, learnable=learnable,
+                           sustained=sustained)  # fmt: skip
+        score, expected = model.score_one(reading.x, reading.value), model.expected
+        if self.spec.signal is Signal.CACHE_HIT_RATE:
+            structural, floor = structural_cache_surprise(reading)
+            if structural > score:  # judged against what sharing implies, not only history
+                score, expected = structural, floor
+        return Verdict(score, expected, score >= config.threshold, False, model.expected)
+
+    def for_lifecycle(self, verdict: Verdict, config: DetectorConfig) -> tuple[bool, str]:
+        """(anomalous, severity) of a window as the incident lifecycle takes it.
+
+        Inside a paging incident a window counts as normal only once it is back near the
+        baseline (below half the threshold), not merely short of paging: a fault at the edge
+        of significance would otherwise resolve and fire again. Rates have their own test
+        (``BetaBinomialRate.recovered``)."""
+        holding = (
+            self.spec.kind != "rate" and self.paging and not verdict.pages and verdict.score >= config.threshold / 2
+        )
+        if verdict.pages:
+            severity = "critical" if verdict.score >= config.critical else "warning"
+        else:
+            severity = "warning" if holding else "info"
+        return verdict.pages or verdict.explained or holding, severity
+
+    @property
+    def firing(self) -> bool:
+        """Whether this signal's incident is open."""
+        return self.tracker is not None and self.tracker.firing
+
+    @property
+    def paging(self) -> bool:
+        """Whether this signal's incident is open and pages (not one load explains)."""
+        return self.firing and self.tracker is not None and self.tracker.severity != "info"
+
+    def _saturated(self, reading: Reading) -> bool:
+        """Whether a queue-sensitive rise is the engines' capacity binding: saturation (a surge
+        beyond what they serve, ``models.stats.capacity``), or a logged queue that makes up a good
+        part of the signal (``QUEUE_SHARE``; a burst slows prefill too) while the model's
+        engines keep nearly as many slots busy as they ever have (``MOMENTARY_BUSY``): a burst
+        too short to lift a window's arrivals (seconds of them fill every slot). A fault that
+        slows service shows in its own signals (prefill per token, inter-token latency), which
+        still page; one that loses slots keeps fewer busy, and pages here."""
+        x = reading.x
+        if x.get("saturated", 0.0) > 0:
+            return True
+        flat_out = x.get("running_vs_most", 0.0) >= MOMENTARY_BUSY
+        queue = x.get("queue_s", math.nan)
+        # End-to-end time also grows with a full batch (every token decodes slower), queue or not.
+        queued = self.spec.signal in (Signal.QUEUE_TIME, Signal.E2E) or (
+            queue == queue and queue >= QUEUE_SHARE * reading.value
+        )
+        return flat_out and queued
+
+    def learn_if_normal(self, reading: Reading, verdict: Verdict) -> bool:
+        """Learn the window if it is the segment's normal; whether it was.
+
+        A surprise the model did not expect is never its normal, even when load explains it
+        (a fault that starts during a surge must not be learned); outside an incident it
+        still tells how heavy the segment's tails are (``note_unlearned``). Inside a paging
+        incident nothing is learned: its quieter windows are the fault too (a lasting change
+        is adopted instead, after ``adopt_after`` windows). An incident load explains (info)
+        still teaches the slopes."""
+        if not verdict.learnable or self.paging:
+            self.note_unlearned(reading, verdict)
+            return False
+        if verdict.pages:
+            return False
+        self.learn(reading)
+        return True
+
+    def learn(self, reading: Reading) -> None:
+        self.model.learn_one(reading.x, reading.bad if self.spec.kind == "rate" else reading.value)
+
+    def note_unlearned(self, reading: Reading, verdict: Verdict) -> None:
+        """A window the model does not learn (latency models only): it still sets the next
+        window's pair, and outside an incident it counts towards how heavy the segment's
+        tails are (``LoadConditionedLatency.note_unlearned``)."""
+        if self.spec.kind == "latency":
+            self.model.note_unlearned(reading.x, reading.value, tails=not self.firing, drift=verdict.drifting)
+
+    def note_run(self, pages: bool, reading: Reading, adopt_after: int) -> bool:
+        """Count the anomalous windows of the current run; True when it is long enough to adopt.
+
+        A normal window ends the run only when no incident is firing: within an incident,
+        a few normal-looking windows (a small segment's noise) do not make a lasting change
+        any less lasting.
+        """
+        if not pages:
+            if self.tracker is None or not self.tracker.firing:
+                self.run, self.run_total = 0, 0.0
+            return False
+        self.run += 1
+        self.run_total += math.log(reading.value) if self.spec.kind == "latency" else reading.value
+        return self.run >= adopt_after
+
+    def adopt(self, reading: Reading) -> None:
+        mean = self.run_total / max(self.run, 1)
+        if self.spec.kind == "latency":
+            self.model.adopt(reading.x, math.exp(mean))
+        else:
+            self.model.adopt(mean)
+        self.run, self.run_total = 0, 0.0

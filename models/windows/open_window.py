@@ -1,0 +1,307 @@
+"""Stage 1's open windows as numpy tables: a batch is folded in with a few calls, not a loop.
+
+An ``OpenWindow`` holds one window of a worker's input partitions: a row per segment seen in it,
+with that segment's counters, TTFT histogram and finish-reason counts as rows of 2-D
+arrays. ``fold_batch`` maps a batch's records to (window, row) and adds them with one weighted
+``np.bincount`` per column, so its cost grows with the records, not with the segments they touch: with
+500 records spread over 100 segments per message, a Python loop per (segment, window)
+cost more than parsing the message. Python runs per segment only when a window closes
+(``partials``).
+
+Evidence is kept by reference: the slowest ``evidence_k`` requests of each row as their
+TTFT and where they are (partition, message offset, position in the message), 32 bytes
+each, in two more tables. The records themselves stay in Kafka (or the replayed file) and are read
+back only for a window that fires (``pipeline.worker.evidence``), so a live segment costs no
+request text, however long its answers.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from servewatch.models.stats.capacity import ARRIVAL_LAGS
+from servewatch.models.stats.sketch import bucket_indices
+from servewatch.models.windows.batch import RowBatch
+from servewatch.models.windows.segments import Segmenter, parse_key
+from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS, PrefixMemory, signal_columns
+from servewatch.models.windows.window import COLUMN_OF, REASONS, SUMS, WindowBlock, WindowStats, pack_location
+
+_ERROR_CODES = np.array([REASONS.index("error"), REASONS.index("abort")])
+_LABEL_DIMENSIONS = ("model", "route", "tenant", "instance", "engine")
+#: A segment's figures that add up to its model's (``_set_model_load``), and where they go.
+_OWN = (
+    "requests",
+    "prompt_tokens",
+    "completion_tokens",
+    "running_s",
+    *(f"arrived{what}_{lag}" for what in ("", "_tokens") for lag in range(ARRIVAL_LAGS)),
+)
+_OWN_COLUMNS = [COLUMN_OF[name] for name in _OWN]
+_ARRIVED = slice(COLUMN_OF["arrived_0"], COLUMN_OF["arrived_0"] + ARRIVAL_LAGS)
+_ARRIVED_TOKENS = slice(COLUMN_OF["arrived_tokens_0"], COLUMN_OF["arrived_tokens_0"] + ARRIVAL_LAGS)
+_MODEL_COLUMNS = [COLUMN_OF["model_" + name.replace("completion_tokens", "output_tokens")] for name in _OWN]
+
+
+class OpenWindow:
+    """One window (of all the partitions a worker reads), a table row per segment seen in it.
+
+    >>> seg = Segmenter()
+    >>> rows = [dict(request_id=str(i), timestamp=1_700_000_001.0 + i, model="m", prompt_tokens=100,
+    ...              completion_tokens=10, e2e_s=1.0, ttft_s=0.1 * (i + 1), finish_reason="stop")
+    ...         for i in range(3)]
+    >>> windows: dict[float, OpenWindow] = {}
+    >>> [w.start for w in fold_batch(RowBatch(rows), seg, 10.0, windows)]  # the windows it touched
+    [1700000000.0]
+    >>> [(p.key, p.requests, p.prompt_tokens, len(p.evidence)) for p in windows[1_700_000_000.0].partials(seg.keys)]
+    [('model=m|route=-|prompt_band=<4k|output_band=<1k', 3, 300, 3)]
+    """
+
+    __slots__ = ("_row_of", "block", "length", "offsets", "segment_ids", "start")
+
+    def __init__(self, start: float, length: float, evidence_k: int = 5, capacity: int = 8) -> None:
+        self.start, self.length = start, length
+        self._row_of = np.full(0, -1, dtype=np.int32)  # segment id -> row (-1: not in this window)
+        self.segment_ids = array("l")  # row -> segment id (4-8 bytes each, not a Python int)
+        self.block = WindowBlock(capacity, evidence_k)
+        self.offsets: dict[int, tuple[int, int]] = {}  # partition -> (first, last) offset folded in
+
+    def __len__(self) -> int:
+        return len(self.segment_ids)
+
+    @property
+    def end(self) -> float:
+        return self.start + self.length
+
+    @property
+    def evidence_k(self) -> int:
+        return self.block.evidence_k
+
+    def rows_for(self, segment_ids: np.ndarray) -> np.ndarray:
+        """The table row of each segment id, adding rows for segments new to this window."""
+        top = int(segment_ids.max()) + 1
+        if top > len(self._row_of):
+            grown = np.full(max(top, 2 * len(self._row_of)), -1, dtype=np.int32)
+            grown[: len(self._row_of)] = self._row_of
+            self._row_of = grown
+        rows = self._row_of[segment_ids]
+        missing = rows < 0
+        if missing.any():
+            new_ids = np.unique(segment_ids[missing])
+            first = len(self.segment_ids)
+            self._row_of[new_ids] = np.arange(first, first + len(new_ids), dtype=np.int32)
+            self.segment_ids.extend(new_ids.tolist())
+            self.block.make_room(len(self.segment_ids))
+            rows = self._row_of[segment_ids]
+        return rows
+
+    def note_offset(self, partition: int, offset: int) -> None:
+        first, last = self.offsets.get(partition, (offset, offset))
+        self.offsets[partition] = (min(first, offset), max(last, offset))
+
+    def offer_evidence(self, rows: np.ndarray, ranks: np.ndarray, times: np.ndarray, at: np.ndarray) -> None:
+        """Merge candidates into the rows' evidence: at most ``evidence_k`` per row, ranked
+        ``ranks`` (0 = slowest) within their row. Vectorised over rows; on equal TTFT the
+        request kept first stays (so the result does not depend on how batches were cut)."""
+        touched, slot = np.unique(rows, return_inverse=True)
+        block, k = self.block, self.block.evidence_k
+        new_ttft = np.full((len(touched), k), -math.inf, dtype=np.float32)
+        new_at = np.zeros((len(touched), k, 2), dtype=np.int64)
+        new_ttft[slot, ranks], new_at[slot, ranks] = times, at
+        both_ttft = np.concatenate((block.evidence_ttft[touched], new_ttft), axis=1)
+        both_at = np.concatenate((block.evidence_at[touched], new_at), axis=1)
+        best = np.argsort(-both_ttft, axis=1, kind="stable")[:, :k]
+        block.evidence_ttft[touched] = np.take_along_axis(both_ttft, best, axis=1)
+        block.evidence_at[touched] = np.take_along_axis(both_at, best[:, :, None], axis=1)
+
+    def partials(self, keys: Sequence[str]) -> list[WindowStats]:
+        """One ``WindowStats`` per segment of the window (``keys``: the segmenter's, by id):
+        handles on this window's rows, no copies (the tables live until the last is judged)."""
+        sources = [(p, first, last) for p, (first, last) in sorted(self.offsets.items())]
+        self._set_model_load(keys)
+        # ``sources`` is shared: a WindowStats replaces its sources, never mutates them.
+        return [
+            WindowStats(keys[segment_id], self.start, self.length, block=self.block, row=row, sources=sources)
+            for row, segment_id in enumerate(self.segment_ids)
+        ]
+
+    def _set_model_load(self, keys: Sequence[str]) -> None:
+        """Give every row its model's totals in this window (requests, prompt and output
+        tokens): latency is judged against the load of the engines a segment shares, which
+        only stage 1, seeing all segments of a window at once, can sum."""
+        n = len(self.segment_ids)
+        models = [parse_key(keys[segment_id]).get("model", "") for segment_id in self.segment_ids]
+        code_of = {name: code for code, name in enumerate(dict.fromkeys(models))}
+        codes = np.fromiter(map(code_of.__getitem__, models), dtype=np.intp, count=n)
+        sums = self.block.sums
+        own = sums[:n][:, _OWN_COLUMNS]
+        totals = np.zeros((len(code_of), len(_OWN_COLUMNS)))
+        np.add.at(totals, codes, own)
+        sums[:n][:, _MODEL_COLUMNS] = totals[codes]
+
+
+def fold_batch(
+    batch: RowBatch,
+    segmenter: Segmenter,
+    window_s: float,
+    into: dict[float, OpenWindow],
+    evidence_k: int = 5,
+    partition: int | np.ndarray = 0,
+    offset: int | np.ndarray = 0,
+    markers: Sequence[str] = DEFAULT_REASONING_MARKERS,
+    prefixes: PrefixMemory | None = None,
+    rows_hint: int = 8,
+) -> list[OpenWindow]:
+    """Fold a batch (the records of message ``offset`` of ``partition``, or of several
+    messages: then both are arrays, a value per record) into the open windows ``into``
+    (keyed by start), creating them as needed. Returns the windows it touched.
+
+    ``markers``: reasoning end markers that count as leaked when an answer contains one;
+    ``prefixes``: the worker's memory of prompt prefixes (None: shared prefixes not counted);
+    ``rows_hint``: segments a new window is expected to hold (its table is made that big).
+    """
+    n = len(batch)
+    if n == 0:
+        return []
+    prompt, completion = batch.column("prompt_tokens"), batch.column("completion_tokens")
+    cached, ttft = batch.column("cached_tokens"), batch.column("ttft_s")
+    labels = {dim: batch.values(dim) for dim in _LABEL_DIMENSIONS if dim in segmenter.dimensions}
+    segment_ids = segmenter.ids_for_columns(labels, prompt, completion)
+
+    reason_codes = batch.reason_codes()
+    # Same rule as RequestLog.is_error: error/abort finish, or a 5xx status.
+    errors = np.isin(reason_codes, _ERROR_CODES) | (batch.column("status_code") >= 500)
+    reported = ~np.isnan(cached)
+    cached_known = np.where(reported, cached, 0.0)
+    has_ttft = ~np.isnan(ttft)
+    uncached = prompt - cached_known
+    # The columns of SUMS per record ("requests" is a count; columns left out are zeros).
+    columns = {
+        "prompt_tokens": prompt, "completion_tokens": completion, "cached_tokens": cached_known,
+        "uncached_prompt_tokens": uncached, "cache_reported_prompt_tokens": np.where(reported, prompt, 0.0),
+        "errors": errors, "e2e_sum": batch.column("e2e_s"), "ttft_sum": np.where(has_ttft, ttft, 0.0),
+        **signal_columns(batch, completion, uncached, markers, prefixes, reported & (cached_known == 0)),
+    }  # fmt: skip
+    buckets = bucket_indices(ttft)
+    # Where each record came from, for evidence: (partition, message offset, position in it).
+    partitions = np.broadcast_to(np.asarray(partition, dtype=np.int64), n)
+    offsets = np.broadcast_to(np.asarray(offset, dtype=np.int64), n)
+
+    timestamps, e2e = batch.column("timestamp"), batch.column("e2e_s")
+    window_ids = np.floor(timestamps / window_s).astype(np.int64)
+    lags = window_ids - np.floor((timestamps - e2e) / window_s)  # windows back the request started
+    queue = batch.column("queue_s")
+    columns["running_s"] = e2e - np.where(np.isnan(queue), 0.0, queue)
+    low, high = int(window_ids.min()), int(window_ids.max())
+    touched = []
+    for window_id in range(low, high + 1):
+        picked: Any = slice(None) if low == high else np.flatnonzero(window_ids == window_id)
+        if low != high and not len(picked):
+            continue
+        start = float(window_id * window_s)
+        window = into.get(start)
+        if window is None:
+            window = into[start] = OpenWindow(start, window_s, evidence_k, capacity=rows_hint)
+        rows = window.rows_for(segment_ids[picked])  # each record's table row
+        _fold_into(window, batch, picked, rows, columns, buckets, reason_codes, ttft, has_ttft, partitions, offsets)
+        _fold_arrivals(window, picked, rows, lags, prompt)
+        touched.append(window)
+    return touched
+
+
+def _fold_into(
+    window: OpenWindow,
+    batch: RowBatch,
+    picked: Any,
+    rows: np.ndarray,
+    columns: dict[str, np.ndarray],
+    buckets: np.ndarray,
+    reason_codes: np.ndarray,
+    ttft: np.ndarray,
+    has_ttft: np.ndarray,
+    partitions: np.ndarray,
+    offsets: np.ndarray,
+) -> None:
+    block = window.block
+    # Each record's slot among the rows this fold touches, without a sort: a sort of the
+    # records, or np.add.at into a table of 33 columns, cost more than all the adding.
+    present = np.zeros(len(window), dtype=bool)
+    present[rows] = True
+    touched = np.flatnonzero(present)
+    slot = (np.cumsum(present) - 1)[rows]
+    n_touched = len(touched)
+    # Sums per row: one weighted bincount per column (a pass over the records each).
+    added = np.zeros((len(SUMS), n_touched))
+    added[COLUMN_OF["requests"]] = np.bincount(slot, minlength=n_touched)
+    for name, values in columns.items():
+        added[COLUMN_OF[name]] = np.bincount(slot, weights=values[picked], minlength=n_touched)
+    block.sums[touched] += added.T
+    block.fit(int(block.sums[touched, 0].max()))
+    # Counts per (row, code) by one bincount over the touched rows' slots: np.add.at cost
+    # ~0.1 µs per record and cell, the fold's largest cost after the sums.
+    block.reasons[touched] += _counts(slot, reason_codes[picked], n_touched, block.reasons)
+    timed = has_ttft[picked]
+    block.hist[touched] += _counts(slot[timed], buckets[picked][timed], n_touched, block.hist)
+    if window.evidence_k <= 0:
+        return
+    # Evidence: requests slower than their row's slowest-but-k-th kept one (-inf while fewer
+    # are kept): most records are turned away by this one vectorised compare.
+    times = ttft[picked]
+    candidate = timed & (times > block.evidence_ttft[rows, window.evidence_k - 1])
+    if not candidate.any():
+        return
+    records = np.arange(len(batch))[picked][candidate]
+    rows, times = rows[candidate], times[candidate]
+    order = np.lexsort((-times, rows))  # by row, slowest first
+    ordered_rows = rows[order]
+    ranks = np.arange(len(order)) - np.searchsorted(ordered_rows, ordered_rows, side="left")
+    keep = order[ranks < window.evidence_k]
+    kept = records[keep]
+    at = np.column_stack(pack_location(partitions[kept], offsets[kept], batch.positions[kept]))
+    window.offer_evidence(rows[keep], ranks[ranks < window.evidence_k], times[keep], at)
+
+
+def _fold_arrivals(window: OpenWindow, picked: Any, rows: np.ndarray, lags: np.ndarray, prompt: np.ndarray) -> None:
+    """Add each record (and its prompt tokens) to its row's ``arrived_<lag>`` column, the
+    window it started in counted back from this one; starts older than ``ARRIVAL_LAGS``
+    windows (or unknown) go in none. Two bincounts over (row, lag) cells, not one per lag."""
+    lag = lags[picked]
+    known = (lag >= 0) & (lag < ARRIVAL_LAGS)  # NaN compares false: in no column
+    if not known.any():
+        return
+    cells = rows[known] * ARRIVAL_LAGS + lag[known].astype(np.intp)
+    size = len(window) * ARRIVAL_LAGS
+    counts = np.bincount(cells, minlength=size).reshape(-1, ARRIVAL_LAGS)
+    tokens = np.bincount(cells, weights=prompt[picked][known], minlength=size).reshape(-1, ARRIVAL_LAGS)
+    sums = window.block.sums
+    n = len(window)
+    sums[:n, _ARRIVED] += counts
+    sums[:n, _ARRIVED_TOKENS] += tokens
+
+
+def _counts(slots: np.ndarray, codes: np.ndarray, n_slots: int, like: np.ndarray) -> np.ndarray:
+    """An (n_slots, codes) table, in ``like``'s width and dtype: records per slot and code."""
+    n_codes = like.shape[1]
+    flat = np.bincount(slots * n_codes + codes, minlength=n_slots * n_codes)
+    return flat.reshape(n_slots, n_codes).astype(like.dtype, copy=False)
+
+
+def aggregate_rows(
+    rows: Sequence[Any],
+    segmenter: Segmenter,
+    window_s: float,
+    evidence_k: int = 5,
+    markers: Sequence[str] = DEFAULT_REASONING_MARKERS,
+    prefixes: PrefixMemory | None = None,
+) -> list[WindowStats]:
+    """Partials of one batch on their own, ordered by (window start, segment key)."""
+    windows: dict[float, OpenWindow] = {}
+    prefixes = PrefixMemory() if prefixes is None else prefixes
+    # evidence: offset 0, by position
+    fold_batch(RowBatch(rows), segmenter, window_s, windows, evidence_k, markers=markers, prefixes=prefixes)
+    partials = [p for start in sorted(windows) for p in windows[start].partials(segmenter.keys)]
+    return sorted(partials, key=lambda p: (p.start, p.key))

@@ -1,0 +1,364 @@
+"""Workload segments: which requests are compared with which.
+
+A 200-token chat turn and a 60k-token RAG prompt have TTFTs two orders of magnitude
+apart; averaging them hides both. A segment is a tuple of labels (model, route, prompt
+length band, output length band by default). The number of segments is capped: past the
+cap, new label combinations share one ``other`` segment, so memory never grows with
+label cardinality (a tenant id sneaking into ``route`` must not take the worker down).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import sys
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Required, TypedDict, Unpack
+
+import numpy as np
+
+from servewatch.models.windows.rows import field_getter
+
+DIMENSIONS = ("model", "route", "tenant", "instance", "engine", "prompt_band", "output_band")
+DEFAULT_DIMENSIONS = ("model", "route", "prompt_band", "output_band")
+OVERFLOW_KEY = "model=other|segment=overflow"
+UNSET = "-"
+
+
+def _short(tokens: int) -> str:
+    return f"{tokens // 1024}k" if tokens >= 1024 and tokens % 1024 == 0 else str(tokens)
+
+
+def band_labels(edges: Sequence[int]) -> list[str]:
+    """Human labels of the bands cut by ``edges``: ``<1k``, ``1k-8k``, ``>=8k``."""
+    if not edges:
+        return ["all"]
+    labels = [f"<{_short(edges[0])}"]
+    labels += [f"{_short(lo)}-{_short(hi)}" for lo, hi in itertools.pairwise(edges)]
+    labels.append(f">={_short(edges[-1])}")
+    return labels
+
+
+def band_of(tokens: int, edges: Sequence[int], labels: Sequence[str]) -> str:
+    for edge, label in zip(edges, labels, strict=False):
+        if tokens < edge:
+            return label
+    return labels[-1]
+
+
+def _clean(label: str | None) -> str | None:
+    """Labels compare without surrounding blanks (``" chat"`` is ``chat``)."""
+    return label.strip() or None if label is not None else None
+
+
+def parse_key(key: str) -> dict[str, str]:
+    """Labels of a segment key (``model=a|route=b`` -> ``{"model": "a", "route": "b"}``)."""
+    labels = dict(part.split("=", 1) for part in key.split("|") if "=" in part)
+    labels.setdefault("model", "other")
+    return labels
+
+
+#: Largest lookup table of label combinations ``Segmenter.ids_for_columns`` keeps (4 bytes
+#: an entry); fleets with more distinct label combinations take the per-row path.
+_LOOKUP_MAX = 1 << 20
+
+
+class LabelCodes:
+    """Stable small integer codes for the values of each label dimension, kept across batches.
+
+    A column becomes codes with one dict probe per value in C (``map``); Python runs only
+    for values never seen before. Bounded: when a dimension has seen ``max_values`` distinct
+    values (a request id sneaking into a label), every dimension starts over, in a new
+    ``generation``: ``Segmenter``'s lookup table is keyed by it.
+
+    >>> codes = LabelCodes(2)
+    >>> [c.tolist() for c in codes.encode([["m", "n", "m"], ["chat", None, "chat"]])]
+    [[0, 1, 0], [0, 1, 0]]
+    >>> codes.counts, codes.values_of([1, 0])
+    ((2, 2), ['n', 'chat'])
+    """
+
+    __slots__ = ("_codes", "_values", "generation", "max_values")
+
+    def __init__(self, dimensions: int, max_values: int = 65_536) -> None:
+        self.max_values = max_values
+        self.generation = 0  # how many times the codes started over: codes of another generation differ
+        self._codes: list[dict[Any, int]] = [{} for _ in range(dimensions)]
+        self._values: list[list[Any]] = [[] for _ in range(dimensions)]
+
+    @property
+    def counts(self) -> tuple[int, ...]:
+        """Distinct values seen per dimension."""
+        return tuple(len(values) for values in self._values)
+
+    def encode(self, columns: Sequence[Sequence[Any]]) -> list[np.ndarray]:
+        """One int64 code column per label column."""
+        if any(len(values) > self.max_values for values in self._values):
+            for code_of, values in zip(self._codes, self._values, strict=True):
+                code_of.clear()
+                values.clear()
+            self.generation += 1
+        out = []
+        for code_of, values, column in zip(self._codes, self._values, columns, strict=True):
+            try:
+                out.append(np.fromiter(map(code_of.__getitem__, column), np.int64, count=len(column)))
+            except KeyError:  # new values: learn them in order of first sight, then encode
+                for value in dict.fromkeys(column):
+                    if value not in code_of:
+                        # Interned: the segment keys and detectors share the label strings.
+                        value = sys.intern(value) if type(value) is str else value
+                        code_of[value] = len(values)
+                        values.append(value)
+                out.append(np.fromiter(map(code_of.__getitem__, column), np.int64, count=len(column)))
+        return out
+
+    def values_of(self, codes: Sequence[int]) -> list[Any]:
+        return [values[code] for values, code in zip(self._values, codes, strict=True)]
+
+
+class RequestLabels(TypedDict, total=False):
+    """What a request's segment key is made of (``Segmenter.key_for``)."""
+
+    model: Required[str]
+    prompt_tokens: Required[int]
+    output_tokens: Required[int]
+    route: str | None
+    tenant: str | None
+    instance: str | None
+    engine: str | None
+
+
+@dataclass
+class Segmenter:
+    """Maps a request's labels and token counts to a bounded set of segment keys.
+
+    >>> seg = Segmenter(max_segments=2)
+    >>> seg.key_for(model="m", route="chat", prompt_tokens=500, output_tokens=50)
+    'model=m|route=chat|prompt_band=<4k|output_band=<1k'
+    >>> seg.key_for(model="m", route="rag", prompt_tokens=9000, output_tokens=50)
+    'model=m|route=rag|prompt_band=4k-32k|output_band=<1k'
+    >>> seg.key_for(model="m", route="code", prompt_tokens=9000, output_tokens=50)
+    'model=other|segment=overflow'
+    """
+
+    dimensions: tuple[str, ...] = DEFAULT_DIMENSIONS
+    prompt_band_edges: tuple[int, ...] = (4096, 32768)
+    output_band_edges: tuple[int, ...] = (1024,)
+    max_segments: int = 1000
+    #: Event seconds without requests after which a segment's id may go to a new label
+    #: combination once the cap is reached (``note_seen``); infinite: never.
+    idle_s: float = math.inf
+    #: Every segment key seen, in order of first sight; a key's position is its stable id
+    #: (until the segment is idle for ``idle_s`` and its id is needed for a new key).
+    keys: list[str] = field(default_factory=list, init=False, repr=False)
+    #: Per id, the end of the last window it had requests in (event time), and the latest of them.
+    last_seen: array[float] = field(default_factory=lambda: array("d"), init=False, repr=False)
+    clock: float = field(default=-math.inf, init=False, repr=False)
+    reclaimed: int = field(default=0, init=False)
+    _ids: dict[str, int] = field(default_factory=dict, init=False, repr=False)
+    _overflow_id: int | None = field(default=None, init=False, repr=False)
+    _prompt_labels: list[str] = field(default_factory=list, init=False, repr=False)
+    _output_labels: list[str] = field(default_factory=list, init=False, repr=False)
+    _label_codes: LabelCodes = field(init=False, repr=False)
+    _lookup: np.ndarray = field(init=False, repr=False)  # mixed label and band codes -> segment id (-1: unknown)
+    _lookup_of: tuple[int, tuple[int, ...]] = field(default=(0, ()), init=False, repr=False)  # codes it was built on
+    # Without a table (too many label combinations): segment id per row of codes, one generation's.
+    _row_ids: dict[tuple[int, ...], int] = field(default_factory=dict, init=False, repr=False)
+    _row_ids_generation: int = field(default=0, init=False, repr=False)
+    _prompt_edges: np.ndarray = field(init=False, repr=False)
+    _output_edges: np.ndarray = field(init=False, repr=False)
+    overflowed: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        unknown = set(self.dimensions) - set(DIMENSIONS)
+        if unknown or "model" not in self.dimensions:
+            raise ValueError(f"segment dimensions must include 'model' and come from {DIMENSIONS}; got {unknown}")
+        if self.max_segments < 1:
+            raise ValueError("max_segments must be at least 1")
+        self._prompt_labels = band_labels(self.prompt_band_edges)
+        self._output_labels = band_labels(self.output_band_edges)
+        self._prompt_edges = np.asarray(self.prompt_band_edges)
+        self._output_edges = np.asarray(self.output_band_edges)
+        self._label_codes = LabelCodes(sum(d not in ("prompt_band", "output_band") for d in self.dimensions))
+        self._lookup = np.full(0, -1, dtype=np.int32)
+
+    def key_for(self, **request: Unpack[RequestLabels]) -> str:
+        """The segment key of a request (``natural_key``), registered; past ``max_segments``
+        distinct keys, new ones share ``OVERFLOW_KEY``."""
+        key = self.natural_key(**request)
+        known = self._ids.get(key)
+        if known is not None:
+            return self.keys[known]
+        if len(self._ids) - (self._overflow_id is not None) >= self.max_segments:
+            idle = self._idle_id()
+            if idle is not None:
+                return self._reassign(idle, key)
+            self.overflowed += 1
+            key = OVERFLOW_KEY
+            if self._overflow_id is not None:
+                return key
+            self._overflow_id = len(self.keys)
+        key = sys.intern(key)  # stage 2 and the detectors share it, even when it came over the wire
+        self._ids[key] = len(self.keys)
+        self.keys.append(key)
+        self.last_seen.append(self.clock)
+        return key
+
+    def note_seen(self, ids: Sequence[int], when: float) -> None:
+        """The segments ``ids`` had requests in the window that ended at ``when`` (event time)."""
+        seen = self.last_seen
+        for segment_id in ids:
+            if seen[segment_id] < when:
+                seen[segment_id] = when
+        self.clock = max(self.clock, when)
+
+    def _idle_id(self) -> int | None:
+        """The id of the segment idle longest, if idle for ``idle_s`` (never the overflow one)."""
+        if not math.isfinite(self.idle_s) or not self.last_seen:
+            return None
+        ages = np.frombuffer(self.last_seen, dtype=np.float64)
+        oldest = int(np.argmin(ages))
+        if oldest == self._overflow_id:
+            ages = ages.copy()
+            ages[oldest] = np.inf
+            oldest = int(np.argmin(ages))
+        return oldest if self.clock - ages[oldest] >= self.idle_s else None
+
+    def _reassign(self, segment_id: int, key: str) -> str:
+        """Give an idle segment's id to a new key: the old key's label combinations lose it
+        (they get a fresh id or the overflow segment if they come back)."""
+        del self._ids[self.keys[segment_id]]
+        key = sys.intern(key)
+        self.keys[segment_id] = key
+        self._ids[key] = segment_id
+        self.last_seen[segment_id] = self.clock
+        self._lookup[self._lookup == segment_id] = -1
+        for row in [row for row, found in self._row_ids.items() if found == segment_id]:
+            del self._row_ids[row]
+        self.reclaimed += 1
+        return key
+
+    def natural_key(self, **request: Unpack[RequestLabels]) -> str:
+        """The key of a request's segment before the cap (``key_for`` without registering it)."""
+        optional = ("route", "tenant", "instance", "engine")
+        values: dict[str, str] = {dim: str(request.get(dim) or UNSET) for dim in optional}
+        values["model"] = request["model"]
+        prompt_tokens, output_tokens = request["prompt_tokens"], request["output_tokens"]
+        parts = []
+        for dim in self.dimensions:
+            if dim == "prompt_band":
+                value = band_of(prompt_tokens, self.prompt_band_edges, self._prompt_labels)
+            elif dim == "output_band":
+                value = band_of(output_tokens, self.output_band_edges, self._output_labels)
+            else:
+                # '|' and '=' separate labels in the key; keep them out of values.
+                value = values[dim].replace("|", "/").replace("=", ":")
+            parts.append(f"{dim}={value}")
+        return "|".join(parts)
+
+    def key_of_row(self, row: Any) -> str:
+        """``natural_key`` of a request log (a mapping or an object with its fields)."""
+        get = field_getter(row)
+        return self.natural_key(
+            model=str(get("model")), prompt_tokens=int(get("prompt_tokens") or 0),
+            output_tokens=int(get("completion_tokens") or 0), route=get("route"), tenant=get("tenant"),
+            instance=get("instance"), engine=get("engine"),
+        )  # fmt: skip
+
+    def ids_for_columns(
+        self, labels: Mapping[str, Sequence[Any]], prompt: np.ndarray, output: np.ndarray
+    ) -> np.ndarray:
+        """Vectorised ``key_for``: the segment id of each row (``keys[id]`` is its key).
+
+        ``labels`` holds one column (a value per row, None when missing) per label dimension.
+        Bands come from ``searchsorted``; labels become stable integer codes per dimension
+        (``LabelCodes``), mixed into one integer per row, which a lookup table kept across
+        batches maps to its segment id: Python runs per new combination, not per row or batch.
+        Ids are stable for the segmenter's lifetime, so callers can index tables by them.
+        """
+        prompt_band = np.searchsorted(self._prompt_edges, prompt, side="right")
+        output_band = np.searchsorted(self._output_edges, output, side="right")
+        label_dims = [d for d in self.dimensions if d not in ("prompt_band", "output_band")]
+        codes = self._label_codes.encode([labels[dim] for dim in label_dims])
+        # Room for twice the label values seen so far (powers of two), so that the table
+        # survives new values until a dimension doubles.
+        radices = (
+            *(1 << (2 * count - 1).bit_length() for count in self._label_codes.counts),
+            len(self._prompt_edges) + 1,
+            len(self._output_edges) + 1,
+        )
+        if math.prod(radices) > _LOOKUP_MAX:  # too many combinations for a table: per distinct row
+            ids = self._ids_by_rows(label_dims, codes, prompt_band, output_band)
+        else:
+            mixed = np.zeros(len(prompt_band), dtype=np.int64)
+            for column, radix in zip(codes, radices[:-2], strict=True):
+                mixed = mixed * radix + column
+            mixed = (mixed * radices[-2] + prompt_band) * radices[-1] + output_band
+            built_on = (self._label_codes.generation, radices)
+            if self._lookup_of != built_on:
+                self._lookup = np.full(math.prod(radices), -1, dtype=np.int32)
+                self._lookup_of = built_on
+            ids = self._lookup[mixed]
+            unknown = ids < 0
+            if unknown.any():
+                for code in np.unique(mixed[unknown]).tolist():
+                    self._lookup[code] = self._id_for(label_dims, self._digits(code, radices))
+                ids = self._lookup[mixed]
+        if self._overflow_id is not None:
+            self.overflowed += int(np.count_nonzero(ids == self._overflow_id))
+        return ids
+
+    @staticmethod
+    def _digits(mixed: int, radices: tuple[int, ...]) -> tuple[int, ...]:
+        """The (label codes..., prompt band, output band) a mixed code stands for."""
+        digits = []
+        for radix in reversed(radices):
+            mixed, digit = divmod(mixed, radix)
+            digits.append(digit)
+        return tuple(reversed(digits))
+
+    def _ids_by_rows(
+        self, label_dims: list[str], codes: list[np.ndarray], prompt_band: np.ndarray, output_band: np.ndarray
+    ) -> np.ndarray:
+        """``ids_for_columns`` without a lookup table: a dict probe per distinct row."""
+        if self._row_ids_generation != self._label_codes.generation:
+            self._row_ids.clear()
+            self._row_ids_generation = self._label_codes.generation
+        distinct, inverse = np.unique(np.column_stack((*codes, prompt_band, output_band)), axis=0, return_inverse=True)
+        ids = []
+        for row in map(tuple, distinct.tolist()):
+            found = self._row_ids.get(row)
+            if found is None:
+                found = self._id_for(label_dims, row)
+                if len(self._row_ids) < 4 * self.max_segments:  # bounded: a few combinations per segment
+                    self._row_ids[row] = found
+            ids.append(found)
+        return np.array(ids, dtype=np.int64)[inverse.ravel()]
+
+    def _id_for(self, label_dims: list[str], digits: tuple[int, ...]) -> int:
+        """The segment id of one combination of label codes and bands (``key_for``'s)."""
+        labels = dict(zip(label_dims, self._label_codes.values_of(digits[:-2]), strict=True))
+        overflowed = self.overflowed
+        key = self.key_for(
+            model=_clean(labels.get("model")) or UNSET,
+            route=_clean(labels.get("route")),
+            tenant=_clean(labels.get("tenant")),
+            instance=_clean(labels.get("instance")),
+            engine=_clean(labels.get("engine")),
+            prompt_tokens=self._band_floor(self.prompt_band_edges, digits[-2]),
+            output_tokens=self._band_floor(self.output_band_edges, digits[-1]),
+        )
+        self.overflowed = overflowed  # counted per row by the caller
+        return self._ids[key]
+
+    @staticmethod
+    def _band_floor(edges: tuple[int, ...], band: int) -> int:
+        """A token count that falls in ``band`` (its lower edge)."""
+        return 0 if band == 0 else edges[band - 1]
+
+    @property
+    def live_segments(self) -> int:
+        """Distinct segments, the shared overflow one excluded."""
+        return len(self.keys) - (self._overflow_id is not None)

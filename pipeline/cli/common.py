@@ -1,0 +1,141 @@
+"""What every ``servewatch`` command shares: settings from its arguments, a broker to talk to,
+and the errors a command line reports in one line instead of a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import difflib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from typing import IO, Any, TextIO
+
+from pydantic import ValidationError
+
+from servewatch.pipeline.dev.broker import EmbeddedBroker
+from servewatch.pipeline.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+
+class CommandError(Exception):
+    """A command cannot run as asked; its message is the one line the user sees (exit 2),
+    after ``servewatch <command>:`` when the command is known."""
+
+    def __init__(self, message: str, command: str | None = None) -> None:
+        super().__init__(message)
+        self.command = command
+
+    def line(self) -> str:
+        return f"servewatch {self.command}: {self}" if self.command else f"servewatch: {self}"
+
+
+def settings_from(args: argparse.Namespace, **overrides: object) -> Settings:
+    """Settings from the environment (read once), with the command's --broker and ``overrides``
+    on top; a bad value is a ``CommandError`` naming the variable and what it accepts."""
+    values = {k: v for k, v in overrides.items() if v is not None}
+    if getattr(args, "broker", None):
+        values["broker"] = args.broker
+    return load_settings(**values)
+
+
+def load_settings(**values: object) -> Settings:
+    warn_unknown_variables()
+    try:
+        return Settings(**values)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        raise CommandError(describe_settings_error(exc)) from None
+
+
+def describe_settings_error(exc: ValidationError) -> str:
+    """One line per bad setting: the environment variable, what it got, what it accepts."""
+    lines = []
+    for error in exc.errors():
+        name = str(error["loc"][0]) if error["loc"] else "?"
+        got = error.get("input")
+        lines.append(f"SERVEWATCH_{name.upper()}={got!s}: {error['msg']}")
+    return "; ".join(lines)
+
+
+def warn_unknown_variables() -> None:
+    """A ``SERVEWATCH_*`` variable no setting reads is a typo more often than not: say so, with
+    the closest known name."""
+    known = {f"SERVEWATCH_{name.upper()}" for name in Settings.model_fields}
+    for variable in sorted(v for v in os.environ if v.startswith("SERVEWATCH_") and v not in known):
+        close = difflib.get_close_matches(variable, sorted(known), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        logger.warning("unknown setting %s ignored%s", variable, hint)
+
+
+@contextlib.contextmanager
+def with_broker(settings: Settings, command: str, embedded: bool = False) -> Iterator[Settings]:
+    """``settings`` with a broker: the configured one, or, only where asked for (``embedded``:
+    the demo, or ``--embedded``), an in-memory one for the duration. Anything else without a
+    broker is refused: a worker or shipper that quietly talks to a throwaway broker loses
+    what it reads or sends."""
+    if settings.bootstrap is not None:
+        yield settings
+        return
+    if not embedded:
+        raise CommandError(
+            "no Kafka broker: pass --broker HOST:PORT or set SERVEWATCH_BROKER (for a local one, run "
+            "`servewatch broker` in another shell; --embedded uses a throwaway in-memory broker)",
+            command,
+        )
+    with EmbeddedBroker() as broker:
+        print(f"embedded Kafka-compatible broker (Tansu) at {broker.bootstrap}", file=sys.stderr)
+        yield settings.model_copy(update={"broker": broker.bootstrap, "broker_profile": "tansu"})
+
+
+# One flag vocabulary for every command (README's "Flags" table; tests/test_cli_safety.py
+# checks that each command's flags are on it): --in and --out are files ('-': stdin, stdout),
+# --format is always the output's form, --broker and --embedded always the Kafka to use.
+
+
+def add_broker_flags(parser: argparse.ArgumentParser) -> None:
+    """``--broker`` and ``--embedded``, for a command that must not run without a real Kafka."""
+    parser.add_argument("--broker", metavar="HOST:PORT", help="Kafka bootstrap servers (default: SERVEWATCH_BROKER)")
+    parser.add_argument("--embedded", action="store_true", help="without a broker, start a throwaway in-memory one "
+                        "(development only: what it holds is gone when the command ends)")  # fmt: skip
+
+
+def add_out_flag(parser: argparse.ArgumentParser, what: str, *, default: str | None = "-") -> None:
+    where = "standard output" if default == "-" else "Kafka"
+    parser.add_argument("--out", metavar="PATH", default=default, help=f"write {what} here ('-': standard output; "
+                        f"default: {where})")  # fmt: skip
+
+
+@contextlib.contextmanager
+def output(path: str, mode: str = "wb") -> Iterator[IO[Any]]:
+    """``--out``'s stream: the file at ``path``, closed afterwards, or standard output for '-'
+    (left open: the command's summary may follow on stderr, or other output on stdout)."""
+    if path == "-":
+        yield sys.stdout.buffer if "b" in mode else sys.stdout
+        return
+    with open(path, mode, newline=None if "b" in mode else "") as stream:  # csv wants newline=""
+        yield stream
+
+
+class Progress:
+    """A command's running progress line: rewritten in place on a terminal, silent when
+    stderr is piped or redirected (a log file wants the summary, not a line per second);
+    ``SERVEWATCH_PROGRESS`` (``auto``, ``always``, ``never``) overrides."""
+
+    def __init__(self, stream: TextIO | None = None, mode: str | None = None) -> None:
+        self.stream = stream or sys.stderr
+        mode = mode or os.environ.get("SERVEWATCH_PROGRESS", "auto")
+        self.live = mode == "always" or (mode == "auto" and self.stream.isatty())
+        self.shown = False
+
+    def show(self, text: str) -> None:
+        if self.live:
+            print(f"\r{text}", end="", file=self.stream, flush=True)
+            self.shown = True
+
+    def done(self) -> None:
+        """End the progress line (before the summary)."""
+        if self.shown:
+            print(file=self.stream)
+            self.shown = False

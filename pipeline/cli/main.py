@@ -1,0 +1,258 @@
+"""``servewatch``: the parser and the small commands; ``pipeline/cli/`` is the only package that prints.
+
+Every command that needs Kafka takes ``--broker`` (or ``SERVEWATCH_BROKER``); without one,
+``worker``, ``ship`` and ``scrape`` refuse to run unless given ``--embedded`` (see
+``common.with_broker``). Each command imports what it needs when it runs, so that
+``servewatch --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import orjson
+
+import servewatch
+from servewatch.pipeline.cli.backtest import cmd_backtest_series
+from servewatch.pipeline.cli.common import (
+    CommandError,
+    add_broker_flags,
+    add_out_flag,
+    load_settings,
+    output,
+    settings_from,
+    with_broker,
+)
+from servewatch.pipeline.cli.replay import cmd_replay
+from servewatch.pipeline.cli.scrape import cmd_scrape
+from servewatch.pipeline.cli.ship import cmd_ship
+from servewatch.pipeline.dev.broker import BrokerError, EmbeddedBroker
+from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.tuning import tune_gc, tune_process
+
+if TYPE_CHECKING:  # imported where used: each command loads only what it needs
+    pass
+
+logger = logging.getLogger("servewatch")
+
+
+def cmd_broker(args: argparse.Namespace) -> int:
+    # SIGTERM (a service manager, `kill`) ends the command as Ctrl-C does, so the context
+    # manager stops the Tansu child and frees the port; left to its default, SIGTERM killed
+    # this process and left the broker running.
+    signal.signal(signal.SIGTERM, _interrupt)
+    with EmbeddedBroker(port=args.port) as broker:
+        print(f"broker ready: {broker.bootstrap}  (export SERVEWATCH_BROKER={broker.bootstrap}); Ctrl-C stops it")
+        with contextlib.suppress(KeyboardInterrupt):
+            while broker.running:
+                time.sleep(0.5)
+    return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    import faust
+
+    from servewatch.pipeline.worker.app import create_app
+
+    with with_broker(settings_from(args), "worker", embedded=args.embedded) as settings:
+        asyncio.run(_ensure_topics(settings))  # creates only what is missing
+        app, _ = create_app(settings)
+        tune_gc()  # again: Faust's app, topics and tables live as long as the process
+        if settings.metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            start_http_server(settings.metrics_port)
+            logger.info("serving worker metrics on :%d/metrics", settings.metrics_port)
+        worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
+        worker.execute_from_commandline()  # runs until SIGTERM/SIGINT
+    return 0
+
+
+async def _ensure_topics(settings: Settings) -> None:
+    from servewatch.pipeline.kafka import ensure_topics
+
+    assert settings.bootstrap is not None
+    await ensure_topics(settings.bootstrap, settings.topic_partitions)
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from servewatch.pipeline.dev.demo import run_demo, start_worker, stop_worker, summarise
+
+    if not args.speed > 0:
+        raise CommandError(f"--speed must be above 0 (simulated seconds per wall second), got {args.speed}", "demo")
+    started = time.monotonic()
+    with with_broker(settings_from(args), "demo", embedded=True) as settings:
+        assert settings.bootstrap is not None
+        asyncio.run(_ensure_topics(settings))
+        print("starting the servewatch worker ...", flush=True)
+        worker = start_worker(settings.bootstrap)
+        try:
+            outcome = asyncio.run(run_demo(settings.bootstrap, speed=args.speed, out=lambda s: print(s, flush=True)))
+        finally:
+            stop_worker(worker)
+    print("=== demo summary ===")
+    for line in summarise(outcome):
+        print(line)
+    print(f"wall time {time.monotonic() - started:.0f} s")
+    return 0 if outcome.surge_explained and outcome.cache_off_paged else 1
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    from servewatch.schemas import EXPORTED
+
+    if args.name is None:  # the list
+        firsts = {name: (model.__doc__ or "").strip().splitlines()[0] for name, model in EXPORTED.items()}
+        text = "\n".join(f"{name:16} {first}" for name, first in firsts.items())
+    elif args.name in EXPORTED:
+        text = orjson.dumps(EXPORTED[args.name].model_json_schema(), option=orjson.OPT_INDENT_2).decode()
+    else:
+        print(f"servewatch schema: unknown schema {args.name!r}; choose from {', '.join(EXPORTED)}", file=sys.stderr)
+        return 2
+    with output(args.out, "w") as out:
+        out.write(text + "\n")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Write the demo workload as JSONL, for trying ``replay`` without real logs."""
+    from servewatch.pipeline.dev.workload import Workload, demo_phases
+
+    workload = Workload(demo_phases(args.scale), seed=args.seed)
+    count = 0
+    with output(args.out) as out:
+        for record in workload.records():
+            out.write(orjson.dumps(record) + b"\n")
+            count += 1
+    print(f"wrote {count:,} request logs to {'stdout' if args.out == '-' else args.out}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="servewatch", description="Streaming anomaly detection for LLM serving.")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("--version", action="version", version=f"servewatch {servewatch.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (Tansu) until Ctrl-C")
+    p.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
+    p.set_defaults(func=cmd_broker)
+
+    p = sub.add_parser("worker", help="run the detector worker (Faust)")
+    add_broker_flags(p)
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("demo", help="embedded broker + worker + scripted incidents, events printed live")
+    p.add_argument("--broker", metavar="HOST:PORT", help="use this Kafka instead of the embedded broker")
+    p.add_argument("--speed", type=float, default=25.0, help="simulated seconds per wall second (default 25)")
+    p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser("replay", help="run the detectors over request logs and/or recorded scrapes, no broker")
+    p.add_argument("--in", dest="input", metavar="PATH", help="JSONL file of RequestLog records ('-': stdin)")
+    p.add_argument("--scrapes", metavar="PATH", help="JSONL file of recorded scrapes, as `scrape --record` writes "
+                   'them ({"timestamp", "instance", "body"} per line)')  # fmt: skip
+    add_out_flag(p, "the events")
+    p.add_argument("--format", choices=("json", "text"), default="json", help="JSON lines (AnomalyEvent and "
+                   "IncidentGroup records, default) or readable lines, as the demo prints them")  # fmt: skip
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("scrape", help="scrape vLLM/SGLang /metrics into canonical per-model intervals")
+    p.add_argument("--target", action="append", required=True, help="metrics URL, e.g. http://10.0.0.7:8000/metrics "
+                   "(repeat for more)")  # fmt: skip
+    p.add_argument("--interval", default="10s", help="time between scrapes: 10s, 500ms, 1m (default 10s)")
+    p.add_argument("--timeout", default="5s", help="per-scrape timeout (default 5s)")
+    p.add_argument("--count", type=int, default=None, help="stop after this many rounds (default: until Ctrl-C)")
+    p.add_argument("--give-up-after", default="5m", help="exit 1 when every target has been down this long "
+                   "(default 5m; 0: never), so a supervisor sees it")  # fmt: skip
+    p.add_argument("--record", help="append every good scrape to this JSONL file (timestamp, instance, body)")
+    add_out_flag(p, "intervals as JSONL instead of to Kafka", default=None)
+    add_broker_flags(p)
+    p.set_defaults(func=cmd_scrape)
+
+    p = sub.add_parser("ship", help="ship request logs (JSONL file, stdin or HTTP) to the requests topic in batches")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--in", dest="input", metavar="PATH", help="JSONL file, followed like tail -F (rotation, "
+                        "truncation, saved position); '-': standard input until it ends")  # fmt: skip
+    source.add_argument("--listen", metavar="[HOST:]PORT", help="serve POST /v1/requests (one record or a JSON "
+                        "array) on HOST:PORT (default host 127.0.0.1)")  # fmt: skip
+    p.add_argument("--in-format", choices=["auto", "native", "openai"], default="auto", help="record layout: "
+                   "RequestLog JSON, {response, request, timing} of an OpenAI-compatible server, or auto "
+                   "(default)")  # fmt: skip
+    p.add_argument("--mapping", help="JSON file of RequestLog field -> path in each record, for other layouts")
+    p.add_argument("--state", help="position file of --in (default: under $XDG_STATE_HOME/servewatch)")
+    p.add_argument("--from", dest="start", choices=["beginning", "end"], default="beginning",
+                   help="where --in starts without a saved position (default beginning)")  # fmt: skip
+    p.add_argument("--no-follow", action="store_true", help="stop at the end of --in instead of following it")
+    p.add_argument("--keep-prompt", action="store_true", help="ship prompts as logged (default: only prefix_hash)")
+    p.add_argument("--prefix-chars", type=int, help="leading prompt characters hashed into prefix_hash (2000)")
+    p.add_argument("--default", action="append", default=[], metavar="LABEL=VALUE", help="route, tenant, instance, "
+                   "engine or engine_version for records without one (repeatable)")  # fmt: skip
+    p.add_argument("--batch", type=int, help="records per message (default 500)")
+    p.add_argument("--linger", help="how long a partly filled batch waits: 200ms (default), 1s")
+    add_broker_flags(p)
+    p.set_defaults(func=cmd_ship)
+
+    p = sub.add_parser(
+        "backtest-series", help="score one exported series (timestamp,value[,load columns]) with a signal's model"
+    )
+    p.add_argument("--in", dest="input", metavar="PATH", required=True, help="CSV with a time and a value column, "
+                   "and optional load columns (requests_per_s, prompt_tokens_per_s, output_tokens_per_s) or "
+                   "trials")  # fmt: skip
+    add_out_flag(p, "the scored series as CSV")
+    p.add_argument("--signal", default="ttft", help="whose model to use: ttft, itl, error_rate, cache_hit_rate, ...")
+    p.add_argument("--time-column", help="the time column (default: timestamp or time; Grafana exports 'time')")
+    p.add_argument("--value-column", help="the value column (default: value, or the one other column)")
+    p.add_argument("--value-kind", choices=("count", "ratio"), default="count",
+                   help="rate signals: bad requests per point (count) or their share (ratio)")  # fmt: skip
+    p.add_argument("--trials", type=int, help="rate signals: requests per point, where there is no trials column")
+    p.set_defaults(func=cmd_backtest_series)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of a wire format (without a name: list them)")
+    p.add_argument("name", nargs="?", help="RequestLog, AnomalyEvent, IncidentGroup, EngineInterval or DeadLetter")
+    add_out_flag(p, "the schema (or the list)")
+    p.set_defaults(func=cmd_schema)
+
+    p = sub.add_parser("generate", help="write the demo's synthetic workload as JSONL")
+    add_out_flag(p, "the workload as JSONL")
+    p.add_argument("--scale", type=float, default=1.0, help="stretch every phase by this factor")
+    p.add_argument("--seed", type=int, default=42)
+    p.set_defaults(func=cmd_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        environment = load_settings()
+    except CommandError as exc:
+        print(exc.line(), file=sys.stderr)
+        return 2
+    if args.command in ("worker", "replay"):
+        tune_process(environment.mmap_threshold_bytes)
+    level = "DEBUG" if args.verbose else environment.log_level
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    if not args.verbose:
+        # The Kafka client narrates every (re)connection, and httpx every request (a scrape
+        # round is one per target), at INFO; keep the operator's view clean.
+        for noisy in ("aiokafka", "httpx", "httpcore"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        return int(args.func(args))
+    except CommandError as exc:
+        print(exc.line(), file=sys.stderr)
+        return 2
+    except BrokerError as exc:
+        print(f"servewatch: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        return 130

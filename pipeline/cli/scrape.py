@@ -1,0 +1,107 @@
+"""``servewatch scrape``: engine ``/metrics`` into canonical intervals, to Kafka or a file (a CLI module: it prints)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+
+import orjson
+
+from servewatch.pipeline.cli.common import Progress, settings_from, with_broker
+from servewatch.pipeline.settings import Settings
+
+
+def cmd_scrape(args: argparse.Namespace) -> int:
+    """Scrape engine /metrics; canonical intervals to the scrapes topic, or to --out as JSONL."""
+    from servewatch.pipeline.ingest.scrape.scraper import check_targets, parse_duration
+
+    try:
+        interval_s, timeout_s = parse_duration(args.interval), parse_duration(args.timeout)
+        args.give_up_s = 0.0 if args.give_up_after.strip() in ("0", "") else parse_duration(args.give_up_after)
+    except ValueError as exc:
+        print(f"servewatch scrape: bad duration ({exc})", file=sys.stderr)
+        return 2
+    try:
+        check_targets(args.target)
+    except ValueError as exc:
+        print(f"servewatch scrape: {exc}", file=sys.stderr)
+        return 2
+    if args.out:  # no Kafka needed
+        return asyncio.run(_scrape(args, interval_s, timeout_s, None))
+    with with_broker(settings_from(args), "scrape", embedded=args.embedded) as settings:
+        return asyncio.run(_scrape(args, interval_s, timeout_s, settings))
+
+
+async def _scrape(args: argparse.Namespace, interval_s: float, timeout_s: float, settings: Settings | None) -> int:
+    import signal
+
+    import httpx
+
+    from servewatch.pipeline import topics
+    from servewatch.pipeline.ingest.scrape.scraper import Scrape, Scraper, run_scrapes
+    from servewatch.pipeline.kafka import ensure_topics, producer
+    from servewatch.schemas.engine_interval import EngineInterval
+
+    stop = asyncio.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        asyncio.get_running_loop().add_signal_handler(signum, stop.set)
+    kafka = None
+    if settings is not None and settings.bootstrap is not None:
+        await ensure_topics(settings.bootstrap, settings.topic_partitions, (topics.SCRAPES,))
+        kafka = producer(settings.bootstrap)
+        await kafka.start()
+    record = open(args.record, "ab") if args.record else None  # noqa: SIM115 - closed below
+    out = None if not args.out else sys.stdout.buffer if args.out == "-" else open(args.out, "ab")  # noqa: SIM115
+    sent = 0
+    line = Progress()
+    all_down_since: float | None = None
+    gave_up: list[int] = []
+    give_up_s = args.give_up_s
+    try:
+        async with httpx.AsyncClient() as client:
+            scraper = Scraper(args.target, client, timeout_s)
+
+            async def on_round(n: int, scrapes: list[Scrape], intervals: list[EngineInterval]) -> None:
+                nonlocal sent
+                for scrape in scrapes:
+                    if record is not None:
+                        record.write(orjson.dumps(scrape.to_record()) + b"\n")
+                for item in intervals:
+                    data = item.model_dump_json().encode()
+                    if out is not None:
+                        out.write(data + b"\n")
+                    if kafka is not None:
+                        await kafka.send(topics.SCRAPES, data, key=f"{item.instance}|{item.model}".encode())
+                sent += len(intervals)
+                for handle in (record, out):
+                    if handle is not None:
+                        handle.flush()
+                up = sum(health.up for health in scraper.health.values())
+                line.show(f"round {n}: {up}/{len(scraper.health)} targets up, {sent:,} intervals sent")
+                nonlocal all_down_since
+                if up:
+                    all_down_since = None
+                elif all_down_since is None:
+                    all_down_since = time.monotonic()
+                elif give_up_s and time.monotonic() - all_down_since >= give_up_s:
+                    gave_up.append(round(time.monotonic() - all_down_since))
+                    stop.set()  # every target down for --give-up-after: let the supervisor know
+
+            rounds = await run_scrapes(scraper, interval_s, on_round, args.count, stop)
+    finally:
+        if kafka is not None:
+            await kafka.stop()
+        for handle in (record, out):
+            if handle is not None and handle is not sys.stdout.buffer:
+                handle.close()
+    line.done()
+    print(f"{rounds:,} rounds, {sent:,} intervals", file=sys.stderr)
+    for health in scraper.health.values():
+        state = "up" if health.up else f"down ({health.last_error})"
+        print(f"  {health.url}: {state}, {health.scrapes:,} scrapes", file=sys.stderr)
+    if gave_up:
+        print(f"servewatch scrape: every target down for {gave_up[0]} s (--give-up-after): stopping", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,115 @@
+"""``servewatch ship``: request logs into the requests topic (a CLI module: it prints progress and counts)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+import orjson
+
+from servewatch.pipeline.cli.common import Progress, settings_from, with_broker
+
+
+def cmd_ship(args: argparse.Namespace) -> int:
+    """Ship request logs (a followed JSONL file, stdin or HTTP POSTs) to the requests topic in batches."""
+    import os
+    import signal
+
+    from aiokafka.errors import KafkaError
+
+    from servewatch.pipeline import topics
+    from servewatch.pipeline.ingest.scrape.scraper import parse_duration
+    from servewatch.pipeline.ingest.ship.adapters import AdaptOptions, FieldMapping, adapter_for, parse_defaults
+    from servewatch.pipeline.ingest.ship.file_follower import FileFollower, StateFile
+    from servewatch.pipeline.ingest.ship.http_endpoint import HttpSource, parse_listen
+    from servewatch.pipeline.ingest.ship.shipper import ShipConfig, Shipper, ShipStats
+    from servewatch.pipeline.ingest.ship.sources import Source, StreamSource
+    from servewatch.pipeline.kafka import ensure_topics, producer
+
+    base = settings_from(args)
+    line = Progress()
+    try:
+        mapping = FieldMapping.parse(orjson.loads(Path(args.mapping).read_bytes())) if args.mapping else None
+        prefix_chars = base.ship_prefix_chars if args.prefix_chars is None else args.prefix_chars
+        options = AdaptOptions(args.keep_prompt or base.ship_keep_prompt, prefix_chars, parse_defaults(args.default))
+        adapter = adapter_for("mapping" if mapping else args.in_format, options, mapping)
+        config = ShipConfig(batch_records=args.batch or base.ship_batch_records,
+                            batch_bytes=min(base.ship_batch_bytes, base.max_message_bytes),
+                            linger_s=base.ship_linger_s if args.linger is None else parse_duration(args.linger),
+                            drain_timeout_s=base.ship_drain_timeout_s)  # fmt: skip
+        listen = parse_listen(args.listen) if args.listen else None
+        path = None if args.input in (None, "-") else args.input
+        if path and args.no_follow and not os.path.isfile(path):
+            raise ValueError(f"no such file: {path}")
+    except (OSError, ValueError) as exc:
+        print(f"servewatch ship: {exc}", file=sys.stderr)
+        return 2
+
+    def source() -> Source:
+        if path:
+            state = StateFile(args.state or StateFile.default_path(path, base.ship_state_dir))
+            verb = "reading" if args.no_follow else "following"
+            print(f"{verb} {path}; position kept in {state.path}", file=sys.stderr)
+            return FileFollower(path, state, follow=not args.no_follow, start=args.start,
+                                poll_s=base.ship_poll_s, max_line_bytes=base.max_message_bytes)  # fmt: skip
+        if listen is not None:
+            return HttpSource(*listen, max_body_bytes=base.max_message_bytes)
+        return StreamSource(sys.stdin.buffer.read1, max_line_bytes=base.max_message_bytes)  # type: ignore[union-attr]
+
+    async def ship(bootstrap: str, partitions: int) -> ShipStats:
+        stop = asyncio.Event()
+
+        def on_signal(name: str) -> None:
+            print(f"\n{name}: shipping what was read, then stopping", file=sys.stderr, flush=True)
+            stop.set()
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(signum, on_signal, signum.name)
+        await ensure_topics(bootstrap, partitions, (topics.REQUESTS, topics.DEADLETTER))
+        kafka = producer(bootstrap)
+        await kafka.start()
+        shipper = Shipper(source(), adapter, kafka, config)
+        if isinstance(shipper.source, HttpSource):
+            await shipper.source.start()
+            print(f"accepting request logs: POST {shipper.source.url}", file=sys.stderr, flush=True)
+
+        async def progress() -> None:
+            shown = None
+            while True:
+                await asyncio.sleep(1.0)
+                s = shipper.stats
+                if (s.read, s.sent, s.rejected) != shown:
+                    shown = (s.read, s.sent, s.rejected)
+                    line.show(f"read {s.read:,}, sent {s.sent:,}, rejected {s.rejected:,}")
+
+        reporter = asyncio.create_task(progress())
+        try:
+            return await shipper.run(stop)
+        finally:
+            reporter.cancel()
+            await kafka.stop()
+
+    try:
+        with with_broker(base, "ship", embedded=args.embedded) as settings:
+            assert settings.bootstrap is not None
+            stats = asyncio.run(ship(settings.bootstrap, settings.topic_partitions))
+    except (KafkaError, FileNotFoundError) as exc:
+        print(f"\nservewatch ship: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 3
+    line.done()
+    print(f"ship: read {stats.read:,}, sent {stats.sent:,}, rejected {stats.rejected:,}, pending {stats.pending:,} "
+          f"in {stats.elapsed_s:.2f} s ({stats.records_per_s:,.0f} records/s, {stats.messages:,} messages)",
+          file=sys.stderr)  # fmt: skip
+    if stats.by_reason:
+        print("  rejected: " + ", ".join(f"{r} {n:,}" for r, n in stats.by_reason.most_common()), file=sys.stderr)
+    for letter in stats.samples:
+        where = f"line {letter.record_index}" if letter.source_offset is not None else f"item {letter.record_index}"
+        if letter.source_offset is not None:
+            where += f" (byte {letter.source_offset:,})"
+        print(f"  rejected ({letter.reason}) {where}: {letter.error[:200]}", file=sys.stderr)
+    if stats.pending:
+        print(f"  {stats.pending:,} records read were not delivered (Kafka unreachable); a followed file's saved "
+              "position is before them", file=sys.stderr)  # fmt: skip
+    return 0 if stats.pending == 0 else 1

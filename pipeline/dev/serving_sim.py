@@ -1,0 +1,570 @@
+"""A discrete-event simulation of an LLM engine fleet with hard slot limits, driven by real arrival traces.
+
+``pipeline/dev/workload.py`` draws Poisson arrivals and models queueing as ``rho / (1 - rho)``
+with ``rho`` capped, so it never saturates: queue time is a smooth function of load. Real
+fleets are not like that. Arrivals come in bursts (the Mooncake chat trace has 10-second
+counts up to twice their mean; the Azure code trace is silent for minutes, then sends 30
+requests a second), and an engine runs at most ``max_num_seqs`` requests at once: when a
+burst fills the slots, requests wait in a FIFO queue, and queue time jumps from zero to
+seconds. This module replays the public traces bundled in ``pipeline/dev/trace_samples/``
+(arrival times, prompt and output lengths, reusable prefixes) through such engines, so the
+detection scenarios can include what the simple generator cannot produce: brief
+saturation in normal traffic, a surge that overloads the fleet, lost capacity.
+
+The physics, per model (its own trace, ``instances`` engines of ``max_num_seqs`` slots):
+
+* an arrival goes to the engine with the fewest requests in the system (ties in turn)
+  and waits there, FIFO, until a slot is free: ``queue_s``;
+* prefill costs time per *uncached* prompt token (plus an overhead, log-normal jitter,
+  and a contention factor: a busy engine interleaves prefill with everyone's decode);
+* decode costs ``itl * (output - 1)``, the inter-token latency growing with the number of
+  busy slots when the request starts (the batch it joins);
+* the prefix cache serves the reusable prefix: Mooncake's own ``reused_prefix_tokens``
+  (what an unbounded cache shared by the engines would hit, as in Mooncake's KV store),
+  or for the Azure traces, which have no prefix information, a shared system prompt for a
+  share of the requests; in 16-token blocks, and nothing when the phase turns caching off.
+
+Traffic is scaled by playing the trace on its own clock: at ``rate_scale`` 2 the trace
+plays twice as fast (and loops when it runs out), so bursts keep their shape and the mix
+of prompts is the trace's own; a phase's ``traffic`` speeds that clock up further.
+``ModelSpec.utilisation`` picks the scale from a target slot occupancy instead.
+
+Deterministic for a seed (which also picks where in the trace each model starts). An hour
+of the default fleet (~20,000 requests) simulates in under half a second.
+"""
+
+from __future__ import annotations
+
+import bisect
+import csv
+import functools
+import gzip
+import heapq
+import io
+import math
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+import numpy as np
+
+from servewatch.pipeline.dev.workload import EPOCH, phase_at
+
+#: vLLM's KV-cache block: a prefix is cached in whole blocks.
+CACHE_BLOCK_TOKENS = 16
+#: Seconds at the start of a trace with reusable prefixes during which its (replayed) cache
+#: fills from empty; left out (``load_trace``).
+CACHE_WARMUP_S = 300.0
+#: The arrival traces in ``pipeline/dev/trace_samples/`` (``<name>.csv.gz``).
+TRACES = ("mooncake_conversation", "azure_conv", "azure_code")
+
+
+def read_sample(filename: str) -> tuple[str, dict[str, list[str]]]:
+    """(source line, columns by name) of a bundled sample in ``pipeline/dev/trace_samples/``.
+
+    Each sample is a gzip CSV whose first line is a ``#`` comment naming its source and licence.
+    """
+    data = (resources.files("servewatch.pipeline.dev") / "trace_samples" / filename).read_bytes()
+    comment, _, body = gzip.decompress(data).decode().partition("\n")
+    rows = csv.reader(io.StringIO(body))
+    header = next(rows)
+    columns = list(zip(*rows, strict=True))
+    return comment.lstrip("# "), {name: list(values) for name, values in zip(header, columns, strict=True)}
+
+
+def per_second(
+    records: Sequence[dict[str, Any]], start: float, duration_s: float
+) -> Iterator[tuple[float, list[dict[str, Any]]]]:
+    """(second's end, the records that finished in it) for every second from ``start``, until
+    ``duration_s`` is over and every record was given. ``records`` sorted by ``timestamp``."""
+    finishes = [r["timestamp"] for r in records]
+    last = max(duration_s, (finishes[-1] - start) if finishes else 0.0)
+    taken = 0
+    for second in range(math.ceil(last) + 1):
+        now = start + second + 1
+        upto = bisect.bisect_left(finishes, now, lo=taken)
+        yield now, list(records[taken:upto])
+        taken = upto
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """An arrival trace: per request, arrival offset, prompt and output lengths."""
+
+    name: str
+    source: str
+    t_s: np.ndarray  # arrival seconds from the trace's start, sorted
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    reused_prefix_tokens: np.ndarray | None  # what a prefix cache could serve; None: unknown
+    first_block_id: np.ndarray | None  # requests with the same id share a leading prompt block
+
+    @property
+    def period_s(self) -> float:
+        """Length of one play of the trace: the last arrival plus a mean gap, so a loop has no hole."""
+        n = len(self.t_s)
+        return float(self.t_s[-1] + (self.t_s[-1] - self.t_s[0]) / max(n - 1, 1))
+
+    @property
+    def rate(self) -> float:
+        """Mean requests/s over one play."""
+        return len(self.t_s) / self.period_s
+
+
+@functools.cache
+def load_trace(name: str) -> Trace:
+    """A bundled trace by name (one of ``TRACES``); read once per process."""
+    source, columns = read_sample(f"{name}.csv.gz")
+
+    def ints(column: str) -> np.ndarray | None:
+        return np.array(columns[column], dtype=np.int64) if column in columns else None
+
+    prompt, output = ints("prompt_tokens"), ints("output_tokens")
+    assert prompt is not None and output is not None
+    t_s, reused, blocks = (
+        np.array(columns["t_s"], dtype=np.float64),
+        ints("reused_prefix_tokens"),
+        ints("first_block_id"),
+    )
+    keep = np.ones(len(t_s), dtype=bool)
+    if reused is not None:
+        # The reusable prefixes were found by replaying the trace through a cache that starts
+        # empty: its first minutes reuse half as much as the rest (21 % of prompt tokens, then
+        # 35-41 %). A fleet that runs for hours never sees a cold cache again, and a looped
+        # trace must not replay one: the trace starts once the cache is warm.
+        keep = t_s >= CACHE_WARMUP_S
+        t_s = t_s[keep] - CACHE_WARMUP_S
+    return Trace(
+        name,
+        source,
+        t_s,
+        prompt[keep],
+        np.maximum(output, 1)[keep],
+        None if reused is None else reused[keep],
+        None if blocks is None else blocks[keep],
+    )
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model of the fleet: the trace that drives it, its engines and their speed."""
+
+    name: str
+    trace: str  # one of TRACES
+    route: str
+    instances: int = 2
+    max_num_seqs: int = 48  # slots per engine: the hard concurrency limit
+    #: Mean slot occupancy wanted at traffic 1.0; sets the trace's speed (``rate_scale`` is then ignored).
+    utilisation: float | None = None
+    rate_scale: float = 1.0  # trace played this many times faster (when ``utilisation`` is None)
+    prefill_overhead_s: float = 0.02
+    prefill_s_per_token: float = 1.2e-4
+    prefill_contention: float = 0.5  # prefill slower by this share when every slot is busy
+    itl_s: float = 0.02  # inter-token latency of a lone request
+    batch_factor: float = 1.0  # ITL grows by this share when every slot is busy
+    #: Traces without prefix information: a system prompt of this length, shared by this share of requests.
+    system_prompt_tokens: int = 512
+    system_prompt_share: float = 0.8
+    engine_version: str = "0.11.0"
+    trace_offset_s: float | None = None  # where in the trace to start; None: picked by the seed
+
+    def cacheable_tokens(self, prompt: np.ndarray, reusable: np.ndarray) -> np.ndarray:
+        """The part of each prompt a prefix cache can serve: whole blocks of the reusable
+        prefix, never the whole prompt (the engine always computes the last token)."""
+        reusable = np.minimum(reusable, prompt - 1)
+        return np.maximum(reusable // CACHE_BLOCK_TOKENS * CACHE_BLOCK_TOKENS, 0)
+
+    def system_prompt(self, prompt: np.ndarray) -> np.ndarray:
+        """The reusable prefix of prompts that carry the system prompt (longer ones only)."""
+        return np.where(prompt > self.system_prompt_tokens, self.system_prompt_tokens, 0)
+
+    def trace_scale(self, trace: Trace) -> float:
+        """How many times faster than recorded the trace plays at traffic 1.0.
+
+        From a target occupancy ``u``: busy slots = arrival rate x mean service time at that
+        occupancy (Little's law), so rate = u x slots / service(u). Queueing adds no busy slots.
+        """
+        if self.utilisation is None:
+            return self.rate_scale
+        u = self.utilisation
+        prompt = trace.prompt_tokens
+        if trace.reused_prefix_tokens is not None:
+            cached = self.cacheable_tokens(prompt, trace.reused_prefix_tokens)
+        else:
+            cached = self.cacheable_tokens(prompt, self.system_prompt(prompt)) * self.system_prompt_share
+        uncached = float(np.mean(prompt - cached))
+        decode_tokens = float(np.mean(trace.output_tokens - 1))
+        service = (
+            self.prefill_overhead_s
+            + uncached * self.prefill_s_per_token * (1 + self.prefill_contention * u)
+            + self.itl_s * (1 + self.batch_factor * u) * decode_tokens
+        )
+        return u * self.instances * self.max_num_seqs / (trace.rate * service)
+
+
+#: A chat model on the Mooncake conversation trace (long prompts, ~37 % of prompt tokens
+#: reusable): four engines of 16 slots at 60 % occupancy, ~3.2 requests/s. The trace's
+#: bursts fill every slot in ~2 % of seconds, and ~1.5 % of requests wait for one.
+CHAT_MODEL = ModelSpec("llama-3.1-70b", "mooncake_conversation", "chat", instances=4, max_num_seqs=16, utilisation=0.6)
+#: A code model on the Azure code trace at its recorded rate (2.6 requests/s on average, but
+#: minutes of silence and bursts of up to 60/s): short answers, fast engines, two of 12 slots,
+#: ~6 % busy on average, full in ~1 % of seconds.
+CODE_MODEL = ModelSpec(
+    "qwen2.5-coder-32b", "azure_code", "code", instances=2, max_num_seqs=12,
+    prefill_s_per_token=6e-5, itl_s=0.012, system_prompt_tokens=1024, system_prompt_share=0.7,
+)  # fmt: skip
+#: A low-volume model: the Azure chat trace at a third of its rate (~2 requests/s, nearly all
+#: in one segment: 10-30 requests per 10 s window) on one engine of 12 slots, ~50 % busy.
+LOW_VOLUME_MODEL = ModelSpec(
+    "qwen3-8b", "azure_conv", "chat", instances=1, max_num_seqs=12, rate_scale=1 / 3,
+    prefill_s_per_token=4e-5, itl_s=0.01, system_prompt_tokens=384, system_prompt_share=0.8,
+)  # fmt: skip
+DEFAULT_FLEET = (CHAT_MODEL, CODE_MODEL)
+
+
+@dataclass(frozen=True)
+class SimPhase:
+    """A stretch of simulated time with constant conditions, for every model or only ``models``.
+
+    Engine faults (caching, slowdowns, capacity) apply when a request *starts* service;
+    client-side ones (``max_tokens``, errors, leaks) to the requests that *arrive* in the phase.
+    """
+
+    name: str
+    duration_s: float
+    traffic: float = 1.0  # multiplier on the arrival rate (2.5: a surge that overloads the slots)
+    prefix_caching: bool = True
+    prefill_slowdown: float = 1.0  # prefill slower by this factor for long prompts only
+    #: What counts as long: away from the detector's prompt-band edges (4096, 32768) on purpose,
+    #: so a slowdown hits part of a segment, not a whole one.
+    slow_prompt_tokens: int = 16_000
+    decode_slowdown: float = 1.0
+    capacity_factor: float = 1.0  # share of each engine's slots usable (0.5: half the KV memory)
+    max_tokens: int = 4096  # longer answers are cut (finish_reason "length")
+    error_rate: float = 0.0  # share of requests that fail (HTTP 500) after their prefill
+    leak_rate: float = 0.0  # share of answers with "</think>" in the text (with ``log_content``)
+    ttft_factor: float = 1.0  # prefill slower by this factor for every prompt
+    models: tuple[str, ...] | None = None  # the models the phase's conditions apply to; None: all
+
+    def for_model(self, model: str) -> SimPhase:
+        """This phase as ``model`` sees it: its conditions, or plain normal ones."""
+        if self.models is None or model in self.models:
+            return self
+        return SimPhase(self.name, self.duration_s)
+
+
+@dataclass(frozen=True, eq=False)
+class Occupancy:
+    """Per simulated second, the time-averaged busy slots and waiting requests of one model."""
+
+    slots: int  # nominal slots over all engines
+    busy: np.ndarray
+    waiting: np.ndarray
+
+    def share(self, first_s: float = 0.0, last_s: float | None = None) -> float:
+        """Mean busy slots over nominal slots, for the seconds in [first_s, last_s)."""
+        return float(np.mean(self.busy[int(first_s) : None if last_s is None else int(last_s)])) / self.slots
+
+    def saturated_share(self, first_s: float = 0.0, last_s: float | None = None) -> float:
+        """Share of seconds in [first_s, last_s) in which some request waited for a slot."""
+        return float(np.mean(self.waiting[int(first_s) : None if last_s is None else int(last_s)] > 0))
+
+
+def _integral_per_second(starts: np.ndarray, ends: np.ndarray, seconds: int) -> np.ndarray:
+    """For intervals [start, end), the time they cover within each second [k, k + 1), summed.
+
+    The covered time up to x is sum(x - start over starts < x) - sum(x - end over ends < x):
+    two sorted prefix sums, no loop over intervals.
+    """
+    grid = np.arange(seconds + 1, dtype=np.float64)
+
+    def covered(points: np.ndarray) -> np.ndarray:
+        ordered = np.sort(points)
+        prefix = np.concatenate([[0.0], np.cumsum(ordered)])
+        count = np.searchsorted(ordered, grid, side="left")
+        return count * grid - prefix[count]
+
+    total = covered(starts) - covered(ends)
+    return np.diff(total)
+
+
+@dataclass
+class _ModelRun:
+    """One model's simulated requests, as arrays indexed by arrival."""
+
+    spec: ModelSpec
+    arrival: np.ndarray
+    start: np.ndarray
+    prefill: np.ndarray
+    decode: np.ndarray
+    instance: np.ndarray
+    prompt: np.ndarray
+    cached: np.ndarray
+    output: np.ndarray
+    max_tokens: np.ndarray
+    finish: list[str]
+    prefix_hash: list[str]
+    leaked: np.ndarray
+
+
+@dataclass
+class TraceWorkload:
+    """Request-log dicts (``RequestLog`` JSON) from the fleet simulation, in finish-time order.
+
+    The same interface as ``pipeline.dev.workload.Workload``: ``start``, ``duration_s``,
+    ``seconds()`` and ``records()``; requests still running when the last phase ends are
+    emitted as they finish, in a drain after it.
+    """
+
+    phases: tuple[SimPhase, ...]
+    models: tuple[ModelSpec, ...] = DEFAULT_FLEET
+    log_content: bool = False  # add answer and reasoning text (a reasoning model's logs)
+    seed: int = 42
+    start: float = EPOCH
+    _runs: dict[str, _ModelRun] = field(init=False, repr=False, default_factory=dict)
+    _records: list[dict[str, Any]] | None = field(init=False, repr=False, default=None)
+
+    @property
+    def duration_s(self) -> float:
+        return sum(p.duration_s for p in self.phases)
+
+    def phase_at(self, offset_s: float) -> SimPhase:
+        return phase_at(self.phases, offset_s)
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        """All records, ordered by finish time (as a log shipper would see them)."""
+        yield from self._simulated()
+
+    def seconds(self) -> Iterator[tuple[float, list[dict[str, Any]]]]:
+        """Per simulated second: (sim time, records that *finished* in it), in finish order,
+        until the phases are over and every request has finished."""
+        return per_second(self._simulated(), self.start, self.duration_s)
+
+    @property
+    def first_faulty_log_s(self) -> float | None:
+        """When (event time) the first request touched by the second phase (a scenario's
+        injected one) was logged: served from its start on, or arrived in it. A detector
+        cannot know of a fault before: a slower decode of a long answer is logged late."""
+        if len(self.phases) < 2:
+            return None
+        self._simulated()
+        first, last = self.phases[0].duration_s, self.phases[0].duration_s + self.phases[1].duration_s
+        ends = []
+        for run in self._runs.values():
+            touched = ((run.start >= first) & (run.start < last)) | ((run.arrival >= first) & (run.arrival < last))
+            if touched.any():
+                ends.append(float(np.min((run.start + run.prefill + run.decode)[touched])))
+        return self.start + min(ends) if ends else None
+
+    def occupancy(self, model: str) -> Occupancy:
+        """Busy slots and waiting requests of ``model`` per simulated second (after the run)."""
+        self._simulated()
+        run = self._runs[model]
+        seconds = math.ceil(float(np.max(run.start + run.prefill + run.decode, initial=self.duration_s)))
+        end = run.start + run.prefill + run.decode
+        return Occupancy(
+            run.spec.instances * run.spec.max_num_seqs,
+            _integral_per_second(run.start, end, seconds),
+            _integral_per_second(run.arrival, run.start, seconds),
+        )
+
+    def rate_scale(self, model: str) -> float:
+        """How many times faster than recorded ``model``'s trace plays at traffic 1.0."""
+        spec = next(m for m in self.models if m.name == model)
+        return spec.trace_scale(load_trace(spec.trace))
+
+    # -- the simulation -------------------------------------------------------------------
+
+    def _simulated(self) -> list[dict[str, Any]]:
+        if self._records is None:
+            records: list[dict[str, Any]] = []
+            for index, spec in enumerate(self.models):
+                run = self._simulate(index, spec)
+                self._runs[spec.name] = run
+                records.extend(self._to_records(index, run))
+            records.sort(key=lambda r: r["timestamp"])
+            self._records = records
+        return self._records
+
+    def _arrivals(self, spec: ModelSpec, trace: Trace, offset_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """(arrival second, trace row) of each request, in arrival order.
+
+        The trace runs on its own clock, which advances ``scale x traffic`` trace seconds per
+        simulated second; a request arrives when the trace clock passes its recorded time.
+        """
+        phases = [p.for_model(spec.name) for p in self.phases]
+        durations = np.array([p.duration_s for p in phases], dtype=np.float64)
+        speeds = spec.trace_scale(trace) * np.array([p.traffic for p in phases], dtype=np.float64)
+        sim_bounds = np.concatenate([[0.0], np.cumsum(durations)])
+        clock_bounds = offset_s + np.concatenate([[0.0], np.cumsum(durations * speeds)])
+        period = trace.period_s
+        clocks, rows = [], []
+        for loop in range(int(clock_bounds[0] // period), int(clock_bounds[-1] // period) + 1):
+            clock = trace.t_s + loop * period
+            keep = (clock >= clock_bounds[0]) & (clock < clock_bounds[-1])
+            clocks.append(clock[keep])
+            rows.append(np.flatnonzero(keep))
+        clock = np.concatenate(clocks)
+        # Phases whose clock does not move (traffic 0) hold no arrival: "right" skips them.
+        phase = np.searchsorted(clock_bounds, clock, side="right") - 1
+        arrival = sim_bounds[phase] + (clock - clock_bounds[phase]) / speeds[phase]
+        return arrival, np.concatenate(rows)
+
+    def _simulate(self, index: int, spec: ModelSpec) -> _ModelRun:
+        rng = np.random.default_rng([self.seed, index])
+        trace = load_trace(spec.trace)
+        offset = spec.trace_offset_s if spec.trace_offset_s is not None else float(rng.uniform(0.0, trace.period_s))
+        arrival, row = self._arrivals(spec, trace, offset)
+        n = len(arrival)
+        prompt = trace.prompt_tokens[row]
+        wanted = trace.output_tokens[row]
+        # All random draws up front, one array each: the same seed gives the same requests
+        # whatever the phases switch on.
+        shared = rng.random(n) < spec.system_prompt_share
+        prefill_jitter = rng.lognormal(0.0, 0.1, n)
+        itl_jitter = rng.lognormal(0.0, 0.05, n)
+        fails = rng.random(n)
+        leaks = rng.random(n)
+
+        if trace.reused_prefix_tokens is not None:
+            cacheable = spec.cacheable_tokens(prompt, trace.reused_prefix_tokens[row])
+            blocks = trace.first_block_id[row] if trace.first_block_id is not None else np.zeros(n, dtype=np.int64)
+            # What a shipper hashing the prompt's first ~2,000 characters would send: one
+            # hash per leading block (in the Mooncake trace, one system prompt for all).
+            prefix_hash = [f"{spec.name}:blk{block}" for block in blocks]
+        else:
+            shared &= prompt > spec.system_prompt_tokens
+            cacheable = spec.cacheable_tokens(prompt, np.where(shared, spec.system_prompt(prompt), 0))
+            prefix_hash = [
+                f"{spec.name}:{spec.route}:sys-v1" if s else f"{spec.name}:{spec.route}:user-{i}"
+                for i, s in enumerate(shared)
+            ]
+
+        phases = [p.for_model(spec.name) for p in self.phases]
+        bounds = list(np.cumsum([p.duration_s for p in phases]))
+
+        def phase_at(t: float) -> SimPhase:
+            return phases[min(bisect.bisect_right(bounds, t), len(phases) - 1)]
+
+        start = np.zeros(n)
+        prefill = np.zeros(n)
+        decode = np.zeros(n)
+        instance = np.zeros(n, dtype=np.int64)
+        cached = np.zeros(n, dtype=np.int64)
+        output = np.zeros(n, dtype=np.int64)
+        max_tokens = np.zeros(n, dtype=np.int64)
+        finish = ["stop"] * n
+        leaked = np.zeros(n, dtype=bool)
+
+        engines = spec.instances
+        slots = spec.max_num_seqs
+        busy = [0] * engines
+        queues: list[deque[int]] = [deque() for _ in range(engines)]
+        # Departures (time, engine) and capacity changes at phase boundaries (time, -1).
+        events: list[tuple[float, int]] = [(b, -1) for b in bounds[:-1]]
+        heapq.heapify(events)
+        next_engine = 0
+
+        def limit(t: float) -> int:
+            return max(1, int(slots * phase_at(t).capacity_factor))
+
+        def begin(i: int, engine: int, now: float) -> None:
+            busy[engine] += 1
+            load = busy[engine] / slots  # the batch this request joins, itself included
+            engine_phase, client_phase = phase_at(now), phase_at(arrival[i])
+            hit = int(cacheable[i]) if engine_phase.prefix_caching else 0
+            p = (spec.prefill_overhead_s + (prompt[i] - hit) * spec.prefill_s_per_token * prefill_jitter[i]) * (
+                1.0 + spec.prefill_contention * load
+            )
+            p *= engine_phase.ttft_factor
+            if prompt[i] > engine_phase.slow_prompt_tokens:
+                p *= engine_phase.prefill_slowdown
+            out = min(int(wanted[i]), client_phase.max_tokens)
+            if wanted[i] > client_phase.max_tokens:
+                finish[i] = "length"
+            if fails[i] < client_phase.error_rate:
+                finish[i], out = "error", 0
+            itl = spec.itl_s * engine_phase.decode_slowdown * (1.0 + spec.batch_factor * load) * itl_jitter[i]
+            d = itl * max(out - 1, 0)
+            start[i], prefill[i], decode[i], instance[i] = now, p, d, engine
+            cached[i], output[i], max_tokens[i] = hit, out, client_phase.max_tokens
+            leaked[i] = leaks[i] < client_phase.leak_rate
+            heapq.heappush(events, (now + p + d, engine))
+
+        def fill(engine: int, now: float) -> None:
+            queue, cap = queues[engine], limit(now)
+            while queue and busy[engine] < cap:
+                begin(queue.popleft(), engine, now)
+
+        def advance(until: float) -> None:
+            """Process every departure and phase change up to ``until``, in time order."""
+            while events and events[0][0] <= until:
+                now, engine = heapq.heappop(events)
+                if engine < 0:  # a phase boundary: capacity may have come back
+                    for e in range(engines):
+                        fill(e, now)
+                else:
+                    busy[engine] -= 1
+                    fill(engine, now)
+
+        for i in range(n):
+            now = float(arrival[i])
+            advance(now)
+            # Fewest requests in the system wins; ties go round-robin, so idle engines share work.
+            best = min(
+                ((next_engine + k) % engines for k in range(engines)),
+                key=lambda e: busy[e] + len(queues[e]),
+            )
+            next_engine = (best + 1) % engines
+            if queues[best] or busy[best] >= limit(now):
+                queues[best].append(i)
+            else:
+                begin(i, best, now)
+        advance(math.inf)
+
+        return _ModelRun(
+            spec, arrival, start, prefill, decode, instance, prompt, cached, output, max_tokens, finish,
+            prefix_hash, leaked,
+        )  # fmt: skip
+
+    def _to_records(self, index: int, run: _ModelRun) -> Iterator[dict[str, Any]]:
+        spec = run.spec
+        hosts = [f"10.0.{index}.{10 + e}:8000" for e in range(spec.instances)]
+        for i in range(len(run.arrival)):
+            queue = float(run.start[i] - run.arrival[i])
+            prefill, decode = float(run.prefill[i]), float(run.decode[i])
+            ttft = queue + prefill
+            e2e = ttft + decode
+            finish = run.finish[i]
+            record: dict[str, Any] = {
+                "request_id": f"{spec.name}-{i}",
+                "timestamp": round(self.start + float(run.arrival[i]) + e2e, 4),
+                "model": spec.name,
+                "route": spec.route,
+                "instance": hosts[run.instance[i]],
+                "engine": "vllm",
+                "engine_version": spec.engine_version,
+                "prompt_tokens": int(run.prompt[i]),
+                "cached_tokens": int(run.cached[i]),
+                "completion_tokens": int(run.output[i]),
+                "max_tokens": int(run.max_tokens[i]),
+                "ttft_s": round(ttft, 5),
+                "queue_s": round(queue, 5),
+                "prefill_s": round(prefill, 5),
+                "decode_s": round(decode, 5),
+                "e2e_s": round(e2e, 5),
+                "finish_reason": finish,
+                "status_code": 500 if finish == "error" else 200,
+                "prefix_hash": run.prefix_hash[i],
+            }
+            if self.log_content and finish != "error":
+                record["reasoning_content"] = "Let me work through this step by step."
+                record["content"] = "Step 3 done.</think>The answer is 42." if run.leaked[i] else "The answer is 42."
+            yield record
+
+
+def scenario_phases(injected: SimPhase, warmup_s: float = 600.0, recovery_s: float = 180.0) -> tuple[SimPhase, ...]:
+    """Normal traffic, one injected condition, normal traffic again (a scenario's shape)."""
+    return (SimPhase("normal", warmup_s), injected, SimPhase("recovery", recovery_s))

@@ -1,0 +1,258 @@
+"""The Faust app: settings -> app, topics and agents. Thin wiring; the logic is in ``stages``.
+
+Agents:
+- ``aggregate_request_batches`` (requests topic): decode, validate, dead-letter the bad,
+  fold records into the worker's window tables (shared by its partitions), send closed
+  windows as column bundles to the partials partition of each segment (always the same
+  one), followed by watermarks.
+- ``detect_anomalies`` (partials topic): merge partials per segment window, judge each
+  window once, store the detectors' state in a changelog-backed table, read the evidence
+  of firing events back from the requests topic, send each incident event on to the
+  incidents topic, keyed by model.
+- ``group_incidents`` (incidents topic): put each incident in its group (one model, one
+  likely cause; ``models.detect.grouping``) and publish it and the group's own records.
+- ``judge_engine_intervals`` (scrapes topic): judge each engine's ``EngineInterval`` on
+  its capacity signals (``engine_stage``), with state in the same table; publish.
+Timers advance quiet partitions' event time and release windows that waited long enough.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from collections.abc import Callable
+from functools import partial
+from typing import Any, cast
+
+import faust
+import orjson
+
+from servewatch.models.detect.grouping import IncidentGrouper
+from servewatch.models.windows.window import WindowStats
+from servewatch.pipeline import tuning
+from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.topics import DETECTOR_STATE_TABLE, Topics, declare_topics
+from servewatch.pipeline.worker import metrics, tansu_transport
+from servewatch.pipeline.worker.decode import Source, internal_error
+from servewatch.pipeline.worker.engine_stage import JudgeEngines
+from servewatch.pipeline.worker.evidence import KafkaMessageReader, resolve
+from servewatch.pipeline.worker.stages import StageOne, StageTwo, partition_of
+from servewatch.schemas.anomaly import AnomalyEvent
+
+logger = logging.getLogger(__name__)
+
+# Consumer-group timing per broker kind. Tansu holds a JoinGroup for half the session
+# timeout, so Faust's default of 60 s would leave a fresh worker idle for 30 s.
+_PROFILES: dict[str, dict[str, Any]] = {
+    "kafka": {},
+    "tansu": {"broker_session_timeout": 6.0, "broker_heartbeat_interval": 1.0, "broker_rebalance_timeout": 6.0},
+}
+
+
+def _scheme(profile: str) -> str:
+    """Faust transport per broker kind: Tansu needs shorter fetch long-polls (see tansu_transport)."""
+    return tansu_transport.register() if profile == "tansu" else "kafka"
+
+
+def create_app(settings: Settings) -> tuple[faust.App, Topics]:
+    if settings.bootstrap is None:
+        raise ValueError("create_app needs a broker address; the CLI starts the embedded one when none is set")
+    app = faust.App(
+        settings.app_id,
+        broker=f"{_scheme(settings.broker_profile)}://{settings.bootstrap}",
+        store="memory://",
+        datadir=settings.data_dir or tempfile.mkdtemp(prefix="servewatch-faust-"),
+        topic_partitions=settings.topic_partitions,
+        web_enabled=False,
+        producer_linger=0.0,  # Tansu under-reports end offsets of multi-record batches
+        # Messages still feeding open windows are unacknowledged by design; on shutdown they
+        # are left for the next worker to replay rather than waited for.
+        stream_wait_empty=False,
+        producer_max_request_size=max(settings.max_message_bytes, 1_048_576) + 65_536,
+        consumer_max_fetch_size=max(settings.max_message_bytes, 1_048_576) + 65_536,
+        **_PROFILES[settings.broker_profile],
+    )
+    topics = declare_topics(app, settings.topic_partitions)
+    stage_one = StageOne(settings)
+    stage_two = StageTwo(settings)
+    engines = JudgeEngines(settings)
+    # Detector state survives restarts and rebalances in a changelog-backed table keyed by
+    # segment. ``use_partitioner``: the producer places each key, by the same partitioner
+    # as ``stages.partition_of``, so state and partials of a segment share a partition
+    # number, and writes may come from timers (no current event) as well as the agent.
+    # Keys and values as bytes (raw serializers): the key hashed by the producer is exactly
+    # the segment key's bytes, as in ``partition_of``; values are ``SegmentDetectors.state()``
+    # as JSON.
+    state_table = app.Table(
+        DETECTOR_STATE_TABLE, default=None, key_type=bytes, value_type=bytes, partitions=settings.topic_partitions,
+        use_partitioner=True,
+    )  # fmt: skip
+
+    def restore(key: str) -> dict[str, Any] | None:
+        stored = state_table.get(key.encode())
+        return None if stored is None else cast(dict[str, Any], orjson.loads(stored))
+
+    # Engines' detectors share the table: their keys (``instance|model``, as the scraper keys
+    # its messages) never look like a segment's (``model=...|route=...``).
+    stage_two.bank.restore = engines.bank.restore = restore
+
+    def save_states(every_one: bool = False, occasion: str = "") -> None:
+        """Store what is due (``every_one``: every segment's and engine's latest). Never raises:
+        state is a cache of what the models learned, never worth an event or the worker."""
+        try:
+            for bank in (stage_two.bank, engines.bank):
+                for key, state in bank.states_to_save(every_one):
+                    state_table[key.encode()] = orjson.dumps(state)
+                while bank.expired:  # segments idle for segment_idle_s: their state goes too
+                    state_table.pop(bank.expired.pop().encode(), None)
+        except Exception as exc:
+            metrics.STATE_WRITE_FAILURES.inc()
+            logger.warning("detector state not stored%s (%s): a restart would relearn those segments", occasion, exc)
+
+    partials_partitions = settings.topic_partitions
+
+    async def send_partials(partials: list[WindowStats]) -> None:
+        for partition, bundle in stage_one.bundles(partials, partials_partitions):
+            await topics.partials.send(key=None, value=bundle, partition=partition)
+
+    evidence_budget = settings.evidence_budget()
+    segment_key_of = settings.segmenter().key_of_row  # a scan's filter: never registers a segment
+    evidence_reader = KafkaMessageReader(settings.bootstrap, topics.requests.get_topic_name())
+
+    async def publish(events: list[AnomalyEvent]) -> None:
+        engines.explain(events)
+        await resolve(events, evidence_reader.read, evidence_budget, segment_key_of)
+        for event in events:
+            # By model: every incident of a model reaches the one worker that groups them.
+            model = event.segment.get("model", "other").encode()
+            await topics.incidents.send(key=model, value=event.model_dump_json().encode())
+
+    grouper = IncidentGrouper()
+
+    @app.agent(topics.incidents)
+    async def group_incidents(stream: faust.StreamT) -> None:
+        """Each incident event onto the anomaly topic with its group, and the group's own
+        record when the group moves (``models.detect.grouping``)."""
+        async for raw in stream:
+            try:
+                event, told = grouper.add(AnomalyEvent.model_validate_json(raw))
+            except Exception:
+                logger.exception("failed to group an incident event; published as it came")
+                event, told = AnomalyEvent.model_validate_json(raw), []
+            await topics.anomalies.send(key=event.fingerprint.encode(), value=event.model_dump_json().encode())
+            logger.info("anomaly %s %s %s: %s", event.status.value, event.signal.value, event.severity.value,
+                        event.summary)  # fmt: skip
+            for group in told:
+                await topics.anomalies.send(key=group.group.encode(), value=group.model_dump_json().encode())
+                logger.info("incident group %s: %s", group.transition, group.title)
+
+    async def send_partials_and_ack(partials: list[WindowStats]) -> None:
+        await send_partials(partials)
+        for event in stage_one.safe_to_ack():
+            event.ack()
+
+    @app.agent(topics.requests)
+    async def aggregate_request_batches(stream: faust.StreamT) -> None:
+        # noack: a message is acknowledged (and its offset committed) only once every window
+        # it fed has been sent on to stage 2, so a crash replays what was still in memory.
+        async for event in cast(faust.Stream, stream).noack().events():
+            message = event.message
+            source = Source(topic=message.topic, partition=message.partition, offset=message.offset)
+            try:
+                letters, partials = stage_one.process(event.value, source, token=event)
+            except Exception as exc:
+                logger.exception("failed to process message %s/%s", source.partition, source.offset)
+                letters, partials = [internal_error(event.value, source, exc)], []
+                event.ack()
+            for letter in letters:
+                logger.warning("dead letter (%s) at %s/%s: %s", letter.reason, source.partition, source.offset,
+                               letter.error)  # fmt: skip
+                await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
+            await send_partials_and_ack(partials)
+
+    async def judge_and_publish(judge: Callable[[], list[AnomalyEvent]]) -> None:
+        """Run one stage-2 step; a bug in judging costs that step, never the worker."""
+        try:
+            events = judge()
+        except Exception:
+            logger.exception("stage 2 failed to judge windows")
+            return
+        await store_and_publish(events)
+
+    async def store_and_publish(events: list[AnomalyEvent]) -> None:
+        save_states()
+        await publish(events)
+
+    @app.agent(topics.partials)
+    async def detect_anomalies(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            await judge_and_publish(partial(stage_two.receive, event.value, via=event.message.partition))
+
+    @app.agent(topics.scrapes)
+    async def judge_engine_intervals(stream: faust.StreamT) -> None:
+        async for event in stream.events():
+            message = event.message
+            source = Source(topic=message.topic, partition=message.partition, offset=message.offset)
+            try:
+                events, letters = engines.receive(event.value, source)
+            except Exception as exc:
+                logger.exception("failed to judge engine interval %s/%s", source.partition, source.offset)
+                events, letters = [], [internal_error(event.value, source, exc)]
+            for letter in letters:
+                logger.warning("dead letter (%s) at scrapes %s/%s: %s", letter.reason, source.partition,
+                               source.offset, letter.error)  # fmt: skip
+                await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
+            await store_and_publish(events)
+
+    @app.timer(0.5)
+    async def flush_quiet_partitions() -> None:
+        await send_partials_and_ack(stage_one.flush_idle())
+
+    @app.timer(0.25)
+    async def release_due_windows() -> None:
+        await judge_and_publish(stage_two.release_due)
+
+    if settings.heap_trim_interval_s > 0:
+
+        @app.timer(settings.heap_trim_interval_s)
+        async def trim_heap() -> None:
+            # Between windows, not per batch: it costs a few ms, the free space it returns
+            # is what each window's buffers leave behind (see tuning.trim_heap).
+            tuning.trim_heap()
+
+    @app.timer(10.0)
+    async def report_progress() -> None:
+        a = stage_two.assembler
+        logger.info(
+            "progress: %d windows judged, %d segments, %d pending windows, %d late and %d duplicate partials dropped",
+            stage_two.bank.windows_judged, len(stage_two.bank.detectors), len(a.pending), a.late_partials,
+            a.duplicate_partials,
+        )  # fmt: skip
+
+    @app.on_before_shutdown.connect
+    async def stop_evidence_reader(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        await evidence_reader.stop()
+
+    @app.on_before_shutdown.connect
+    async def store_every_state(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        # States are stored every few windows (SERVEWATCH_STATE_EVERY_WINDOWS): a worker that
+        # stops on purpose stores what it learned since, for whoever takes its segments.
+        save_states(every_one=True, occasion=" on shutdown")
+
+    @app.on_partitions_revoked.connect
+    async def hand_over_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        revoked = args[0] if args else kwargs.get("revoked", set())
+        mine = {tp.partition for tp in revoked if tp.topic == topics.requests.get_topic_name()}
+        if mine:
+            await send_partials_and_ack(stage_one.drop_partitions(mine))
+        judged_here = {tp.partition for tp in revoked if tp.topic == topics.partials.get_topic_name()}
+        engines_here = {tp.partition for tp in revoked if tp.topic == topics.scrapes.get_topic_name()}
+        if judged_here or engines_here:
+            # Their state is in the table (stored every few windows; now every segment's
+            # latest): whoever judges them next restores it, and so will this worker if they
+            # come back, rather than keep a copy that the other worker has since moved past.
+            save_states(every_one=True, occasion=" on revocation")
+            stage_two.bank.forget(lambda key: partition_of(key, partials_partitions) in judged_here)
+            engines.bank.forget(lambda key: partition_of(key, partials_partitions) in engines_here)
+
+    return app, topics

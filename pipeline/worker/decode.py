@@ -1,0 +1,183 @@
+"""Bytes from the requests topic -> validated rows (``FastRow`` Structs), and ``DeadLetter``s.
+
+A message may carry one record (a JSON object), a batch (a JSON array) or NDJSON lines:
+shippers batch hundreds of records per message because a worker pays per message. One bad
+record in a batch costs only that record: it becomes a dead letter with its position and
+reason, and the rest of the batch is used. Nothing here raises on bad input.
+
+Fast path: a clean JSON array (or NDJSON) is parsed and validated in one call, in C
+(msgspec, see ``pipeline.worker.fast_rows``), faster than parsing it into dicts. Anything else,
+or a message with a bad record, takes the careful path: item by item, with ``RequestLog``
+(the authoritative model) judging what the fast validator refused.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import numpy as np
+import orjson
+from pydantic import ValidationError
+
+from servewatch.models.windows.batch import RowBatch
+from servewatch.pipeline.worker.fast_rows import FastRow, decode_array, decode_lines
+from servewatch.schemas.dead_letter import DeadLetter
+from servewatch.schemas.request_log import RequestLog
+
+RAW_KEEP_BYTES = 64 * 1024
+
+
+@dataclass
+class Source:
+    """Where a message came from, for dead letters and replay de-duplication."""
+
+    topic: str | None = None
+    partition: int | None = None
+    offset: int | None = None
+
+
+@dataclass
+class Decoded:
+    accepted: list[FastRow] = field(default_factory=list)
+    # Position in the message of each row accepted one by one (the careful path); the fast
+    # path's rows carry theirs in ``batch``.
+    positions: list[int] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    batch: RowBatch | None = None  # the fast path's rows with their columns, when it applied
+
+    def rows(self) -> RowBatch:
+        """The accepted rows as a ``RowBatch`` (columns already extracted on the fast path)."""
+        if self.batch is not None:
+            return self.batch
+        return RowBatch(self.accepted, np.array(self.positions, dtype=np.int64))
+
+    def accept(self, row: FastRow, position: int | None) -> None:
+        self.accepted.append(row)
+        self.positions.append(position or 0)
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """The accepted rows as plain dicts (for people and tests; the hot path reads ``rows()``)."""
+        return [row.to_row() for row in self.accepted]
+
+
+def dead_letter(reason: str, error: str, raw: bytes, source: Source, index: int | None = None) -> DeadLetter:
+    return DeadLetter(
+        reason=reason,
+        error=error[:2000],
+        raw=raw[:RAW_KEEP_BYTES].decode("utf-8", errors="replace"),
+        raw_truncated=len(raw) > RAW_KEEP_BYTES,
+        source_topic=source.topic,
+        source_partition=source.partition,
+        source_offset=source.offset,
+        record_index=index,
+        received_at=time.time(),
+    )
+
+
+def internal_error(raw: bytes | None, source: Source, exc: Exception) -> DeadLetter:
+    """A message that broke servewatch itself: kept, with the bug's message, for a retry after a fix."""
+    return dead_letter("internal_error", f"{type(exc).__name__}: {exc}", raw or b"", source)
+
+
+def describe(exc: ValidationError) -> str:
+    """A validation failure in one line, for a dead letter: the first five fields and why."""
+    parts = []
+    for err in exc.errors(include_url=False)[:5]:
+        where = ".".join(str(p) for p in err["loc"]) or "record"
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+def _as_bytes(item: Any) -> bytes:
+    """The item re-serialised for its dead letter; never raises (orjson stops at depth 254)."""
+    try:
+        return orjson.dumps(item)
+    except (orjson.JSONEncodeError, TypeError):
+        return repr(item)[:RAW_KEEP_BYTES].encode("utf-8", errors="replace")
+
+
+def _inconsistent(row: FastRow) -> bool:
+    """The cross-field rules ``RequestLog`` enforces and a Struct cannot express."""
+    cached, ttft = row.cached_tokens, row.ttft_s
+    return (cached is not None and cached > row.prompt_tokens) or (ttft is not None and ttft > row.e2e_s + 1e-3)
+
+
+def _validate(item: Any, raw: bytes | None, source: Source, index: int | None, out: Decoded) -> None:
+    """Append a row or a dead letter. ``raw`` None: re-serialise the item, only if rejected."""
+    if not isinstance(item, dict):
+        reason, error = "not_an_object", f"expected a JSON object, got {type(item).__name__}"
+    else:
+        try:
+            row = msgspec.convert(item, FastRow)
+            if not _inconsistent(row):
+                out.accept(row, index)
+                return
+        except msgspec.ValidationError:
+            pass
+        try:  # the authoritative model: accepts what the fast one may not (ISO timestamps...)
+            out.accept(FastRow(**RequestLog.model_validate(item).to_row()), index)
+            return
+        except ValidationError as exc:
+            reason, error = "validation", describe(exc)
+    out.dead_letters.append(dead_letter(reason, error, _as_bytes(item) if raw is None else raw, source, index))
+
+
+def _fast(raw: bytes, lines: bool, source: Source, out: Decoded) -> bool:
+    """The whole message validated in one call; False when any item needs the careful path."""
+    try:
+        rows = decode_lines(raw) if lines else decode_array(raw)
+    except msgspec.DecodeError:  # also raised for a value that breaks a rule
+        return False
+    batch = RowBatch(rows)
+    bad = batch.inconsistent()
+    if bad.any():
+        for index in np.flatnonzero(bad).tolist():
+            # RequestLog enforces the same two rules: it words the reason of a dead letter.
+            _validate(rows[index].to_row(), None, source, index, out)
+        batch = batch.without(bad)
+    out.accepted.extend(batch.rows)
+    out.batch = batch
+    return True
+
+
+def decode_message(raw: bytes | None, source: Source | None = None, max_bytes: int = 8 * 1024 * 1024) -> Decoded:
+    """Decode one message: a JSON object, a JSON array of objects, or NDJSON."""
+    source = source or Source()
+    out = Decoded()
+    if not raw:
+        out.dead_letters.append(dead_letter("empty", "empty message", b"", source))
+        return out
+    if len(raw) > max_bytes:
+        out.dead_letters.append(
+            dead_letter("too_large", f"message of {len(raw)} bytes exceeds {max_bytes}", raw, source)
+        )
+        return out
+    head = raw.lstrip()[:1]
+    # One object or NDJSON (newlines only separate records in JSON), or an array.
+    if head in (b"[", b"{") and _fast(raw, head == b"{", source, out):
+        return out
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        lines = [line for line in raw.split(b"\n") if line.strip()]
+        if len(lines) <= 1:
+            out.dead_letters.append(dead_letter("invalid_json", str(exc), raw, source))
+            return out
+        for index, line in enumerate(lines):  # NDJSON: each line on its own
+            try:
+                item = orjson.loads(line)
+            except orjson.JSONDecodeError as line_exc:
+                out.dead_letters.append(dead_letter("invalid_json", str(line_exc), line, source, index))
+                continue
+            _validate(item, line, source, index, out)
+        return out
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            _validate(item, None, source, index, out)
+        return out
+    _validate(value, raw, source, None, out)
+    return out

@@ -1,0 +1,102 @@
+"""Capacity detection from engine metrics: ``EngineInterval`` messages -> anomaly events.
+
+``servewatch scrape`` publishes one ``EngineInterval`` per (instance, model) and scrape
+interval to the scrapes topic, keyed ``instance|model``. Each is judged as it arrives, as
+one window of that engine (``models.windows.engine_window``), by a ``DetectorBank`` that holds the
+capacity signals only (KV-cache usage and waiting requests at the engine's load, and the
+share of requests preempted; its phases' latency from its own histograms; its prefix-cache
+hit rate), and watched for spare capacity (``models.detect.headroom``: an
+``info`` event, never a page). No assembly is needed: an engine's intervals come from one
+scraper, in order, on one partition. A replayed interval is judged once (the detectors
+remember the last window they judged); one that fails validation is dead-lettered.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+
+import orjson
+from pydantic import ValidationError
+
+from servewatch.models.detect.detector import DetectorBank
+from servewatch.models.detect.headroom import HeadroomWatch
+from servewatch.models.detect.signals import ENGINE_SPECS
+from servewatch.models.explain.hints import mention_engine_config
+from servewatch.models.windows.engine_window import EngineWindow
+from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.worker import metrics
+from servewatch.pipeline.worker.decode import Source, dead_letter, describe
+from servewatch.schemas.anomaly import AnomalyEvent
+from servewatch.schemas.dead_letter import DeadLetter
+from servewatch.schemas.engine_interval import EngineInterval
+
+logger = logging.getLogger(__name__)
+
+#: The signals an engine's intervals are judged on.
+ENGINE_SIGNALS = tuple(spec.signal.value for spec in ENGINE_SPECS)
+
+
+@dataclass
+class JudgeEngines:
+    settings: Settings
+    bank: DetectorBank = field(init=False)
+    headroom: HeadroomWatch = field(default_factory=HeadroomWatch)
+    intervals: int = 0  # judged
+    skipped: int = 0  # valid, but saying nothing about capacity (a restart inside, no length)
+    replayed: int = 0  # judged before (at-least-once delivery, a scraper restarted on old records)
+    # Per model, per instance: enable_prefix_caching as the engine's cache_config_info says it.
+    prefix_caching: dict[str, dict[str, str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        config = replace(self.settings.detector_config(), signals=ENGINE_SIGNALS, source="engines")
+        self.bank = DetectorBank(config, save_every=self.settings.state_every_windows)
+
+    def receive(self, raw: bytes | None, source: Source | None = None) -> tuple[list[AnomalyEvent], list[DeadLetter]]:
+        """One message of the scrapes topic: an interval, or a JSON array of them."""
+        source = source or Source()
+        if not raw:
+            return [], [dead_letter("empty", "empty message", b"", source)]
+        try:
+            value = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            return [], [dead_letter("invalid_json", str(exc), raw, source)]
+        items = value if isinstance(value, list) else [value]
+        events: list[AnomalyEvent] = []
+        letters: list[DeadLetter] = []
+        for index, item in enumerate(items):
+            position = index if isinstance(value, list) else None
+            try:
+                interval = EngineInterval.model_validate(item)
+            except ValidationError as exc:
+                letters.append(dead_letter("validation", describe(exc), orjson.dumps(item), source, position))
+                continue
+            events.extend(self.judge(interval))
+        for letter in letters:
+            metrics.DEAD_LETTERS.labels(letter.reason).inc()
+        return events, letters
+
+    def judge(self, interval: EngineInterval) -> list[AnomalyEvent]:
+        caching = interval.cache_config.get("enable_prefix_caching")
+        if caching is not None:
+            self.prefix_caching.setdefault(interval.model, {})[interval.instance] = caching
+        window = EngineWindow.from_interval(interval)
+        if window is None:
+            self.skipped += 1
+            return []
+        if window.end <= self.bank.segment(window.key).last_window_end:
+            self.replayed += 1
+            return []
+        self.intervals += 1
+        events = self.bank.observe(window)  # type: ignore[arg-type]  # EngineWindow reads as WindowStats here
+        self.explain(events)  # an engine's own TTFT or prefill page, too, names the engines with caching off
+        spare = self.headroom.observe(window)
+        return events if spare is None else [*events, spare]
+
+    def explain(self, events: list[AnomalyEvent]) -> None:
+        """Add what the engines' metrics say to request-log events (in place): a collapsed hit
+        rate on a model whose engines report prefix caching off names those engines."""
+        for event in events:
+            caching = self.prefix_caching.get(event.segment.get("model", ""))
+            if caching:
+                mention_engine_config(event, caching)

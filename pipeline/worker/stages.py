@@ -1,0 +1,293 @@
+"""The stream logic of the worker, without Kafka: the Faust agents and ``replay`` both call it.
+
+``StageOne``: raw messages of the requests topic -> dead letters + closed window partials,
+one ``Windower`` shared by the worker's input partitions. ``StageTwo``: partials -> merged windows ->
+``AnomalyEvent``s, through the ``WindowAssembler`` and the segments' detectors.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiokafka.partitioner import murmur2
+
+from servewatch.models.detect.detector import DetectorBank
+from servewatch.models.explain.evidence_sample import RecentSources
+from servewatch.models.windows.batch import RowBatch
+from servewatch.models.windows.signal_columns import PrefixMemory
+from servewatch.models.windows.window import WindowStats
+from servewatch.models.windows.windowing import WindowAssembler, Windower
+from servewatch.models.windows.wire import windows_from_wire, windows_to_wire
+from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.worker import metrics
+from servewatch.pipeline.worker.decode import Source, decode_message
+from servewatch.schemas.anomaly import AnomalyEvent
+from servewatch.schemas.dead_letter import DeadLetter
+
+logger = logging.getLogger(__name__)
+
+
+#: Segments per partials message (see ``StageOne.bundles``).
+BUNDLE_PARTIALS = 256
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """Stable partials partition of a segment, the same on every worker and every run.
+
+    Kafka's default partitioner (murmur2 of the key, as the Java client and aiokafka
+    compute it), so the detector-state table, keyed by segment and partitioned by the
+    producer, puts a segment's state on the same partition number as its partials: the
+    worker that judges a segment is the one that holds its state.
+    """
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+@dataclass
+class StageOne:
+    settings: Settings
+    windower: Windower = field(init=False)
+    last_seen: dict[int, float] = field(default_factory=dict)  # partition -> monotonic time of last message
+    announced: dict[int, float] = field(default_factory=dict)  # partition -> last watermark broadcast
+    # partition -> (token, latest window end it fed), in offset order: messages not yet safe to ack
+    unacked: dict[int, deque[tuple[Any, float]]] = field(default_factory=dict)
+    # Decoded messages not yet folded, as (rows, partition, offset, token), in arrival order.
+    pending: list[tuple[RowBatch, int, int | None, Any]] = field(default_factory=list)
+    pending_records: int = 0
+
+    def __post_init__(self) -> None:
+        # One segmenter and one set of open windows for all partitions of this worker: the
+        # segment cap is per worker, and a segment costs one table row, not one per partition.
+        self._segmenter = self.settings.segmenter()
+        self.windower = Windower(
+            self._segmenter,
+            window_s=self.settings.window_s,
+            allowed_lateness_s=self.settings.allowed_lateness_s,
+            evidence_k=self.settings.evidence_budget().worst,
+            markers=tuple(self.settings.reasoning_markers),
+            prefixes=PrefixMemory(self.settings.prefix_memory),
+        )
+
+    def process(
+        self, raw: bytes | None, source: Source, now: float | None = None, token: Any = None
+    ) -> tuple[list[DeadLetter], list[WindowStats]]:
+        """Decode one message, fold its records in (with the messages before it, once enough
+        are pending: ``fold_pending``), return dead letters and closed partials.
+
+        ``token`` (the Faust event) is handed back by ``safe_to_ack`` once the message was
+        folded and every window it fed has been released, so offsets are committed only for
+        records whose partials are on their way: a crash replays the rest (at-least-once).
+        """
+        decoded = decode_message(raw, source, self.settings.max_message_bytes)
+        partition = source.partition or 0
+        rows = decoded.rows()
+        self.pending.append((rows, partition, source.offset, token))
+        self.pending_records += len(rows)
+        self.last_seen[partition] = time.monotonic() if now is None else now
+        metrics.MESSAGES.inc()
+        metrics.LAST_MESSAGE.set_to_current_time()
+        metrics.RECORDS.inc(len(decoded.accepted))
+        for letter in decoded.dead_letters:
+            metrics.DEAD_LETTERS.labels(letter.reason).inc()
+        # Folding is batched across messages (its numpy calls cost per pass), but never past
+        # a message that moves a watermark into another window: what closes, and when, is
+        # what folding every message at once would give.
+        if self.pending_records >= self.settings.fold_records or (
+            len(rows) and self.windower.would_advance(partition, float(rows.column("timestamp").max()))
+        ):
+            self.fold_pending()
+        return decoded.dead_letters, self.windower.close_due()
+
+    def fold_pending(self) -> None:
+        """Fold every decoded message still waiting; each becomes ackable once its windows are sent."""
+        if not self.pending:
+            return
+        pending, self.pending, self.pending_records = self.pending, [], 0
+        fed = self.windower.add_many([(rows, partition, offset) for rows, partition, offset, _ in pending])
+        for (_, partition, _, token), fed_until in zip(pending, fed, strict=True):
+            if token is not None:
+                self.unacked.setdefault(partition, deque()).append((token, fed_until))
+
+    @property
+    def oldest_pending_offset(self) -> dict[int, int]:
+        """Per partition, the first offset decoded but not yet folded."""
+        oldest: dict[int, int] = {}
+        for _, partition, offset, _ in self.pending:
+            if offset is not None:
+                oldest.setdefault(partition, offset)
+        return oldest
+
+    def bundles(self, partials: list[WindowStats], partitions: int) -> list[tuple[int, bytes]]:
+        """What to send to each partials partition: its partials, then every source's new
+        watermark, as (partition, message) in sending order.
+
+        A few messages per partials partition per flush, not one per partial: Faust pays per
+        message on both ends. At most ``BUNDLE_PARTIALS`` segments per message, so neither
+        side ever holds a whole window's worth of encoded partials at once (with thousands of
+        segments closing together, that was the worker's memory high-water mark). Partials
+        go to ``partition_of(key)``, so a segment always lands on the same stage-2
+        partition; watermarks go to every partition, in the last message, after the
+        partials, which is what lets stage 2 know a window is complete.
+        """
+        grouped: dict[int, list[WindowStats]] = {}
+        for partial in partials:
+            grouped.setdefault(partition_of(partial.key, partitions), []).append(partial)
+        marks = {str(source): mark for source, mark in self.watermarks_to_announce().items()}
+        out = []
+        for k in range(partitions) if marks else sorted(grouped):
+            mine = grouped.get(k, [])
+            for start in range(0, len(mine), BUNDLE_PARTIALS) if mine else [0]:
+                last = start + BUNDLE_PARTIALS >= len(mine)
+                chunk = windows_to_wire(mine[start : start + BUNDLE_PARTIALS])
+                out.append((k, orjson.dumps({"windows": chunk, "watermarks": marks if last else {}})))
+        return out
+
+    def safe_to_ack(self) -> list[Any]:
+        """Tokens of messages all of whose windows have been released (call after sending partials)."""
+        safe: list[Any] = []
+        horizon = self.windower.oldest_open_start
+        for waiting in self.unacked.values():
+            # Kafka commits a contiguous prefix of offsets, so acknowledging in order, stopping
+            # at the first message still feeding an open window, loses nothing and is O(acked).
+            while waiting and waiting[0][1] <= horizon:
+                safe.append(waiting.popleft()[0])
+        return safe
+
+    def watermarks_to_announce(self) -> dict[int, float]:
+        """Partitions whose watermark crossed a window boundary since it was last broadcast.
+
+        Every partition announces the shared watermark (the slowest partition's): windows
+        are shared, so a partition's records up to its own watermark are not all sent
+        until the slowest partition lets their windows close.
+        """
+        length = self.settings.window_s
+        due = {}
+        mark = self.windower.watermark
+        for partition in self.windower.max_event_time:
+            last = self.announced.get(partition)
+            if math.isfinite(mark) and (last is None or math.floor(mark / length) > math.floor(last / length)):
+                due[partition] = mark
+                self.announced[partition] = mark
+        return due
+
+    def flush_idle(self, now: float | None = None) -> list[WindowStats]:
+        """Partials that silence completed: partitions quiet for ``idle_flush_s`` advance their
+        event time with the wall clock (see ``Windower.advance_idle``)."""
+        now = time.monotonic() if now is None else now
+        self.fold_pending()
+        flushed: list[WindowStats] = self.windower.close_due()
+        for partition, seen in self.last_seen.items():
+            if now - seen >= self.settings.idle_flush_s and self.windower.open:
+                flushed.extend(self.windower.advance_idle(now - seen, partition))
+        return flushed
+
+    def flush_all(self) -> list[WindowStats]:
+        self.fold_pending()
+        return self.windower.flush_all()
+
+    def drop_partitions(self, partitions: set[int]) -> list[WindowStats]:
+        """On revocation: hand over what was aggregated so far, then forget the partitions.
+
+        The open windows are shared, so all of them are sent: the partitions kept send
+        what they add later as further partials of the same windows, which stage 2 merges
+        (or counts as late, if every source had already moved past them).
+        """
+        self.fold_pending()
+        flushed = self.windower.flush_all() if partitions & set(self.windower.max_event_time) else []
+        self.windower.forget(partitions)
+        for part in partitions:
+            self.last_seen.pop(part, None)  # its unacked messages become safe: all was flushed
+        return flushed
+
+    @property
+    def overflowed_records(self) -> int:
+        return self._segmenter.overflowed
+
+
+@dataclass
+class StageTwo:
+    settings: Settings
+    assembler: WindowAssembler = field(init=False)
+    bank: DetectorBank = field(init=False)
+    # Where recent windows' records are: a firing event's baseline sample is read from there.
+    recent: RecentSources = field(init=False, default_factory=RecentSources)
+
+    def __post_init__(self) -> None:
+        self.assembler = WindowAssembler(
+            grace_s=self.settings.assembler_grace_s,
+            max_wait_s=self.settings.assembler_max_wait_s,
+            expected_partitions=self.settings.topic_partitions,
+        )
+        self.bank = DetectorBank(self.settings.detector_config(), save_every=self.settings.state_every_windows)
+
+    def add(self, partial: WindowStats, now: float | None = None, via: int = 0) -> None:
+        late = self.assembler.late_partials
+        self.assembler.add(partial, time.monotonic() if now is None else now, via)
+        if self.assembler.late_partials > late:
+            metrics.LATE_PARTIALS.inc()
+            logger.debug("late partial for %s at %s dropped", partial.key, partial.start)
+
+    def heartbeat(self, source: int, watermark: float, via: int, now: float | None = None) -> None:
+        self.assembler.heartbeat(source, watermark, time.monotonic() if now is None else now, via)
+
+    def receive(self, raw: bytes, via: int, now: float | None = None) -> list[AnomalyEvent]:
+        """One bundle from stage 1 (see ``StageOne.bundles``): merge, advance, judge what is due.
+
+        An unreadable bundle is logged and dropped: the topic is internal, so this is a bug
+        or a version skew, and it must not stop the worker.
+        """
+        now = time.monotonic() if now is None else now
+        try:
+            bundle = orjson.loads(raw)
+            if "windows" in bundle:
+                partials = windows_from_wire(bundle["windows"])
+            else:  # a partial per object, as workers before the columnar format sent them
+                partials = WindowStats.from_dicts(bundle["partials"])
+            marks = [(int(source), float(mark)) for source, mark in bundle["watermarks"].items()]
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            logger.error("unreadable partials bundle dropped: %s", exc)
+            return []
+        for partial in partials:
+            self.add(partial, now, via)
+        for source, mark in marks:
+            self.heartbeat(source, mark, via, now)
+        return self.release_due(now) if marks else []
+
+    def release_due(self, now: float | None = None) -> list[AnomalyEvent]:
+        return self._judge(self.assembler.due(time.monotonic() if now is None else now))
+
+    def release_all(self, final: bool = False) -> list[AnomalyEvent]:
+        """Judge every window still held (``final``: the stream ended; its last windows are partial)."""
+        return self._judge(self.assembler.flush_all(), final)
+
+    def _judge(self, windows: list[WindowStats], final: bool = False) -> list[AnomalyEvent]:
+        for window in windows:
+            self.recent.note(window.start, window.sources)
+        events = self.bank.observe_all(windows, final)
+        for event in events:
+            self._locate_baseline(event)
+        metrics.WINDOWS.inc(len(windows))
+        metrics.LIVE_SEGMENTS.set(len(self.bank.detectors))
+        metrics.RESTORED_SEGMENTS.set(self.bank.restored)
+        metrics.DISCARDED_STATES.set(self.bank.discarded)
+        for event in events:
+            metrics.ANOMALY_EVENTS.labels(event.signal.value, event.status.value, event.severity.value).inc()
+        return events
+
+    def _locate_baseline(self, event: AnomalyEvent) -> None:
+        """Give the event's baseline-sample pointer the ranges of its window, or drop it when
+        that window is too old to be remembered (the event then has no baseline sample)."""
+        kept = []
+        for pointer in event.evidence:
+            if pointer.get("window_sample") == "baseline" and "sources" not in pointer:
+                ranges = self.recent.of(pointer["window_start"])
+                if ranges is None:
+                    continue
+                pointer = {**pointer, "sources": ranges}
+            kept.append(pointer)
+        event.evidence = kept

@@ -1,0 +1,5 @@
+"""``python -m servewatch``: the same as the ``servewatch`` command."""
+
+from servewatch.pipeline.cli.main import main
+
+raise SystemExit(main())
