@@ -8,7 +8,8 @@ produces in real time (records stamped with the wall clock as they finish) and s
 prefix caching off. For each paging event read from the anomaly topic it prints the time from the moment the
 last request log of that event's window was produced to the event being readable (and,
 for reference, the time since the window's end). The window length is not included; the
-allowed lateness (1 s by default) is, since a window cannot close before it.
+allowed lateness is (learned from the traffic; 10 s at first, see README "Event time"), since a
+window cannot close before it.
 """
 
 from __future__ import annotations
@@ -111,9 +112,9 @@ def main() -> None:
         print("no paging event was read: nothing to measure")
         return
     print()
-    lateness = Settings().allowed_lateness_s
+    lateness = Settings().lateness_prior_s
     print(f"detection latency beyond the window: n={len(latencies)}, median {statistics.median(latencies):.2f}s, "
-          f"max {max(latencies):.2f}s (the allowed lateness, {lateness:.1f}s, is part of it)")  # fmt: skip
+          f"max {max(latencies):.2f}s (the lateness, learned down from {lateness:.0f}s, is in it)")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -79,7 +79,9 @@ def child(segments: int, windows: int, partitions: int, max_segments: int, full:
     from servewatch.pipeline.worker.stages import StageOne, StageTwo
 
     tune_process()  # as `servewatch worker` does
-    settings = Settings(allowed_lateness_s=0.0, topic_partitions=partitions, max_segments=max_segments)
+    settings = Settings(
+        allowed_lateness_s=0.0, max_lateness_s=0.0, topic_partitions=partitions, max_segments=max_segments
+    )
     one, two = StageOne(settings), StageTwo(settings)
     for offset, (partition, raw) in enumerate(batches(10, 3, partitions)):  # warm up allocators, lazy imports
         StageOne(settings).process(raw, Source("warm", partition, offset), now=0.0)

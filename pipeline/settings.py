@@ -54,14 +54,41 @@ class Settings(BaseSettings):
     allowed_lateness_s: float = Field(
         default=1.0,
         ge=0,
-        description="How late (event time) a record may arrive and still count in its window. Part of the "
-        "detection latency; raise it when shippers deliver out of order by more.",
+        description="The least lateness (event time) a record may arrive with and still count in its window; "
+        "the worker learns more from how far behind records arrive, up to max_lateness_s.",
+    )
+    max_lateness_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="The most lateness the worker learns (a host further behind is counted late, per record, "
+        "not waited for). At or below allowed_lateness_s: a fixed lateness, nothing learned.",
+    )
+    lateness_prior_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="The lateness a fresh worker starts from before it has learned (Filebeat's 10 s flush, the "
+        "slowest common shipper default).",
+    )
+    max_future_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="A record more than this past both the wall clock and its partition's newest event time is "
+        "dead-lettered as future_timestamp instead of holding its window (and its partition's offsets) open.",
+    )
+    dedup_request_ids: bool = Field(
+        default=True,
+        description="Count a request_id seen before in its window once (a re-sent batch); turn off if your "
+        "request ids are not unique.",
     )
     assembler_grace_s: float = Field(
         default=0.0, ge=0, description="Extra wall seconds stage 2 waits once all watermarks passed a window."
     )
     assembler_max_wait_s: float = Field(
-        default=10.0, gt=0, description="Wall seconds after which stage 2 judges a window whatever is missing."
+        default=30.0,
+        gt=0,
+        description="Wall seconds after which stage 2 judges a window whatever is missing (a source gone quiet). "
+        "Longer than a rebalance (session timeout + a few seconds), so that the records of the window that was "
+        "open during one are merged, not counted late.",
     )
     idle_flush_s: float = Field(
         default=2.0, gt=0, description="Wall seconds of silence after which a partition's event time follows the clock."

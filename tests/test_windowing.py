@@ -151,7 +151,7 @@ def test_shuffled_delivery_loses_no_partial() -> None:
 
 def test_messages_are_acknowledged_only_after_their_windows_are_sent() -> None:
     """At-least-once: a message's offset may be committed only once every window it fed is released."""
-    one = StageOne(Settings(window_s=10, allowed_lateness_s=0))
+    one = StageOne(Settings(window_s=10, allowed_lateness_s=0, max_lateness_s=0))
     batch = lambda *ts: orjson.dumps([log(i, t) for i, t in enumerate(ts)])  # noqa: E731
     one.process(batch(T0 + 1, T0 + 11), Source("t", 0, 0), token="m0")  # feeds windows T0 and T0+10
     one.process(batch(T0 + 12), Source("t", 0, 1), token="m1")  # closes T0 only
@@ -187,13 +187,13 @@ def test_folding_many_messages_at_once_sends_what_folding_each_would() -> None:
         for start in range(0, len(batch), 7):
             messages.append((rng.randrange(3), orjson.dumps(batch[start : start + 7])))
     assert len(messages) > 300
-    each = _closed_windows(Settings(fold_records=1, allowed_lateness_s=2), messages)
-    batched = _closed_windows(Settings(fold_records=400, allowed_lateness_s=2), messages)
+    each = _closed_windows(Settings(fold_records=1, allowed_lateness_s=2, max_lateness_s=0), messages)
+    batched = _closed_windows(Settings(fold_records=400, allowed_lateness_s=2, max_lateness_s=0), messages)
     assert len({row[1] for row in each}) >= 9 and batched == each
 
 
 def test_unfolded_messages_are_not_acknowledged() -> None:
-    one = StageOne(Settings(window_s=10, allowed_lateness_s=0, fold_records=100))
+    one = StageOne(Settings(window_s=10, allowed_lateness_s=0, max_lateness_s=0, fold_records=100))
     one.process(orjson.dumps([log(0, T0 + 1)]), Source("t", 0, 0), token="m0")  # first of its partition: folded
     one.process(orjson.dumps([log(1, T0 + 2)]), Source("t", 0, 1), token="m1")  # same window: waits
     assert one.pending_records == 1 and one.oldest_pending_offset == {0: 1}

@@ -463,6 +463,11 @@ class DetectorBank:
     restore: Callable[[str], dict[str, Any] | None] | None = None
     save_every: int = 1
     windows_judged: int = 0
+    # Windows that ended no later than their segment's last judged one: a replay after a
+    # crash (already judged), or a backlog older than the segment's state. Not judged again,
+    # not learned from: counted, with their records, so that nothing goes unaccounted.
+    windows_skipped: int = 0
+    records_skipped: int = 0
     restored: int = 0  # segments whose state was restored
     discarded: int = 0  # stored states refused (another version, or corrupt): started fresh
     clock: float = -math.inf  # event time: the latest window end judged
@@ -519,6 +524,10 @@ class DetectorBank:
 
     def observe(self, window: WindowStats) -> list[AnomalyEvent]:
         detectors = self.segment(window.key)
+        if window.end <= detectors.last_window_end:
+            self.windows_skipped += 1
+            self.records_skipped += int(window.requests)
+            return []
         self.windows_judged += 1
         return detectors.observe(window, self.pooled, self.templates)
 

@@ -22,11 +22,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from servewatch.models.windows.batch import RowBatch
+from servewatch.models.windows.lateness import LearnedLateness, disorder_of
 from servewatch.models.windows.open_window import OpenWindow, fold_batch
 from servewatch.models.windows.segments import Segmenter
 from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS, PrefixMemory
 from servewatch.models.windows.window import WindowBlock, WindowStats
 from servewatch.schemas.request_log import RequestLogRow
+
+#: Request ids remembered per open window for de-duplication: beyond, repeats go uncounted
+#: (a window of a million requests is ~60 MB of remembered hashes already).
+DEDUP_IDS_PER_WINDOW = 1_000_000
 
 
 @dataclass
@@ -36,6 +41,14 @@ class Windower:
     Each partition has its own watermark; the windows are shared, and one closes when the
     slowest partition's watermark has passed it (a partition that went quiet moves on with
     the wall clock, see ``advance_idle``; one handed to another worker is ``forget``-ten).
+
+    The event-time contract (README, "Event time"): a watermark is the partition's newest
+    event time minus the allowed lateness, fixed (``allowed_lateness_s``) or learned from
+    how far behind records arrive (``lateness``); a record more than ``max_future_s`` past
+    both the wall clock and its partition's newest event time is refused (``future``), so
+    that no window is held open, and no offset left unacknowledged, for longer than that
+    plus the lateness; with ``dedup``, a ``request_id`` seen before in its window is
+    counted (``duplicates``) and not folded again.
 
     >>> w = Windower(Segmenter(), window_s=10, allowed_lateness_s=0)
     >>> base = dict(model="m", prompt_tokens=10, completion_tokens=5, e2e_s=1.0, finish_reason="stop")
@@ -60,10 +73,26 @@ class Windower:
     # Watermark floors set by processing time while a partition is silent, by partition.
     idle_floor: dict[int, float] = field(default_factory=dict)
     rows_hint: int = 0  # segments in the last window closed: the next one's table starts that big
+    lateness: LearnedLateness | None = None  # None: ``allowed_lateness_s``, fixed
+    max_future_s: float = math.inf
+    dedup: bool = False
+    duplicates: int = 0  # records dropped as a request_id already seen in their window
+    _seen_ids: dict[float, set[int]] = field(default_factory=dict, repr=False)  # window start -> id hashes
+
+    @property
+    def allowed_lateness(self) -> float:
+        return self.allowed_lateness_s if self.lateness is None else self.lateness.value
 
     def watermark_of(self, partition: int) -> float:
         newest = self.max_event_time.get(partition, -math.inf)
-        return max(newest - self.allowed_lateness_s, self.idle_floor.get(partition, -math.inf))
+        return max(newest - self.allowed_lateness, self.idle_floor.get(partition, -math.inf))
+
+    def future(self, times: np.ndarray, partition: int, now: float) -> np.ndarray:
+        """Which of ``partition``'s new records are too far in the future to wait for: more
+        than ``max_future_s`` past both the wall clock ``now`` and the partition's newest
+        event time (a backfill or a simulated clock may run ahead of the wall, never jump)."""
+        reference = max(now, self.max_event_time.get(partition, -math.inf))
+        return times > reference + self.max_future_s
 
     @property
     def watermark(self) -> float:
@@ -79,7 +108,7 @@ class Windower:
         nothing follows it.
         """
         newest = self.max_event_time.get(partition, -math.inf)
-        floor = max(self.idle_floor.get(partition, -math.inf), newest + silent_s - self.allowed_lateness_s)
+        floor = max(self.idle_floor.get(partition, -math.inf), newest + silent_s - self.allowed_lateness)
         self.idle_floor[partition] = floor
         return self.close_due()
 
@@ -105,27 +134,64 @@ class Windower:
         parts = [(i, batch, partition, offset) for i, (batch, partition, offset) in enumerate(messages) if len(batch)]
         if not parts:
             return fed
-        lengths = [len(batch) for _, batch, _, _ in parts]
         batch = RowBatch.concat([part[1] for part in parts])
-        partitions = np.repeat(np.array([part[2] for part in parts], dtype=np.int64), lengths)
-        offsets = np.repeat(np.array([part[3] or 0 for part in parts], dtype=np.int64), lengths)
-        fold_batch(
-            batch, self.segmenter, self.window_s, self.open, self.evidence_k, partitions, offsets,
-            self.markers, self.prefixes, rows_hint=max(self.rows_hint, 8),
-        )  # fmt: skip
+        message = np.repeat(np.arange(len(parts)), [len(part[1]) for part in parts])
+        window_ids = np.floor(batch.column("timestamp") / self.window_s).astype(np.int64)
+        repeated = self._repeated_ids(batch, window_ids) if self.dedup else None
+        if repeated is not None:
+            self.duplicates += int(repeated.sum())
+            batch, message, window_ids = batch.without(repeated), message[~repeated], window_ids[~repeated]
+        partitions = np.array([part[2] for part in parts], dtype=np.int64)[message]
+        offsets = np.array([part[3] or 0 for part in parts], dtype=np.int64)[message]
+        if len(batch):
+            fold_batch(
+                batch, self.segmenter, self.window_s, self.open, self.evidence_k, partitions, offsets,
+                self.markers, self.prefixes, rows_hint=max(self.rows_hint, 8),
+            )  # fmt: skip
         times = batch.column("timestamp")
-        window_ids = np.floor(times / self.window_s).astype(np.int64)
+        lengths = np.bincount(message, minlength=len(parts)).tolist()
         ends = np.cumsum(lengths)
         for (i, _, partition, offset), end, length in zip(parts, ends.tolist(), lengths, strict=True):
+            if not length:
+                continue  # every record of it was a repeat
             mine = slice(end - length, end)
             touched = np.unique(window_ids[mine]).tolist()
             if offset is not None:
                 for window_id in touched:
                     self.open[float(window_id * self.window_s)].note_offset(partition, offset)
-            newest = float(times[mine].max())
-            self.max_event_time[partition] = max(self.max_event_time.get(partition, -math.inf), newest)
+            newest_before = self.max_event_time.get(partition, -math.inf)
+            if self.lateness is not None:
+                self.lateness.observe(disorder_of(times[mine], newest_before))
+            self.max_event_time[partition] = max(newest_before, float(times[mine].max()))
             fed[i] = float((touched[-1] + 1) * self.window_s)
         return fed
+
+    def _repeated_ids(self, batch: RowBatch, window_ids: np.ndarray) -> np.ndarray | None:
+        """Rows whose ``request_id`` was already folded into their window (a shipper's
+        re-sent batch), or None when there is none. One set of id hashes per open window,
+        up to ``DEDUP_IDS_PER_WINDOW``; a repeat is rare, so the common case costs a set
+        update per window, not a Python step per row."""
+        hashes = list(map(hash, batch.values("request_id")))
+        repeated: np.ndarray | None = None
+        distinct = np.unique(window_ids)
+        for window_id in distinct.tolist():
+            start = float(window_id * self.window_s)
+            seen = self._seen_ids.setdefault(start, set())
+            if len(seen) >= DEDUP_IDS_PER_WINDOW:
+                continue
+            rows = np.arange(len(hashes)) if len(distinct) == 1 else np.flatnonzero(window_ids == window_id)
+            mine = hashes if len(distinct) == 1 else [hashes[k] for k in rows.tolist()]
+            if seen.isdisjoint(mine) and len(set(mine)) == len(mine):
+                seen.update(mine)
+                continue
+            if repeated is None:
+                repeated = np.zeros(len(hashes), dtype=bool)
+            for row, value in zip(rows.tolist(), mine, strict=True):
+                if value in seen:
+                    repeated[row] = True
+                else:
+                    seen.add(value)
+        return repeated
 
     def would_advance(self, partition: int, newest: float) -> bool:
         """Whether event time ``newest`` moves ``partition``'s watermark into another window:
@@ -134,10 +200,8 @@ class Windower:
         folded = self.max_event_time.get(partition)
         if folded is None:
             return True
-        length = self.window_s
-        return math.floor((newest - self.allowed_lateness_s) / length) > math.floor(
-            (folded - self.allowed_lateness_s) / length
-        )
+        length, lateness = self.window_s, self.allowed_lateness
+        return math.floor((newest - lateness) / length) > math.floor((folded - lateness) / length)
 
     @property
     def oldest_open_start(self) -> float:
@@ -162,6 +226,9 @@ class Windower:
         closed = []
         for start in starts:
             window = self.open.pop(start)
+            self._seen_ids.pop(start, None)
+            if self.lateness is not None:
+                self.lateness.window_closed()
             self.rows_hint = len(window)
             self.segmenter.note_seen(window.segment_ids, start + self.window_s)
             partials = window.partials(self.segmenter.keys)

@@ -49,7 +49,8 @@ def cmd_broker(args: argparse.Namespace) -> int:
     # this process and left the broker running.
     signal.signal(signal.SIGTERM, _interrupt)
     with EmbeddedBroker(port=args.port) as broker:
-        print(f"broker ready: {broker.bootstrap}  (export SERVEWATCH_BROKER={broker.bootstrap}); Ctrl-C stops it")
+        print(f"broker ready: {broker.bootstrap}  (export SERVEWATCH_BROKER={broker.bootstrap} "
+              "SERVEWATCH_BROKER_PROFILE=tansu); Ctrl-C stops it")  # fmt: skip
         with contextlib.suppress(KeyboardInterrupt):
             while broker.running:
                 time.sleep(0.5)
@@ -75,7 +76,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
             start_http_server(settings.metrics_port)
             logger.info("serving worker metrics on :%d/metrics", settings.metrics_port)
         worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
-        worker.execute_from_commandline()  # runs until SIGTERM/SIGINT
+        try:
+            worker.execute_from_commandline()  # runs until SIGTERM/SIGINT (and exits through SystemExit)
+        finally:
+            from servewatch.pipeline.worker.metrics import accounting_line
+
+            print(f"worker: {accounting_line()}", file=sys.stderr)
     return 0
 
 

@@ -116,9 +116,12 @@ def _replay_requests(path: str, settings: Settings, writer: _Writer, engines: Ju
     stats = replay.stats
     progress(stats)
     line.done()
+    two, one = replay.stage_two, replay.stage_one.windower
     print(
         f"replayed {stats.records:,} request logs in {stats.windows:,} segment windows: {stats.events:,} anomaly "
-        f"events, {stats.dead_letters:,} rejected records",
+        f"events; {two.judged_records:,} judged, {two.late_records:,} late (after their window, more than "
+        f"{one.allowed_lateness:.1f} s behind), {one.duplicates:,} repeated request ids, "
+        f"{stats.dead_letters:,} rejected",
         file=sys.stderr,
     )
     for letter in stats.dead_letter_samples[:5]:

@@ -151,7 +151,7 @@ class Workload:
                     }
                 records.append(
                     {
-                        "request_id": f"req-{model[:4]}-{second}-{i}",
+                        "request_id": f"req-{model}-{route.name}-{second}-{i}",
                         "timestamp": round(float(arrivals[i]) + e2e, 4),
                         "model": model,
                         "route": route.name,

@@ -18,6 +18,7 @@ Timers advance quiet partitions' event time and release windows that waited long
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 from collections.abc import Callable
@@ -41,10 +42,14 @@ from servewatch.schemas.anomaly import AnomalyEvent
 
 logger = logging.getLogger(__name__)
 
-# Consumer-group timing per broker kind. Tansu holds a JoinGroup for half the session
-# timeout, so Faust's default of 60 s would leave a fresh worker idle for 30 s.
+# Consumer-group timing per broker kind. The session timeout bounds how long a crashed
+# worker's partitions stay unread: Faust's default of 60 s meant a minute and a half
+# blind after a kill -9. Kafka clients used 10 s for years (45 s since 3.0, for flaky
+# networks); servewatch's steps never block the event loop, which sends the heartbeats,
+# for more than milliseconds, so 10 s with a heartbeat every 2 s is safe on Kafka. Tansu
+# also holds a JoinGroup for half the session timeout, so it gets 6 s.
 _PROFILES: dict[str, dict[str, Any]] = {
-    "kafka": {},
+    "kafka": {"broker_session_timeout": 10.0, "broker_heartbeat_interval": 2.0, "broker_rebalance_timeout": 20.0},
     "tansu": {"broker_session_timeout": 6.0, "broker_heartbeat_interval": 1.0, "broker_rebalance_timeout": 6.0},
 }
 
@@ -182,6 +187,10 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     async def store_and_publish(events: list[AnomalyEvent]) -> None:
         save_states()
         await publish(events)
+        while stage_two.late_letters:  # records that came after their window was judged
+            letter = stage_two.late_letters.pop(0)
+            logger.warning("late records dead-lettered: %s", letter.error)
+            await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
 
     @app.agent(topics.partials)
     async def detect_anomalies(stream: faust.StreamT) -> None:
@@ -224,9 +233,9 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     async def report_progress() -> None:
         a = stage_two.assembler
         logger.info(
-            "progress: %d windows judged, %d segments, %d pending windows, %d late and %d duplicate partials dropped",
-            stage_two.bank.windows_judged, len(stage_two.bank.detectors), len(a.pending), a.late_partials,
-            a.duplicate_partials,
+            "progress: %s; %d windows judged, %d segments, %d pending windows, lateness %.1f s",
+            metrics.accounting_line(), stage_two.bank.windows_judged, len(stage_two.bank.detectors), len(a.pending),
+            stage_one.windower.allowed_lateness,
         )  # fmt: skip
 
     @app.on_before_shutdown.connect
@@ -253,6 +262,10 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             # come back, rather than keep a copy that the other worker has since moved past.
             save_states(every_one=True, occasion=" on revocation")
             stage_two.bank.forget(lambda key: partition_of(key, partials_partitions) in judged_here)
+            for via in judged_here:
+                stage_two.assembler.released_until.pop(via, None)
+                with contextlib.suppress(KeyError):
+                    metrics.JUDGED_UNTIL.remove(str(via))
             engines.bank.forget(lambda key: partition_of(key, partials_partitions) in engines_here)
 
     return app, topics

@@ -78,6 +78,13 @@ def dead_letter(reason: str, error: str, raw: bytes, source: Source, index: int 
     )
 
 
+def row_letter(reason: str, error: str, row: Any, source: Source, index: int | None) -> DeadLetter:
+    """A dead letter for a row that passed validation but breaks a rule of the stream
+    (a timestamp too far in the future): its fields as JSON."""
+    fields = row.to_row() if hasattr(row, "to_row") else dict(row)
+    return dead_letter(reason, error, orjson.dumps(fields), source, index)
+
+
 def internal_error(raw: bytes | None, source: Source, exc: Exception) -> DeadLetter:
     """A message that broke servewatch itself: kept, with the bug's message, for a retry after a fix."""
     return dead_letter("internal_error", f"{type(exc).__name__}: {exc}", raw or b"", source)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import urllib.request
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
 RECORDS = Counter("servewatch_records", "Request logs accepted.")
@@ -13,6 +13,21 @@ DEAD_LETTERS = Counter("servewatch_dead_letters", "Records sent to the dead-lett
 PARTIALS = Counter("servewatch_partials", "Window partials sent from stage 1 to stage 2.")
 LATE_PARTIALS = Counter("servewatch_late_partials", "Partials that arrived after their window was judged.")
 WINDOWS = Counter("servewatch_windows", "Segment windows judged.")
+# The accounting identity (README, "Event time"): once the stream is drained,
+# records = judged_records + late_records + duplicate_records; dead letters are apart.
+JUDGED_RECORDS = Counter("servewatch_judged_records", "Records in the windows the detectors judged.")
+LATE_RECORDS = Counter(
+    "servewatch_late_records",
+    "Records not judged because they came too late: their window was already judged (window_judged) or "
+    "their segment's state is past it (older_than_state: a replay after a crash, or an old backlog).",
+    ["reason"],
+)
+JUDGED_UNTIL = Gauge(
+    "servewatch_judged_until_seconds",
+    "Event time up to which this worker has judged the windows of each partials partition it owns.",
+    ["partition"],
+)
+DUPLICATE_RECORDS = Counter("servewatch_duplicate_records", "Records whose request_id their window already had.")
 ANOMALY_EVENTS = Counter("servewatch_anomaly_events", "Anomaly events emitted.", ["signal", "status", "severity"])
 LIVE_SEGMENTS = Gauge("servewatch_live_segments", "Segments with a detector on this worker.")
 LAST_MESSAGE = Gauge(
@@ -27,6 +42,31 @@ DISCARDED_STATES = Gauge(
 STATE_WRITE_FAILURES = Counter(
     "servewatch_state_write_failures", "Times storing detector state in the state table failed (events still sent)."
 )
+
+
+def _total(name: str, **labels: str) -> float:
+    return sum(
+        sample.value
+        for family in REGISTRY.collect()
+        for sample in family.samples
+        if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+def accounting_line() -> str:
+    """This process's record accounting in one line (the worker's progress log and its summary
+    on exit): read = accepted + dead-lettered; accepted = judged + late + duplicates + in windows."""
+    accepted = _total("servewatch_records_total")
+    judged = _total("servewatch_judged_records_total")
+    late = _total("servewatch_late_records_total")
+    duplicates = _total("servewatch_duplicate_records_total")
+    dead = _total("servewatch_dead_letters_total")
+    events = _total("servewatch_anomaly_events_total")
+    waiting = accepted - judged - late - duplicates
+    return (
+        f"{accepted + dead:,.0f} records read: {judged:,.0f} judged, {late:,.0f} late, {duplicates:,.0f} duplicates, "
+        f"{waiting:,.0f} in open windows, {dead:,.0f} dead-lettered; {events:,.0f} events"
+    )
 
 
 def served_value(port: int, name: str) -> float:

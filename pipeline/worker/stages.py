@@ -14,19 +14,22 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import orjson
 from aiokafka.partitioner import murmur2
 
 from servewatch.models.detect.detector import DetectorBank
 from servewatch.models.explain.evidence_sample import RecentSources
 from servewatch.models.windows.batch import RowBatch
+from servewatch.models.windows.lateness import LearnedLateness
 from servewatch.models.windows.signal_columns import PrefixMemory
 from servewatch.models.windows.window import WindowStats
 from servewatch.models.windows.windowing import WindowAssembler, Windower
 from servewatch.models.windows.wire import windows_from_wire, windows_to_wire
+from servewatch.pipeline import topics
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker import metrics
-from servewatch.pipeline.worker.decode import Source, decode_message
+from servewatch.pipeline.worker.decode import Decoded, Source, decode_message, row_letter
 from servewatch.schemas.anomaly import AnomalyEvent
 from servewatch.schemas.dead_letter import DeadLetter
 
@@ -59,22 +62,30 @@ class StageOne:
     # Decoded messages not yet folded, as (rows, partition, offset, token), in arrival order.
     pending: list[tuple[RowBatch, int, int | None, Any]] = field(default_factory=list)
     pending_records: int = 0
+    _warned_ids: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         # One segmenter and one set of open windows for all partitions of this worker: the
         # segment cap is per worker, and a segment costs one table row, not one per partition.
         self._segmenter = self.settings.segmenter()
+        settings = self.settings
+        learned = settings.max_lateness_s > settings.allowed_lateness_s
         self.windower = Windower(
             self._segmenter,
-            window_s=self.settings.window_s,
-            allowed_lateness_s=self.settings.allowed_lateness_s,
-            evidence_k=self.settings.evidence_budget().worst,
-            markers=tuple(self.settings.reasoning_markers),
-            prefixes=PrefixMemory(self.settings.prefix_memory),
+            window_s=settings.window_s,
+            allowed_lateness_s=settings.allowed_lateness_s,
+            evidence_k=settings.evidence_budget().worst,
+            markers=tuple(settings.reasoning_markers),
+            prefixes=PrefixMemory(settings.prefix_memory),
+            lateness=LearnedLateness(settings.allowed_lateness_s, settings.max_lateness_s, settings.lateness_prior_s)
+            if learned
+            else None,
+            max_future_s=settings.max_future_s,
+            dedup=settings.dedup_request_ids,
         )
 
     def process(
-        self, raw: bytes | None, source: Source, now: float | None = None, token: Any = None
+        self, raw: bytes | None, source: Source, now: float | None = None, token: Any = None, wall: float | None = None
     ) -> tuple[list[DeadLetter], list[WindowStats]]:
         """Decode one message, fold its records in (with the messages before it, once enough
         are pending: ``fold_pending``), return dead letters and closed partials.
@@ -82,16 +93,18 @@ class StageOne:
         ``token`` (the Faust event) is handed back by ``safe_to_ack`` once the message was
         folded and every window it fed has been released, so offsets are committed only for
         records whose partials are on their way: a crash replays the rest (at-least-once).
+        Records too far in the future (``Windower.future``, against the wall clock ``wall``)
+        are dead letters: waiting for their window would hold every later offset back.
         """
         decoded = decode_message(raw, source, self.settings.max_message_bytes)
         partition = source.partition or 0
-        rows = decoded.rows()
+        rows = self._refuse_future(decoded, partition, source, time.time() if wall is None else wall)
         self.pending.append((rows, partition, source.offset, token))
         self.pending_records += len(rows)
         self.last_seen[partition] = time.monotonic() if now is None else now
         metrics.MESSAGES.inc()
         metrics.LAST_MESSAGE.set_to_current_time()
-        metrics.RECORDS.inc(len(decoded.accepted))
+        metrics.RECORDS.inc(len(rows))
         for letter in decoded.dead_letters:
             metrics.DEAD_LETTERS.labels(letter.reason).inc()
         # Folding is batched across messages (its numpy calls cost per pass), but never past
@@ -103,12 +116,41 @@ class StageOne:
             self.fold_pending()
         return decoded.dead_letters, self.windower.close_due()
 
+    def _refuse_future(self, decoded: Decoded, partition: int, source: Source, wall: float) -> RowBatch:
+        rows = decoded.rows()
+        if not len(rows):
+            return rows
+        times = rows.column("timestamp")
+        future = self.windower.future(times, partition, wall)
+        if not future.any():
+            return rows
+        reference = max(wall, self.windower.max_event_time.get(partition, -math.inf))
+        for index in np.flatnonzero(future).tolist():
+            error = (
+                f"timestamp {times[index]:.3f} is {times[index] - reference:,.0f} s past the wall clock and its "
+                f"partition's newest event time (at most {self.settings.max_future_s:g} s, SERVEWATCH_MAX_FUTURE_S)"
+            )
+            position = int(rows.positions[index])
+            decoded.dead_letters.append(row_letter("future_timestamp", error, rows.rows[index], source, position))
+        return rows.without(future)
+
     def fold_pending(self) -> None:
         """Fold every decoded message still waiting; each becomes ackable once its windows are sent."""
         if not self.pending:
             return
         pending, self.pending, self.pending_records = self.pending, [], 0
+        repeats = self.windower.duplicates
         fed = self.windower.add_many([(rows, partition, offset) for rows, partition, offset, _ in pending])
+        if self.windower.duplicates > repeats:
+            repeated = self.windower.duplicates - repeats
+            metrics.DUPLICATE_RECORDS.inc(repeated)
+            folded = sum(len(rows) for rows, _, _, _ in pending)
+            if repeated > 100 and repeated > folded / 2 and not self._warned_ids:
+                self._warned_ids = True  # once: a retried batch is normal, half the stream is not
+                logger.warning(
+                    "%d of %d records repeat a request_id already in their window: if request ids are not unique "
+                    "in your logs, set SERVEWATCH_DEDUP_REQUEST_IDS=false", repeated, folded,
+                )  # fmt: skip
         for (_, partition, _, token), fed_until in zip(pending, fed, strict=True):
             if token is not None:
                 self.unacked.setdefault(partition, deque()).append((token, fed_until))
@@ -216,6 +258,11 @@ class StageTwo:
     bank: DetectorBank = field(init=False)
     # Where recent windows' records are: a firing event's baseline sample is read from there.
     recent: RecentSources = field(init=False, default_factory=RecentSources)
+    # Late partials' letters for the dead-letter topic (the caller takes them) and counts.
+    late_letters: list[DeadLetter] = field(init=False, default_factory=list)
+    late_records: int = 0
+    judged_records: int = 0
+    _skipped_logged_at: float = field(init=False, default=-math.inf)
 
     def __post_init__(self) -> None:
         self.assembler = WindowAssembler(
@@ -229,8 +276,27 @@ class StageTwo:
         late = self.assembler.late_partials
         self.assembler.add(partial, time.monotonic() if now is None else now, via)
         if self.assembler.late_partials > late:
-            metrics.LATE_PARTIALS.inc()
-            logger.debug("late partial for %s at %s dropped", partial.key, partial.start)
+            self._count_late(partial)
+
+    def _count_late(self, partial: WindowStats) -> None:
+        """A partial whose window was judged already: its records are counted late and
+        dead-lettered as one letter (reason ``late``) that says where they are."""
+        records = int(partial.requests)
+        metrics.LATE_PARTIALS.inc()
+        metrics.LATE_RECORDS.labels("window_judged").inc(records)
+        self.late_records += records
+        ranges = [list(source) for source in partial.sources]
+        first = ranges[0] if ranges else [None, None, None]
+        raw = orjson.dumps({"segment": partial.key, "window_start": partial.start, "window_end": partial.end,
+                            "records": records, "sources": ranges})  # fmt: skip
+        error = (
+            f"{records} records of segment {partial.key} arrived after their window ({partial.start:.0f}-"
+            f"{partial.end:.0f}) was judged; they are in the requests topic at the ranges in raw"
+        )
+        self.late_letters.append(
+            DeadLetter(reason="late", error=error, raw=raw.decode(), source_topic=topics.REQUESTS,
+                       source_partition=first[0], source_offset=first[1], received_at=time.time())
+        )  # fmt: skip
 
     def heartbeat(self, source: int, watermark: float, via: int, now: float | None = None) -> None:
         self.assembler.heartbeat(source, watermark, time.monotonic() if now is None else now, via)
@@ -268,16 +334,39 @@ class StageTwo:
     def _judge(self, windows: list[WindowStats], final: bool = False) -> list[AnomalyEvent]:
         for window in windows:
             self.recent.note(window.start, window.sources)
+        skipped_windows, skipped_records = self.bank.windows_skipped, self.bank.records_skipped
         events = self.bank.observe_all(windows, final)
         for event in events:
             self._locate_baseline(event)
-        metrics.WINDOWS.inc(len(windows))
+        skipped = self.bank.records_skipped - skipped_records
+        judged = sum(int(window.requests) for window in windows) - skipped
+        self.judged_records += judged
+        metrics.JUDGED_RECORDS.inc(judged)
+        if skipped:
+            metrics.LATE_RECORDS.labels("older_than_state").inc(skipped)
+            self._log_skipped(self.bank.windows_skipped - skipped_windows, skipped)
+        metrics.WINDOWS.inc(len(windows) - (self.bank.windows_skipped - skipped_windows))
+        for via, until in self.assembler.released_until.items():
+            metrics.JUDGED_UNTIL.labels(str(via)).set(until)
         metrics.LIVE_SEGMENTS.set(len(self.bank.detectors))
         metrics.RESTORED_SEGMENTS.set(self.bank.restored)
         metrics.DISCARDED_STATES.set(self.bank.discarded)
         for event in events:
             metrics.ANOMALY_EVENTS.labels(event.signal.value, event.status.value, event.severity.value).inc()
         return events
+
+    def _log_skipped(self, windows: int, records: int) -> None:
+        """One line a minute at most: windows no later than their segment's last judged one
+        are not judged again (a backlog older than the state is for ``servewatch replay``)."""
+        now = time.monotonic()
+        if now - self._skipped_logged_at >= 60.0:
+            self._skipped_logged_at = now
+            logger.info(
+                "%d windows (%d records) skipped: no later than their segment's last judged window (a replay after "
+                "a restart, or a backlog older than the detectors' state; replay a backlog with servewatch replay); "
+                "servewatch_late_records_total{reason=\"older_than_state\"} counts them all",
+                windows, records,
+            )  # fmt: skip
 
     def _locate_baseline(self, event: AnomalyEvent) -> None:
         """Give the event's baseline-sample pointer the ranges of its window, or drop it when

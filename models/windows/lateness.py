@@ -1,0 +1,95 @@
+"""How late records arrive, learned: the allowed lateness of stage 1's watermarks.
+
+A partition's records do not arrive in event-time order when several hosts write to it:
+each shipper batches (Fluent Bit flushes every second by default, Filebeat's memory queue
+every second up to 8.12 and every ten since 8.13, Vector's Kafka sink within milliseconds
+but behind its source's batching), and a host's clock may run behind. A record's
+*disorder* is how far it is behind the newest event time its partition had already
+delivered. A fixed allowed lateness either drops the records of a slow or skewed host
+(too small) or delays every window (too large); this learns it instead.
+
+``LearnedLateness`` keeps a histogram of disorder on log-spaced bins, fading with a
+half-life counted in closed windows (event time, so a replay learns as the live worker
+would), and allows the ``quantile`` (99.9 %) of it, between ``floor_s`` and ``cap_s``. It
+starts from ``prior_s`` (10 s: Filebeat's flush, the slowest common default), held as a
+small mass that real observations outweigh and that fades like them. A host further
+behind than ``cap_s`` is not waited for: its records are counted late, never silently lost.
+
+>>> lateness = LearnedLateness(floor_s=1.0, cap_s=120.0, prior_s=10.0)
+>>> round(lateness.value, 1)  # the prior, rounded up to its bin's edge
+11.4
+>>> rng = np.random.default_rng(7)
+>>> for _ in range(40):  # a third of the records from a host 30 s behind
+...     lateness.observe(np.where(rng.random(3000) < 0.33, 30.0, 0.0) + rng.random(3000))
+...     lateness.window_closed()
+>>> 30.0 <= lateness.value <= 40.0
+True
+>>> quiet = LearnedLateness(floor_s=1.0, cap_s=120.0, prior_s=10.0)
+>>> for _ in range(400):  # in order: the prior fades and the floor remains
+...     quiet.observe(np.zeros(100))
+...     quiet.window_closed()
+>>> quiet.value
+1.0
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+#: Upper edges of the disorder bins, seconds: 0 (in order), then log-spaced 0.1 s to 1 h.
+EDGES = np.concatenate([[0.0], np.geomspace(0.1, 3600.0, 63)])
+
+
+@dataclass
+class LearnedLateness:
+    floor_s: float = 1.0
+    cap_s: float = 120.0
+    prior_s: float = 10.0
+    quantile: float = 0.999
+    half_life_windows: float = 30.0  # five minutes of 10 s windows
+    prior_weight: float = 100.0
+    counts: np.ndarray = field(init=False, repr=False)
+    value: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.counts = np.zeros(len(EDGES))
+        if self.prior_s > 0:
+            self.counts[self._bin(np.array([self.prior_s]))[0]] = self.prior_weight
+        self._fade = 0.5 ** (1.0 / self.half_life_windows)
+        self.value = self._allowed()
+
+    @staticmethod
+    def _bin(disorder: np.ndarray) -> np.ndarray:
+        return np.minimum(np.searchsorted(EDGES, disorder, side="left"), len(EDGES) - 1)
+
+    def observe(self, disorder: np.ndarray) -> None:
+        """Count records that arrived ``disorder`` seconds behind their partition's newest."""
+        if len(disorder):
+            self.counts += np.bincount(self._bin(np.maximum(disorder, 0.0)), minlength=len(EDGES))
+            self.value = self._allowed()
+
+    def window_closed(self) -> None:
+        """Fade what was learned by one window's half-life step."""
+        self.counts *= self._fade
+        self.value = self._allowed()
+
+    def _allowed(self) -> float:
+        total = self.counts.sum()
+        if total <= 0:
+            return max(self.floor_s, min(self.prior_s, self.cap_s))
+        index = int(np.searchsorted(np.cumsum(self.counts), self.quantile * total, side="left"))
+        upper = float(EDGES[min(index, len(EDGES) - 1)])
+        return float(min(self.cap_s, max(self.floor_s, upper)))
+
+
+def disorder_of(times: np.ndarray, newest_before: float) -> np.ndarray:
+    """Each record's distance behind the newest event time delivered before it, in arrival
+    order, starting from ``newest_before`` (-inf: the partition's first records)."""
+    if not len(times):
+        return times
+    start = times[0] if math.isinf(newest_before) else max(newest_before, times[0])
+    running = np.maximum.accumulate(np.concatenate([[start], times[:-1]]))
+    return np.maximum(running - times, 0.0)

@@ -1,0 +1,118 @@
+"""The event-time contract (issue #18), without a broker: records too far in the future are
+dead letters and never hold offsets back; a skewed host's records are judged, or counted
+late, never silently dropped; a re-sent record counts once; and every accepted record is
+accounted for: accepted = judged + late + duplicates."""
+
+from __future__ import annotations
+
+import orjson
+
+from servewatch.pipeline.replay.request_logs import Replay
+from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.worker.decode import Source
+from servewatch.pipeline.worker.stages import StageOne, StageTwo
+from servewatch.schemas.dead_letter import DeadLetter
+from servewatch.schemas.request_log import RequestLog, RequestLogRow
+
+T0 = 1_767_225_600.0  # 2026-01-01
+
+
+def log(request_id: str, ts: float, model: str = "m") -> RequestLogRow:
+    base = {"prompt_tokens": 300, "completion_tokens": 40, "e2e_s": 1.2, "ttft_s": 0.2, "finish_reason": "stop"}
+    return RequestLog.model_validate({**base, "request_id": request_id, "timestamp": ts, "model": model}).to_row()
+
+
+def test_a_future_record_is_dead_lettered_and_offsets_keep_moving() -> None:
+    one = StageOne(Settings(window_s=10, allowed_lateness_s=0, max_lateness_s=0))
+    wall = T0 + 40  # the records below are "now"; one is an hour ahead, one in 2099
+    messages = [
+        [log("a", T0 + 1), log("b", T0 + 3)],
+        [log("c", T0 + 5), log("ahead", T0 + 3600), log("d", T0 + 6)],
+        [log("far", 4_070_908_800.0)],  # 2099-01-01
+        [log("e", T0 + 12)],
+        [log("f", T0 + 25)],
+    ]
+    letters: list[DeadLetter] = []
+    for offset, rows in enumerate(messages):
+        got, _ = one.process(orjson.dumps(rows), Source("requests", 1, offset), token=f"m{offset}", wall=wall)
+        letters += got
+    assert [(letter.reason, letter.record_index) for letter in letters] == [("future_timestamp", 1),
+                                                                          ("future_timestamp", 0)]  # fmt: skip
+    assert orjson.loads(letters[0].raw)["request_id"] == "ahead" and "SERVEWATCH_MAX_FUTURE_S" in letters[0].error
+    assert letters[1].source_partition == 1 and letters[1].source_offset == 2
+    # Windows T0 and T0+10 are closed (the watermark is at T0+25): every message feeding
+    # them is acknowledged, the ones that held the future records included.
+    assert one.safe_to_ack() == ["m0", "m1", "m2", "m3"]
+    assert max(one.windower.max_event_time.values()) == T0 + 25
+
+
+def test_a_simulated_clock_ahead_of_the_wall_is_not_the_future() -> None:
+    """A partition's own event time is the reference too: a replay at 25x runs ahead of the
+    wall clock step by step, never by a jump."""
+    one = StageOne(Settings(max_lateness_s=0, max_future_s=300))
+    wall = T0
+    letters: list[DeadLetter] = []
+    for step in range(20):  # 20 steps of 100 s: 2,000 s ahead of the wall by the end
+        got, _ = one.process(orjson.dumps([log(f"r{step}", T0 + 100 * step)]), Source("t", 0, step), wall=wall)
+        letters += got
+    assert letters == []
+
+
+def _skewed_hosts(settings: Settings, seconds: int = 600, behind_s: float = 30.0) -> tuple[Replay, int]:
+    """Host A logs on time, host B ``behind_s`` behind (its clock, or its shipper's batching),
+    both into the same partition: 20 requests/s each, a message per second holding both."""
+    replay = Replay(settings)
+    sent = 0
+    for second in range(seconds):
+        rows = [log(f"a{second}-{i}", T0 + second + i / 20) for i in range(20)]
+        rows += [log(f"b{second}-{i}", T0 + second + i / 20 - behind_s, model="n") for i in range(20)]
+        sent += len(rows)
+        replay.feed(orjson.dumps(rows), second)
+    replay.finish()
+    return replay, sent
+
+
+def _accounted(replay: Replay) -> tuple[int, int, int]:
+    return replay.stage_two.judged_records, replay.stage_two.late_records, replay.stage_one.windower.duplicates
+
+
+def test_a_host_30_s_behind_is_judged_with_a_learned_lateness() -> None:
+    replay, sent = _skewed_hosts(Settings())
+    judged, late, duplicates = _accounted(replay)
+    assert judged + late + duplicates == sent and duplicates == 0
+    assert late < 0.02 * sent  # only while the lateness was being learned
+    assert 30.0 <= replay.stage_one.windower.allowed_lateness <= 45.0
+
+
+def test_with_a_fixed_lateness_the_skewed_host_is_counted_late_not_lost() -> None:
+    replay, sent = _skewed_hosts(Settings(allowed_lateness_s=1.0, max_lateness_s=0))
+    judged, late, _ = _accounted(replay)
+    assert judged + late == sent
+    assert late > 0.4 * sent  # most of host B: every record whose window closed before it came
+    letter = replay.stage_two.late_letters[0]
+    where = orjson.loads(letter.raw)
+    assert letter.reason == "late" and where["records"] > 0 and where["sources"][0][0] == 0
+
+
+def test_a_resent_batch_counts_once_while_its_window_is_open_and_late_after() -> None:
+    replay = Replay(Settings())
+    batch = orjson.dumps([log(f"r{i}", T0 + i / 40) for i in range(300)])  # all in window T0
+    replay.feed(batch, 0)
+    replay.feed(batch, 1)  # a shipper's retry after a lost acknowledgement: window T0 still open
+    replay.feed(orjson.dumps([log("later", T0 + 60)]), 2)  # closes window T0
+    replay.feed(batch, 3)  # a retry after the window was judged: its ids are forgotten, it is late
+    replay.finish()
+    assert _accounted(replay) == (301, 300, 300)
+
+
+def test_windows_older_than_a_segments_state_are_counted_as_late_not_judged() -> None:
+    """A backlog older than what a restored segment already learned is not judged again: it
+    is counted (``older_than_state``) and logged, and ``servewatch replay`` judges it."""
+    one = StageOne(Settings())
+    one.process(orjson.dumps([log(f"r{i}", T0 + i / 10) for i in range(25)]), Source("t", 0, 0))
+    (old,) = one.flush_all()
+    two = StageTwo(Settings())
+    two.bank.segment(old.key).last_window_end = T0 + 600  # as restored from the state table
+    two.add(old, now=0.0)
+    two.release_all()
+    assert (two.judged_records, two.bank.records_skipped, two.bank.windows_skipped) == (0, 25, 1)
