@@ -1,25 +1,79 @@
-"""Small aiokafka helpers for the CLI, the demo and tests: topics, producing, reading."""
+"""Small aiokafka helpers for the CLI, the demo and tests: topics, producing, reading, and
+the one place where a Kafka client learns how to authenticate (``KafkaAuth``)."""
 
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.helpers import create_ssl_context
 
 from servewatch.pipeline import topics
+
+if TYPE_CHECKING:
+    from servewatch.pipeline.settings import Settings
 
 logger = logging.getLogger(__name__)
 
 
-async def ensure_topics(bootstrap: str, partitions: int, names: tuple[str, ...] = topics.ALL) -> None:
+@dataclass(frozen=True)
+class KafkaAuth:
+    """How a client connects: ``SERVEWATCH_SECURITY_PROTOCOL`` (PLAINTEXT, SSL, SASL_PLAINTEXT,
+    SASL_SSL), SASL PLAIN or SCRAM credentials, and TLS files. Every client servewatch opens
+    (Faust's, the shipper's, the scraper's, the evidence reader's, the admin creating
+    topics) takes its options from here, so none can be left unauthenticated."""
+
+    protocol: str = "PLAINTEXT"
+    mechanism: str = "PLAIN"
+    username: str | None = None
+    password: str | None = None
+    cafile: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> KafkaAuth:
+        password = settings.sasl_password.get_secret_value() if settings.sasl_password else None
+        return cls(settings.security_protocol, settings.sasl_mechanism, settings.sasl_username, password,
+                   settings.ssl_cafile, settings.ssl_certfile, settings.ssl_keyfile)  # fmt: skip
+
+    @property
+    def uses_tls(self) -> bool:
+        return self.protocol in ("SSL", "SASL_SSL")
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        if not self.uses_tls:
+            return None
+        return create_ssl_context(cafile=self.cafile, certfile=self.certfile, keyfile=self.keyfile)
+
+    def client_options(self) -> dict[str, Any]:
+        """Keyword arguments for any aiokafka client (producer, consumer, admin)."""
+        options: dict[str, Any] = {"security_protocol": self.protocol}
+        if self.uses_tls:
+            options["ssl_context"] = self.ssl_context()
+        if self.protocol.startswith("SASL_"):
+            options.update(sasl_mechanism=self.mechanism, sasl_plain_username=self.username,
+                           sasl_plain_password=self.password)  # fmt: skip
+        return options
+
+
+PLAINTEXT = KafkaAuth()
+
+
+async def ensure_topics(
+    bootstrap: str, partitions: int, names: tuple[str, ...] = topics.ALL, auth: KafkaAuth = PLAINTEXT
+) -> None:
     """Create servewatch's topics with ``partitions`` partitions where they do not exist yet.
 
     Done before anything produces, so that a broker's auto-creation (often 1 partition)
     never decides the layout.
     """
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **auth.client_options())
     await admin.start()
     try:
         existing = set(await admin.list_topics())
@@ -33,13 +87,15 @@ async def ensure_topics(bootstrap: str, partitions: int, names: tuple[str, ...] 
         await admin.close()
 
 
-def producer(bootstrap: str, max_request_size: int = 16 * 1024 * 1024) -> AIOKafkaProducer:
+def producer(bootstrap: str, max_request_size: int = 16 * 1024 * 1024, auth: KafkaAuth = PLAINTEXT) -> AIOKafkaProducer:
     # linger 0: Tansu under-reports end offsets of multi-record batches (see docs/notes).
-    return AIOKafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, max_request_size=max_request_size)
+    return AIOKafkaProducer(
+        bootstrap_servers=bootstrap, linger_ms=0, max_request_size=max_request_size, **auth.client_options()
+    )
 
 
 async def read_topic(
-    bootstrap: str, topic: str, *, from_beginning: bool = True, poll_ms: int = 200
+    bootstrap: str, topic: str, *, from_beginning: bool = True, poll_ms: int = 200, auth: KafkaAuth = PLAINTEXT
 ) -> AsyncIterator[bytes]:
     """Every message value of ``topic`` (no consumer group), as it arrives. Runs until cancelled."""
     consumer = AIOKafkaConsumer(
@@ -50,6 +106,7 @@ async def read_topic(
         enable_auto_commit=False,
         fetch_max_bytes=64 * 1024 * 1024,
         max_partition_fetch_bytes=16 * 1024 * 1024,
+        **auth.client_options(),
     )
     await consumer.start()
     try:

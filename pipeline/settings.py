@@ -10,7 +10,7 @@ import json
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, SecretStr
+from pydantic import BeforeValidator, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from servewatch.models.detect.signal_detector import DetectorConfig
@@ -42,12 +42,25 @@ class Settings(BaseSettings):
     broker_profile: Literal["kafka", "tansu"] = Field(
         default="kafka", description="'tansu' applies the timeouts the embedded broker needs (set automatically)."
     )
+    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
+        default="PLAINTEXT", description="How every Kafka client connects (worker, shipper, scraper, evidence reads)."
+    )
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
     sasl_username: str | None = None
     sasl_password: SecretStr | None = None
+    ssl_cafile: str | None = Field(default=None, description="CA bundle for SSL/SASL_SSL (default: the system's).")
+    ssl_certfile: str | None = Field(default=None, description="Client certificate (mutual TLS).")
+    ssl_keyfile: str | None = Field(default=None, description="Client certificate's private key (mutual TLS).")
     app_id: str = "servewatch"
     topic_partitions: int = Field(default=4, ge=1)
     max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     data_dir: str | None = Field(default=None, description="Faust's data dir; a fresh temp dir when unset.")
+    store: Literal["memory://", "rocksdb://"] = Field(
+        default="memory://",
+        description="Where the worker keeps its detector-state table: in memory (default), or in RocksDB on "
+        "disk under data_dir for large state (pip install 'servewatch[rocksdb]'). Either way the table is "
+        "backed by its changelog topic and restored from it on takeover.",
+    )
 
     # -- windows and segments -------------------------------------------------------
     window_s: float = Field(default=10.0, gt=0)
@@ -211,6 +224,16 @@ class Settings(BaseSettings):
             no_data_after_s=self.no_data_after_s,
             segment_idle_s=self.segment_idle_s,
         )
+
+    @model_validator(mode="after")
+    def _check_security(self) -> Settings:
+        sasl = self.security_protocol.startswith("SASL_")
+        if sasl and not (self.sasl_username and self.sasl_password):
+            raise ValueError(f"security_protocol {self.security_protocol} needs sasl_username and sasl_password")
+        if not sasl and (self.sasl_username or self.sasl_password):
+            raise ValueError("sasl_username/sasl_password are set but security_protocol is not SASL_SSL or "
+                             f"SASL_PLAINTEXT ({self.security_protocol})")  # fmt: skip
+        return self
 
     @property
     def bootstrap(self) -> str | None:

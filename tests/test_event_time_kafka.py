@@ -54,8 +54,9 @@ async def _produce(bootstrap: str, start: float) -> int:
     return sent
 
 
-async def _lagging_partitions(bootstrap: str, group: str) -> dict[int, tuple[int, int]]:
-    """Partitions of the requests topic whose committed offset is behind their end: (committed, end)."""
+async def _lagging_partitions(bootstrap: str, group: str, spare: int = 0) -> dict[int, tuple[int, int]]:
+    """Partitions of the requests topic whose committed offset is behind their end (less the
+    last ``spare`` messages): (committed, end)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
     await admin.start()
@@ -67,7 +68,7 @@ async def _lagging_partitions(bootstrap: str, group: str) -> dict[int, tuple[int
         lagging = {}
         for tp in parts:
             done = committed[tp].offset if tp in committed else -1
-            if done < ends[tp]:
+            if done < ends[tp] - spare:
                 lagging[tp.partition] = (done, ends[tp])
         return lagging
     finally:

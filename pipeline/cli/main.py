@@ -86,14 +86,15 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def _ensure_topics(settings: Settings) -> None:
-    from servewatch.pipeline.kafka import ensure_topics
+    from servewatch.pipeline.kafka import KafkaAuth, ensure_topics
 
     assert settings.bootstrap is not None
-    await ensure_topics(settings.bootstrap, settings.topic_partitions)
+    await ensure_topics(settings.bootstrap, settings.topic_partitions, auth=KafkaAuth.from_settings(settings))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from servewatch.pipeline.dev.demo import run_demo, start_worker, stop_worker, summarise
+    from servewatch.pipeline.kafka import KafkaAuth
 
     if not args.speed > 0:
         raise CommandError(f"--speed must be above 0 (simulated seconds per wall second), got {args.speed}", "demo")
@@ -102,9 +103,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         assert settings.bootstrap is not None
         asyncio.run(_ensure_topics(settings))
         print("starting the servewatch worker ...", flush=True)
-        worker = start_worker(settings.bootstrap)
+        worker = start_worker(settings.bootstrap, {"SERVEWATCH_BROKER_PROFILE": settings.broker_profile})
         try:
-            outcome = asyncio.run(run_demo(settings.bootstrap, speed=args.speed, out=lambda s: print(s, flush=True)))
+            auth = KafkaAuth.from_settings(settings)
+            outcome = asyncio.run(
+                run_demo(settings.bootstrap, speed=args.speed, out=lambda s: print(s, flush=True), auth=auth)
+            )
         finally:
             stop_worker(worker)
     print("=== demo summary ===")

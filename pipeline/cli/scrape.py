@@ -41,7 +41,7 @@ async def _scrape(args: argparse.Namespace, interval_s: float, timeout_s: float,
 
     from servewatch.pipeline import topics
     from servewatch.pipeline.ingest.scrape.scraper import Scrape, Scraper, run_scrapes
-    from servewatch.pipeline.kafka import ensure_topics, producer
+    from servewatch.pipeline.kafka import KafkaAuth, ensure_topics, producer
     from servewatch.schemas.engine_interval import EngineInterval
 
     stop = asyncio.Event()
@@ -49,8 +49,9 @@ async def _scrape(args: argparse.Namespace, interval_s: float, timeout_s: float,
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
     kafka = None
     if settings is not None and settings.bootstrap is not None:
-        await ensure_topics(settings.bootstrap, settings.topic_partitions, (topics.SCRAPES,))
-        kafka = producer(settings.bootstrap)
+        auth = KafkaAuth.from_settings(settings)
+        await ensure_topics(settings.bootstrap, settings.topic_partitions, (topics.SCRAPES,), auth=auth)
+        kafka = producer(settings.bootstrap, auth=auth)
         await kafka.start()
     record = open(args.record, "ab") if args.record else None  # noqa: SIM115 - closed below
     out = None if not args.out else sys.stdout.buffer if args.out == "-" else open(args.out, "ab")  # noqa: SIM115

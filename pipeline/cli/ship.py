@@ -26,7 +26,7 @@ def cmd_ship(args: argparse.Namespace) -> int:
     from servewatch.pipeline.ingest.ship.http_endpoint import HttpSource, parse_listen
     from servewatch.pipeline.ingest.ship.shipper import ShipConfig, Shipper, ShipStats
     from servewatch.pipeline.ingest.ship.sources import Source, StreamSource
-    from servewatch.pipeline.kafka import ensure_topics, producer
+    from servewatch.pipeline.kafka import KafkaAuth, ensure_topics, producer
 
     base = settings_from(args)
     line = Progress()
@@ -67,8 +67,9 @@ def cmd_ship(args: argparse.Namespace) -> int:
 
         for signum in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(signum, on_signal, signum.name)
-        await ensure_topics(bootstrap, partitions, (topics.REQUESTS, topics.DEADLETTER))
-        kafka = producer(bootstrap)
+        auth = KafkaAuth.from_settings(base)
+        await ensure_topics(bootstrap, partitions, (topics.REQUESTS, topics.DEADLETTER), auth=auth)
+        kafka = producer(bootstrap, auth=auth)
         await kafka.start()
         shipper = Shipper(source(), adapter, kafka, config)
         if isinstance(shipper.source, HttpSource):

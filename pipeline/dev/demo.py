@@ -25,7 +25,7 @@ import orjson
 from servewatch.models.explain.event_text import event_text, group_text
 from servewatch.pipeline import topics
 from servewatch.pipeline.dev.workload import EPOCH, Workload, demo_phases
-from servewatch.pipeline.kafka import producer, read_topic
+from servewatch.pipeline.kafka import PLAINTEXT, KafkaAuth, producer, read_topic
 from servewatch.schemas.anomaly import AnomalyEvent, Status
 from servewatch.schemas.incident_group import IncidentGroup, parse_anomaly_record
 
@@ -93,10 +93,11 @@ async def play(
     workload: Workload,
     speed: float,
     on_phase: Callable[[str], None] | None = None,
+    auth: KafkaAuth = PLAINTEXT,
 ) -> int:
     """Produce the workload, one JSON-array message per simulated second, paced at ``speed``x."""
     sent = 0
-    prod = producer(bootstrap)
+    prod = producer(bootstrap, auth=auth)
     await prod.start()
     try:
         started, current = time.monotonic(), None
@@ -118,7 +119,12 @@ async def play(
 
 
 async def run_demo(
-    bootstrap: str, *, speed: float = 25.0, scale: float = 1.0, out: Callable[[str], None] = print
+    bootstrap: str,
+    *,
+    speed: float = 25.0,
+    scale: float = 1.0,
+    out: Callable[[str], None] = print,
+    auth: KafkaAuth = PLAINTEXT,
 ) -> DemoOutcome:
     """Play the scenario against a running worker on ``bootstrap``; print events as they come."""
     workload = Workload(demo_phases(scale))
@@ -135,7 +141,7 @@ async def run_demo(
     seen: set[str] = set()
 
     async def watch() -> None:
-        async for raw in read_topic(bootstrap, topics.ANOMALIES):
+        async for raw in read_topic(bootstrap, topics.ANOMALIES, auth=auth):
             record = parse_anomaly_record(raw)
             if isinstance(record, IncidentGroup):
                 outcome.groups.append(record)
@@ -151,7 +157,7 @@ async def run_demo(
 
     watcher = asyncio.create_task(watch())
     try:
-        outcome.records = await play(bootstrap, workload, speed, on_phase)
+        outcome.records = await play(bootstrap, workload, speed, on_phase, auth)
         out(f"--- workload done: {outcome.records:,} request logs sent; waiting for the last windows ---")
         await asyncio.sleep(8.0)  # quiet-partition flush + stage 2's wait
     finally:

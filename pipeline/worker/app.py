@@ -31,6 +31,7 @@ import orjson
 from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.models.windows.window import WindowStats
 from servewatch.pipeline import tuning
+from servewatch.pipeline.kafka import KafkaAuth
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.topics import DETECTOR_STATE_TABLE, Topics, declare_topics
 from servewatch.pipeline.worker import metrics, tansu_transport
@@ -59,13 +60,28 @@ def _scheme(profile: str) -> str:
     return tansu_transport.register() if profile == "tansu" else "kafka"
 
 
+def _faust_credentials(auth: KafkaAuth) -> faust.SASLCredentials | faust.SSLCredentials | None:
+    """The same connection settings as every other client (``KafkaAuth``), as Faust takes them."""
+    if auth.protocol.startswith("SASL_"):
+        return faust.SASLCredentials(username=auth.username, password=auth.password, mechanism=auth.mechanism,
+                                     ssl_context=auth.ssl_context())  # fmt: skip
+    if auth.protocol == "SSL":
+        return faust.SSLCredentials(auth.ssl_context())
+    return None
+
+
 def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     if settings.bootstrap is None:
         raise ValueError("create_app needs a broker address; the CLI starts the embedded one when none is set")
+    auth = KafkaAuth.from_settings(settings)
     app = faust.App(
         settings.app_id,
         broker=f"{_scheme(settings.broker_profile)}://{settings.bootstrap}",
-        store="memory://",
+        broker_credentials=_faust_credentials(auth),
+        store=settings.store,
+        # Tansu under-reports a changelog's end offset, which Faust's consistency check after
+        # recovering a RocksDB table trusts; memory tables are rebuilt in full either way.
+        recovery_consistency_check=not (settings.store.startswith("rocksdb") and settings.broker_profile == "tansu"),
         datadir=settings.data_dir or tempfile.mkdtemp(prefix="servewatch-faust-"),
         topic_partitions=settings.topic_partitions,
         web_enabled=False,
@@ -122,7 +138,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
 
     evidence_budget = settings.evidence_budget()
     segment_key_of = settings.segmenter().key_of_row  # a scan's filter: never registers a segment
-    evidence_reader = KafkaMessageReader(settings.bootstrap, topics.requests.get_topic_name())
+    evidence_reader = KafkaMessageReader(settings.bootstrap, topics.requests.get_topic_name(), auth=auth)
 
     async def publish(events: list[AnomalyEvent]) -> None:
         engines.explain(events)

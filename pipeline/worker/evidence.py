@@ -31,6 +31,7 @@ from servewatch.models.explain.faulty_requests import shows_fault, slowness
 from servewatch.models.explain.hints import mention_engine_versions, mention_max_tokens
 from servewatch.models.windows.batch import evidence_from_row
 from servewatch.models.windows.rows import field_getter
+from servewatch.pipeline.kafka import PLAINTEXT, KafkaAuth
 from servewatch.pipeline.worker.decode import Source, decode_message
 from servewatch.schemas.anomaly import AnomalyEvent, Facets, Signal
 
@@ -234,8 +235,8 @@ class KafkaMessageReader:
     few dozen messages back.
     """
 
-    def __init__(self, bootstrap: str, topic: str, timeout_s: float = 1.0) -> None:
-        self.bootstrap, self.topic, self.timeout_s = bootstrap, topic, timeout_s
+    def __init__(self, bootstrap: str, topic: str, timeout_s: float = 1.0, auth: KafkaAuth = PLAINTEXT) -> None:
+        self.bootstrap, self.topic, self.timeout_s, self.auth = bootstrap, topic, timeout_s, auth
         self._consumer: AIOKafkaConsumer | None = None
 
     async def _started(self) -> AIOKafkaConsumer:
@@ -247,6 +248,7 @@ class KafkaMessageReader:
                 fetch_max_bytes=READ_BACK_FETCH_BYTES,
                 max_partition_fetch_bytes=READ_BACK_FETCH_BYTES,
                 fetch_max_wait_ms=10,
+                **self.auth.client_options(),
             )
             await consumer.start()
             self._consumer = consumer

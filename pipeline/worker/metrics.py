@@ -22,6 +22,9 @@ LATE_RECORDS = Counter(
     "their segment's state is past it (older_than_state: a replay after a crash, or an old backlog).",
     ["reason"],
 )
+ALLOWED_LATENESS = Gauge(
+    "servewatch_allowed_lateness_seconds", "How late stage 1 lets records be before closing their window (learned)."
+)
 JUDGED_UNTIL = Gauge(
     "servewatch_judged_until_seconds",
     "Event time up to which this worker has judged the windows of each partials partition it owns.",

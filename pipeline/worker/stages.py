@@ -114,7 +114,10 @@ class StageOne:
             len(rows) and self.windower.would_advance(partition, float(rows.column("timestamp").max()))
         ):
             self.fold_pending()
-        return decoded.dead_letters, self.windower.close_due()
+        closed = self.windower.close_due()
+        if closed:
+            metrics.ALLOWED_LATENESS.set(self.windower.allowed_lateness)
+        return decoded.dead_letters, closed
 
     def _refuse_future(self, decoded: Decoded, partition: int, source: Source, wall: float) -> RowBatch:
         rows = decoded.rows()
