@@ -3,14 +3,16 @@ the one place where a Kafka client learns how to authenticate (``KafkaAuth``).""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
 
 from servewatch.pipeline import topics
@@ -118,3 +120,37 @@ async def read_topic(
                         yield message.value
     finally:
         await consumer.stop()
+
+
+class BrokerProbe:
+    """Whether the broker answers a metadata request within ``timeout_s``.
+
+    The worker takes a silent partition for an idle one (its event time then follows the
+    wall clock, so that its last windows close): only while the broker answers. A frozen or
+    unreachable broker also silences every partition, and the records it holds back are not
+    late when it comes back.
+    """
+
+    def __init__(self, bootstrap: str, auth: KafkaAuth = PLAINTEXT, timeout_s: float = 1.0) -> None:
+        self.bootstrap, self.auth, self.timeout_s = bootstrap, auth, timeout_s
+        self._client: AIOKafkaClient | None = None
+
+    async def answers(self) -> bool:
+        try:
+            if self._client is None:
+                client = AIOKafkaClient(bootstrap_servers=self.bootstrap, **self.auth.client_options())
+                self._client = client
+                await asyncio.wait_for(client.bootstrap(), self.timeout_s)
+            await asyncio.wait_for(self._client.fetch_all_metadata(), self.timeout_s)
+            return True
+        except (TimeoutError, KafkaError, OSError):
+            await self.close()
+            return False
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                await asyncio.wait_for(client.close(), self.timeout_s)
+            except (TimeoutError, KafkaError, OSError):
+                logger.debug("broker probe closed uncleanly")

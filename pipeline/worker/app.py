@@ -31,7 +31,7 @@ import orjson
 from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.models.windows.window import WindowStats
 from servewatch.pipeline import tuning
-from servewatch.pipeline.kafka import KafkaAuth
+from servewatch.pipeline.kafka import BrokerProbe, KafkaAuth
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.topics import DETECTOR_STATE_TABLE, Topics, declare_topics
 from servewatch.pipeline.worker import metrics, tansu_transport
@@ -229,8 +229,22 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
                 await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
             await store_and_publish(events)
 
+    probe = BrokerProbe(settings.bootstrap, auth)
+    broker_silent = [False]
+
     @app.timer(0.5)
     async def flush_quiet_partitions() -> None:
+        if stage_one.quiet():
+            answers = await probe.answers()
+            if answers == broker_silent[0]:  # the broker's state changed: say so once
+                broker_silent[0] = not answers
+                if answers:
+                    logger.warning("the broker answers again: quiet partitions are idle again")
+                else:
+                    logger.warning("the broker does not answer: quiet partitions are held, not taken as idle")
+            if not answers:
+                stage_one.hold_idle()
+                return
         await send_partials_and_ack(stage_one.flush_idle())
 
     @app.timer(0.25)
@@ -257,6 +271,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     @app.on_before_shutdown.connect
     async def stop_evidence_reader(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         await evidence_reader.stop()
+        await probe.close()
 
     @app.on_before_shutdown.connect
     async def store_every_state(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:

@@ -220,6 +220,19 @@ class StageOne:
                 self.announced[partition] = mark
         return due
 
+    def quiet(self, now: float | None = None) -> bool:
+        """Whether some partition has been silent long enough for ``flush_idle`` to move it on."""
+        now = time.monotonic() if now is None else now
+        idle_s = self.settings.idle_flush_s
+        return bool(self.windower.open) and any(now - seen >= idle_s for seen in self.last_seen.values())
+
+    def hold_idle(self, now: float | None = None) -> None:
+        """The broker is not answering: silence is not idleness. Every partition's silence
+        starts over, so that what the broker held back is not late when it comes back."""
+        now = time.monotonic() if now is None else now
+        for partition in self.last_seen:
+            self.last_seen[partition] = now
+
     def flush_idle(self, now: float | None = None) -> list[WindowStats]:
         """Partials that silence completed: partitions quiet for ``idle_flush_s`` advance their
         event time with the wall clock (see ``Windower.advance_idle``)."""

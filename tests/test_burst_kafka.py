@@ -1,0 +1,118 @@
+"""A 10x burst on the real embedded broker (issue #18): steady traffic, then ten times as
+many requests for a few seconds, produced as fast as the client can, then steady again.
+The worker's lag (messages on the topic it has not read yet) grows and drains to zero,
+its resident memory stays bounded, and every record is accounted for."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from servewatch.pipeline import topics
+from servewatch.pipeline.dev.broker import EmbeddedBroker, free_loopback_port
+from servewatch.pipeline.dev.demo import start_worker, stop_worker
+from servewatch.pipeline.kafka import ensure_topics, producer
+from servewatch.pipeline.worker.metrics import served_value
+
+pytestmark = pytest.mark.integration
+
+PARTITIONS = 4
+BASE_PER_S = 400
+#: Resident memory a worker may reach in this test: several times what it needs (~150 MiB),
+#: far below what holding the burst's records would take if windows did not bound it.
+RSS_BOUND_KIB = 600 * 1024
+
+
+def _batch(start: int, count: int, now: float) -> bytes:
+    return orjson.dumps([
+        {"request_id": f"b{n}", "timestamp": now - 0.5 + (n - start) / count / 2, "model": ("m1", "m2")[n % 2],
+         "route": ("chat", "rag")[(n // 2) % 2], "prompt_tokens": 600 + n % 500, "completion_tokens": 40 + n % 90,
+         "e2e_s": 1.4, "ttft_s": 0.25, "finish_reason": "stop"}
+        for n in range(start, start + count)
+    ])  # fmt: skip
+
+
+async def _produce(bootstrap: str, sent: list[int]) -> None:
+    """5 s at BASE_PER_S, 4 s at ten times that (each second's records sent at once), 5 s at BASE_PER_S."""
+    prod = producer(bootstrap)
+    await prod.start()
+    try:
+        n = 0
+        for per_s in [BASE_PER_S] * 5 + [10 * BASE_PER_S] * 4 + [BASE_PER_S] * 5:
+            started, now = time.monotonic(), time.time()
+            for _ in range(per_s // 200):  # messages of 200 records, partitions in turn
+                await prod.send(topics.REQUESTS, _batch(n, 200, now), partition=(n // 200) % PARTITIONS)
+                n += 200
+                sent[1] += 1
+            await prod.flush()
+            sent[0] = n
+            await asyncio.sleep(max(0.0, 1.0 - (time.monotonic() - started)))
+    finally:
+        await prod.stop()
+
+
+async def _end_offsets(bootstrap: str) -> int:
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await consumer.start()
+    try:
+        ends = await consumer.end_offsets([TopicPartition(topics.REQUESTS, p) for p in range(PARTITIONS)])
+        return sum(ends.values())
+    finally:
+        await consumer.stop()
+
+
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_a_10x_burst_builds_lag_that_drains_with_bounded_memory() -> None:
+    with EmbeddedBroker() as broker:
+        asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS))
+        port = free_loopback_port()
+        worker = start_worker(broker.bootstrap, {"SERVEWATCH_APP_ID": f"burst-{uuid.uuid4().hex[:6]}",
+                                                 "SERVEWATCH_METRICS_PORT": str(port),
+                                                 "SERVEWATCH_LATENESS_PRIOR_S": "2"})  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while served_value(port, "servewatch_live_segments") != 0 or served_value(
+                port, "servewatch_messages_total"
+            ):
+                assert time.monotonic() < deadline, "worker did not come up"
+                time.sleep(0.3)
+            time.sleep(4)  # its partitions assigned
+            sent = [0, 0]  # records, messages
+            thread = threading.Thread(target=lambda: asyncio.run(_produce(broker.bootstrap, sent)))
+            thread.start()
+            lags, rss = [], []
+            while thread.is_alive():
+                lags.append(sent[1] - served_value(port, "servewatch_messages_total"))
+                rss.append(_rss_kib(worker.pid))
+                time.sleep(0.25)
+            thread.join()
+            messages = asyncio.run(_end_offsets(broker.bootstrap))
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                read = served_value(port, "servewatch_messages_total")
+                accepted = served_value(port, "servewatch_records_total")
+                done = sum(served_value(port, f"servewatch_{k}_total")
+                           for k in ("judged_records", "late_records", "duplicate_records"))  # fmt: skip
+                rss.append(_rss_kib(worker.pid))
+                if read == messages and done == accepted:
+                    break
+                time.sleep(0.5)
+        finally:
+            stop_worker(worker)
+    assert messages == sent[1] and read == messages, "the lag drained: every message read"
+    assert max(lags) > 0, "the burst built a lag"
+    assert accepted == sent[0] and done == accepted, (accepted, done, sent[0])
+    assert max(rss) < RSS_BOUND_KIB, f"peak RSS {max(rss) / 1024:.0f} MiB"
