@@ -40,12 +40,12 @@ def _batch(start: int, count: int, now: float) -> bytes:
 
 
 async def _produce(bootstrap: str, sent: list[int]) -> None:
-    """5 s at BASE_PER_S, 4 s at ten times that (each second's records sent at once), 5 s at BASE_PER_S."""
+    """3 s at BASE_PER_S, 3 s at ten times that (each second's records sent at once), 3 s at BASE_PER_S."""
     prod = producer(bootstrap)
     await prod.start()
     try:
         n = 0
-        for per_s in [BASE_PER_S] * 5 + [10 * BASE_PER_S] * 4 + [BASE_PER_S] * 5:
+        for per_s in [BASE_PER_S] * 3 + [10 * BASE_PER_S] * 3 + [BASE_PER_S] * 3:
             started, now = time.monotonic(), time.time()
             for _ in range(per_s // 200):  # messages of 200 records, partitions in turn
                 await prod.send(topics.REQUESTS, _batch(n, 200, now), partition=(n // 200) % PARTITIONS)
@@ -89,7 +89,7 @@ def test_a_10x_burst_builds_lag_that_drains_with_bounded_memory() -> None:
             ):
                 assert time.monotonic() < deadline, "worker did not come up"
                 time.sleep(0.3)
-            time.sleep(4)  # its partitions assigned
+            time.sleep(3)  # its partitions assigned
             sent = [0, 0]  # records, messages
             thread = threading.Thread(target=lambda: asyncio.run(_produce(broker.bootstrap, sent)))
             thread.start()

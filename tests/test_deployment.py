@@ -1,27 +1,69 @@
-"""docker-compose.yml stays in step with the code: every topic servewatch uses is created
-there with its partitions decided up front, and every ``servewatch`` command it runs parses."""
+"""docker-compose.yml and the Dockerfile stay in step with the code (issue #18). Docker does
+not run here, so ``docker compose config`` cannot; these checks read both files instead:
+every topic is created up front, every servewatch command parses, dependencies are
+installed when the image is built (never when a container starts), and nothing listens
+beyond the host's loopback."""
 
 from __future__ import annotations
 
 import re
 import shlex
+import tomllib
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from servewatch.pipeline import topics
 from servewatch.pipeline.cli.main import build_parser
 
-COMPOSE = (Path(__file__).resolve().parents[1] / "docker-compose.yml").read_text()
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
+OURS = {name: service for name, service in SERVICES.items() if service.get("image") == "servewatch:local"}
+
+
+def _interpolated(text: str) -> str:
+    """Compose's ``${VAR:-default}`` as its default, ``$$`` as ``$``."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", text).replace("$$", "$")
 
 
 def test_compose_creates_every_topic() -> None:
-    created = set(re.findall(r"^\s+create (servewatch\.[a-z]+)", COMPOSE, re.M))
-    assert created == set(topics.ALL)
+    script = "\n".join(SERVICES["topics"]["command"])
+    assert set(re.findall(r"^\s*create (servewatch\.[a-z]+)", script, re.M)) == set(topics.ALL)
 
 
-def test_compose_commands_parse() -> None:
-    commands = re.findall(r'&& servewatch ([a-z-]+.*)"\s*$', COMPOSE, re.M)
-    assert {c.split()[0] for c in commands} == {"worker", "scrape", "ship"}
-    for command in commands:
-        # Compose's $$VAR is the shell's $VAR; any value will do for parsing.
-        text = re.sub(r"\$\$\{?[A-Z_]+(:-[^}]*)?\}?", "x", command).replace('\\"', "")
-        build_parser().parse_args(shlex.split(text))
+def test_every_servewatch_service_runs_the_built_image_with_a_command_that_parses() -> None:
+    assert {"worker-a", "worker-b", "scraper", "shipper", "shipper-http"} <= set(OURS)
+    for name, service in OURS.items():
+        assert service["build"] == ".", name
+        command = [_interpolated(part) for part in service["command"]]
+        assert "pip" not in " ".join(command), f"{name} installs at start"
+        build_parser().parse_args(command)
+        for dependency in service.get("depends_on", {}):
+            assert dependency in SERVICES, f"{name} depends on a missing service {dependency}"
+    workers = [s for s in OURS.values() if s["command"] == ["worker"]]
+    assert len(workers) == 2 and all("healthcheck" in s for s in workers)
+    assert not any("SERVEWATCH_APP_ID" in s.get("environment", {}) for s in workers), "one consumer group"
+
+
+def test_nothing_listens_beyond_the_loopback() -> None:
+    for name, service in SERVICES.items():
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port}"
+
+
+def test_the_image_holds_every_packaged_folder_and_runs_servewatch() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    mapping = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    copied = set(re.findall(r"^COPY (\S+)/ ", dockerfile, re.M))
+    assert set(mapping.values()) <= copied
+    assert re.search(r'^ENTRYPOINT \["servewatch"\]', dockerfile, re.M)
+    assert re.search(r"^RUN pip install ", dockerfile, re.M) and re.search(r"^USER ", dockerfile, re.M)
+
+
+def test_the_shell_commands_of_the_topics_service_quote_compose_variables() -> None:
+    """``$$`` in compose is a literal ``$`` for the shell; a lone ``$`` would be compose's."""
+    script = "\n".join(SERVICES["topics"]["command"])
+    assert "$$@" in script and not re.search(r"(?<!\$)\$(?![${])", script)
+    shlex.split(_interpolated(script.splitlines()[-1]))

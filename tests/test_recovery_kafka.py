@@ -75,7 +75,7 @@ def test_kill_9_of_one_of_two_workers_loses_and_doubles_no_incident() -> None:
                 assert time.monotonic() < deadline, "workers did not come up"
                 time.sleep(0.5)
             time.sleep(6)  # the group's first rebalance
-            producer = threading.Thread(target=lambda: asyncio.run(play(broker.bootstrap, workload, speed=20.0)))
+            producer = threading.Thread(target=lambda: asyncio.run(play(broker.bootstrap, workload, speed=30.0)))
             producer.start()
 
             # Wait for the incident to fire, then kill the worker that judged more windows.
