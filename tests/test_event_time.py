@@ -6,7 +6,11 @@ accounted for: accepted = judged + late + duplicates."""
 from __future__ import annotations
 
 import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from servewatch.models.windows.segments import Segmenter
+from servewatch.models.windows.windowing import Windower
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker.decode import Source
@@ -116,3 +120,17 @@ def test_windows_older_than_a_segments_state_are_counted_as_late_not_judged() ->
     two.add(old, now=0.0)
     two.release_all()
     assert (two.judged_records, two.bank.records_skipped, two.bank.windows_skipped) == (0, 25, 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 40), min_size=1, max_size=30), min_size=1, max_size=25))
+def test_repeats_are_counted_exactly_whatever_the_batches(batches: list[list[int]]) -> None:
+    """Every id after its first sighting in the window is a repeat, however the stream is cut
+    into batches, and however many sorted runs the window's memory holds by then."""
+    windower = Windower(Segmenter(), window_s=3600, dedup=True)
+    for batch in batches:
+        windower.add([log(f"r{i}", T0 + 1) for i in batch])
+    every = [i for batch in batches for i in batch]
+    assert windower.duplicates == len(every) - len(set(every))
+    (window,) = windower.flush_all()
+    assert window.requests == len(set(every))

@@ -30,8 +30,10 @@ from servewatch.models.windows.window import WindowBlock, WindowStats
 from servewatch.schemas.request_log import RequestLogRow
 
 #: Request ids remembered per open window for de-duplication: beyond, repeats go uncounted
-#: (a window of a million requests is ~60 MB of remembered hashes already).
+#: (8 MB of hashes for a window of a million requests).
 DEDUP_IDS_PER_WINDOW = 1_000_000
+#: Sorted runs of remembered ids a window keeps before merging them into one.
+DEDUP_RUNS = 8
 
 
 @dataclass
@@ -77,7 +79,8 @@ class Windower:
     max_future_s: float = math.inf
     dedup: bool = False
     duplicates: int = 0  # records dropped as a request_id already seen in their window
-    _seen_ids: dict[float, set[int]] = field(default_factory=dict, repr=False)  # window start -> id hashes
+    # window start -> sorted runs of the hashes of the request ids folded into it
+    _seen_ids: dict[float, list[np.ndarray]] = field(default_factory=dict, repr=False)
 
     @property
     def allowed_lateness(self) -> float:
@@ -168,30 +171,35 @@ class Windower:
 
     def _repeated_ids(self, batch: RowBatch, window_ids: np.ndarray) -> np.ndarray | None:
         """Rows whose ``request_id`` was already folded into their window (a shipper's
-        re-sent batch), or None when there is none. One set of id hashes per open window,
-        up to ``DEDUP_IDS_PER_WINDOW``; a repeat is rare, so the common case costs a set
-        update per window, not a Python step per row."""
-        hashes = list(map(hash, batch.values("request_id")))
-        repeated: np.ndarray | None = None
+        re-sent batch), or None when there is none: the first sighting counts, later ones
+        are repeats. Each open window keeps the 64-bit hashes of its ids (8 bytes an id, up
+        to ``DEDUP_IDS_PER_WINDOW``) as a few sorted runs, searched with numpy and merged
+        once there are more than ``DEDUP_RUNS``: no Python step per row, and no re-sort of
+        the whole window per batch."""
+        hashes = np.fromiter(map(hash, batch.values("request_id")), dtype=np.int64, count=len(batch))
+        repeated = np.zeros(len(hashes), dtype=bool)
         distinct = np.unique(window_ids)
         for window_id in distinct.tolist():
             start = float(window_id * self.window_s)
-            seen = self._seen_ids.setdefault(start, set())
-            if len(seen) >= DEDUP_IDS_PER_WINDOW:
+            runs = self._seen_ids.setdefault(start, [])
+            if sum(len(run) for run in runs) >= DEDUP_IDS_PER_WINDOW:
                 continue
             rows = np.arange(len(hashes)) if len(distinct) == 1 else np.flatnonzero(window_ids == window_id)
-            mine = hashes if len(distinct) == 1 else [hashes[k] for k in rows.tolist()]
-            if seen.isdisjoint(mine) and len(set(mine)) == len(mine):
-                seen.update(mine)
-                continue
-            if repeated is None:
-                repeated = np.zeros(len(hashes), dtype=bool)
-            for row, value in zip(rows.tolist(), mine, strict=True):
-                if value in seen:
-                    repeated[row] = True
-                else:
-                    seen.add(value)
-        return repeated
+            mine = hashes[rows]
+            order = np.argsort(mine, kind="stable")  # stable: the first of equal ids comes first
+            ordered = mine[order]
+            again = np.zeros(len(mine), dtype=bool)
+            again[order[1:]] = ordered[1:] == ordered[:-1]  # repeats within the batch
+            fresh = ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])]
+            for run in runs:  # repeats of ids folded before
+                again |= run[np.minimum(np.searchsorted(run, mine), len(run) - 1)] == mine
+                fresh = fresh[run[np.minimum(np.searchsorted(run, fresh), len(run) - 1)] != fresh]
+            repeated[rows] = again
+            if len(fresh):
+                runs.append(fresh)
+            if len(runs) > DEDUP_RUNS:
+                runs[:] = [np.sort(np.concatenate(runs))]
+        return repeated if repeated.any() else None
 
     def would_advance(self, partition: int, newest: float) -> bool:
         """Whether event time ``newest`` moves ``partition``'s watermark into another window:
