@@ -31,8 +31,12 @@ HERE = Path(__file__).resolve().parents[1]
 CHILD = """
 import pathlib, sys, time
 if pathlib.Path("servewatch", "pipeline").exists():
-        from servewatch.pipeline.replay.request_logs import REPLAY_CHUNK_LINES, JsonlChunks, Replay
+    from servewatch.pipeline.replay.request_logs import JsonlChunks, Replay
     from servewatch.pipeline.tuning import tune_process
+    try:
+        from servewatch.pipeline.replay.request_logs import REPLAY_CHUNK_LINES
+    except ImportError:  # where it was until the event-time work of issue #18
+        from servewatch.pipeline.cli.main import REPLAY_CHUNK_LINES
 else:  # the flat layout before issue #17
     from pipeline.cli import REPLAY_CHUNK_LINES
     from pipeline.replay import JsonlChunks, Replay

@@ -98,6 +98,12 @@ def test_assembler_drops_duplicates_and_counts_late_partials() -> None:
     assert released.requests == 5
     a.add(WindowStats(key="k", start=T0, length=10, requests=1, sources=[(1, 0, 0)]), now=0.3)
     assert a.late_partials == 1
+    # Re-read after a rebalance, once the window was judged: a duplicate still, not late.
+    a.add(WindowStats.from_dict(p.to_dict()), now=0.4)
+    assert (a.duplicate_partials, a.late_partials) == (2, 1)
+    # Records read after the window was judged (offsets beyond its own): late.
+    a.add(WindowStats(key="k", start=T0, length=10, requests=2, sources=[(0, 10, 11)]), now=0.5)
+    assert a.late_partials == 2
 
 
 def test_assembler_waits_for_every_expected_partition() -> None:

@@ -34,6 +34,9 @@ from servewatch.schemas.request_log import RequestLogRow
 DEDUP_IDS_PER_WINDOW = 1_000_000
 #: Sorted runs of remembered ids a window keeps before merging them into one.
 DEDUP_RUNS = 8
+#: Released windows per partials partition whose record offsets stage 2 remembers, to tell
+#: a partial re-read after a rebalance (a duplicate) from a late one.
+RELEASED_MEMORY_WINDOWS = 64
 
 
 @dataclass
@@ -185,16 +188,14 @@ class Windower:
             if sum(len(run) for run in runs) >= DEDUP_IDS_PER_WINDOW:
                 continue
             rows = np.arange(len(hashes)) if len(distinct) == 1 else np.flatnonzero(window_ids == window_id)
-            mine = hashes[rows]
-            order = np.argsort(mine, kind="stable")  # stable: the first of equal ids comes first
-            ordered = mine[order]
-            again = np.zeros(len(mine), dtype=bool)
-            again[order[1:]] = ordered[1:] == ordered[:-1]  # repeats within the batch
-            fresh = ordered[np.concatenate([[True], ordered[1:] != ordered[:-1]])]
-            for run in runs:  # repeats of ids folded before
-                again |= run[np.minimum(np.searchsorted(run, mine), len(run) - 1)] == mine
-                fresh = fresh[run[np.minimum(np.searchsorted(run, fresh), len(run) - 1)] != fresh]
-            repeated[rows] = again
+            order = np.argsort(hashes[rows], kind="stable")  # stable: the first of equal ids comes first
+            ordered = hashes[rows][order]
+            again = np.zeros(len(ordered), dtype=bool)
+            again[1:] = ordered[1:] == ordered[:-1]  # repeats within the batch
+            for run in runs:  # repeats of ids folded before; sorted needles search in cache order
+                again |= run[np.minimum(np.searchsorted(run, ordered), len(run) - 1)] == ordered
+            repeated[rows[order]] = again
+            fresh = ordered[~again]
             if len(fresh):
                 runs.append(fresh)
             if len(runs) > DEDUP_RUNS:
@@ -301,6 +302,11 @@ class WindowAssembler:
     progress: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
     late_partials: int = 0
     duplicate_partials: int = 0
+    # Where the records of recently released windows were, as (via, start) -> source
+    # partition -> (first, last) offset: a partial re-read after a rebalance or a crash
+    # falls inside and is a duplicate; a late one carries offsets read after its window
+    # closed. Kept for ``RELEASED_MEMORY_WINDOWS`` windows per partials partition.
+    released_sources: dict[tuple[int, float], dict[int, tuple[int, int]]] = field(default_factory=dict, repr=False)
     _by_end: dict[int, list[tuple[float, float]]] = field(default_factory=dict, repr=False)  # via -> (end, start)
     _by_age: list[tuple[float, tuple[int, float]]] = field(default_factory=list, repr=False)
     _rows_hint: dict[int, int] = field(default_factory=dict, repr=False)  # via -> segments of its last window
@@ -323,7 +329,14 @@ class WindowAssembler:
         for source, _, _ in partial.sources:
             self.progress.setdefault((via, source), (-math.inf, now))
         if partial.end <= self.released_until.get(via, -math.inf):
-            self.late_partials += 1
+            where = self.released_sources.get((via, partial.start), {})
+            if partial.sources and all(
+                part in where and where[part][0] <= first and last <= where[part][1]
+                for part, first, last in partial.sources
+            ):
+                self.duplicate_partials += 1  # re-read: its records were judged with the window
+            else:
+                self.late_partials += 1
             return
         slot = (via, partial.start)
         pending = self.pending.get(slot)
@@ -372,10 +385,18 @@ class WindowAssembler:
         for via, start in sorted(slots, key=lambda slot: (slot[1], slot[0])):
             windows = self.pending.pop((via, start)).by_segment
             self._rows_hint[via] = len(windows)
+            where: dict[int, tuple[int, int]] = {}
             for key in sorted(windows):
                 released.append(windows[key])
+                for part, first, last in windows[key].sources:
+                    low, high = where.get(part, (first, last))
+                    where[part] = (min(low, first), max(high, last))
+            self.released_sources[(via, start)] = where
             end = start + windows[key].length
             self.released_until[via] = max(self.released_until.get(via, -math.inf), end)
+            horizon = end - RELEASED_MEMORY_WINDOWS * windows[key].length
+            for slot in [s for s in self.released_sources if s[0] == via and s[1] < horizon]:
+                del self.released_sources[slot]
         if len(self._by_age) > 4 * len(self.pending) + 64:  # drop stale heap entries now and then
             self._by_age = [item for item in self._by_age if item[1] in self.pending]
             heapq.heapify(self._by_age)

@@ -203,10 +203,12 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     async def store_and_publish(events: list[AnomalyEvent]) -> None:
         save_states()
         await publish(events)
-        while stage_two.late_letters:  # records that came after their window was judged
-            letter = stage_two.late_letters.pop(0)
-            logger.warning("late records dead-lettered: %s", letter.error)
-            await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
+        if stage_two.late_letters:  # records that came after their window was judged
+            letters, stage_two.late_letters = stage_two.late_letters, []
+            logger.warning("%d late-record letters dead-lettered (servewatch_late_records_total counts the records); "
+                           "first: %s", len(letters), letters[0].error)  # fmt: skip
+            for letter in letters:
+                await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
 
     @app.agent(topics.partials)
     async def detect_anomalies(stream: faust.StreamT) -> None:
