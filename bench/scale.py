@@ -76,7 +76,8 @@ def batches(segments: int, windows: int, partitions: int = 1, full: bool = False
 def child(segments: int, windows: int, partitions: int, max_segments: int, full: bool) -> dict[str, float]:
     from servewatch.pipeline.tuning import trim_heap, tune_process
     from servewatch.pipeline.worker.decode import Source
-    from servewatch.pipeline.worker.stages import StageOne, StageTwo
+    from servewatch.pipeline.worker.stage_one import StageOne
+    from servewatch.pipeline.worker.stage_two import StageTwo
 
     tune_process()  # as `servewatch worker` does
     settings = Settings(

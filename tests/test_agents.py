@@ -12,7 +12,7 @@ from servewatch.pipeline.dev.workload import Phase, Workload
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker.app import create_app
 from servewatch.pipeline.worker.decode import Source
-from servewatch.pipeline.worker.stages import StageOne
+from servewatch.pipeline.worker.stage_one import StageOne
 from servewatch.schemas.anomaly import AnomalyEvent
 from servewatch.schemas.dead_letter import DeadLetter
 from servewatch.schemas.incident_group import IncidentGroup, parse_anomaly_record

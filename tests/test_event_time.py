@@ -14,7 +14,8 @@ from servewatch.models.windows.windowing import Windower
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker.decode import Source
-from servewatch.pipeline.worker.stages import StageOne, StageTwo
+from servewatch.pipeline.worker.stage_one import StageOne
+from servewatch.pipeline.worker.stage_two import StageTwo
 from servewatch.schemas.dead_letter import DeadLetter
 from servewatch.schemas.request_log import RequestLog, RequestLogRow
 

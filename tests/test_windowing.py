@@ -18,7 +18,8 @@ from servewatch.models.windows.windowing import WindowAssembler, Windower
 from servewatch.pipeline.dev.workload import Phase, Workload
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker.decode import Source
-from servewatch.pipeline.worker.stages import StageOne, StageTwo
+from servewatch.pipeline.worker.stage_one import StageOne
+from servewatch.pipeline.worker.stage_two import StageTwo
 from servewatch.schemas.request_log import RequestLog, RequestLogRow
 
 T0 = 1_767_225_600.0

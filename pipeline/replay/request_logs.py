@@ -21,7 +21,8 @@ from typing import BinaryIO
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker.decode import Source
 from servewatch.pipeline.worker.evidence import fill, wanted
-from servewatch.pipeline.worker.stages import StageOne, StageTwo
+from servewatch.pipeline.worker.stage_one import StageOne
+from servewatch.pipeline.worker.stage_two import StageTwo
 from servewatch.schemas.anomaly import AnomalyEvent
 from servewatch.schemas.dead_letter import DeadLetter
 

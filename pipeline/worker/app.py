@@ -1,4 +1,5 @@
-"""The Faust app: settings -> app, topics and agents. Thin wiring; the logic is in ``stages``.
+"""The Faust app: settings -> app, topics and agents. Thin wiring; the logic is in
+``stage_one`` and ``stage_two``.
 
 Agents:
 - ``aggregate_request_batches`` (requests topic): decode, validate, dead-letter the bad,
@@ -38,7 +39,8 @@ from servewatch.pipeline.worker import metrics, tansu_transport
 from servewatch.pipeline.worker.decode import Source, internal_error
 from servewatch.pipeline.worker.engine_stage import JudgeEngines
 from servewatch.pipeline.worker.evidence import KafkaMessageReader, resolve
-from servewatch.pipeline.worker.stages import StageOne, StageTwo, partition_of
+from servewatch.pipeline.worker.stage_one import StageOne, partition_of
+from servewatch.pipeline.worker.stage_two import StageTwo
 from servewatch.schemas.anomaly import AnomalyEvent
 
 logger = logging.getLogger(__name__)
@@ -99,7 +101,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     engines = JudgeEngines(settings)
     # Detector state survives restarts and rebalances in a changelog-backed table keyed by
     # segment. ``use_partitioner``: the producer places each key, by the same partitioner
-    # as ``stages.partition_of``, so state and partials of a segment share a partition
+    # as ``stage_one.partition_of``, so state and partials of a segment share a partition
     # number, and writes may come from timers (no current event) as well as the agent.
     # Keys and values as bytes (raw serializers): the key hashed by the producer is exactly
     # the segment key's bytes, as in ``partition_of``; values are ``SegmentDetectors.state()``

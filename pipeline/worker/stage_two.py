@@ -1,0 +1,156 @@
+"""Stage 2 of the worker, without Kafka: partials -> merged windows -> ``AnomalyEvent``s,
+through the ``WindowAssembler`` and the segments' detectors, with every record accounted
+for (judged, late, or skipped as older than its segment's state)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import orjson
+
+from servewatch.models.detect.detector import DetectorBank
+from servewatch.models.explain.evidence_sample import RecentSources
+from servewatch.models.windows.window import WindowStats
+from servewatch.models.windows.windowing import WindowAssembler
+from servewatch.models.windows.wire import windows_from_wire
+from servewatch.pipeline import topics
+from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.worker import metrics
+from servewatch.schemas.anomaly import AnomalyEvent
+from servewatch.schemas.dead_letter import DeadLetter
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class StageTwo:
+    settings: Settings
+    assembler: WindowAssembler = field(init=False)
+    bank: DetectorBank = field(init=False)
+    # Where recent windows' records are: a firing event's baseline sample is read from there.
+    recent: RecentSources = field(init=False, default_factory=RecentSources)
+    # Late partials' letters for the dead-letter topic (the caller takes them) and counts.
+    late_letters: list[DeadLetter] = field(init=False, default_factory=list)
+    late_records: int = 0
+    judged_records: int = 0
+    _skipped_logged_at: float = field(init=False, default=-math.inf)
+
+    def __post_init__(self) -> None:
+        self.assembler = WindowAssembler(
+            grace_s=self.settings.assembler_grace_s,
+            max_wait_s=self.settings.assembler_max_wait_s,
+            expected_partitions=self.settings.topic_partitions,
+        )
+        self.bank = DetectorBank(self.settings.detector_config(), save_every=self.settings.state_every_windows)
+
+    def add(self, partial: WindowStats, now: float | None = None, via: int = 0) -> None:
+        late = self.assembler.late_partials
+        self.assembler.add(partial, time.monotonic() if now is None else now, via)
+        if self.assembler.late_partials > late:
+            self._count_late(partial)
+
+    def _count_late(self, partial: WindowStats) -> None:
+        """A partial whose window was judged already: its records are counted late and
+        dead-lettered as one letter (reason ``late``) that says where they are."""
+        records = int(partial.requests)
+        metrics.LATE_PARTIALS.inc()
+        metrics.LATE_RECORDS.labels("window_judged").inc(records)
+        self.late_records += records
+        ranges = [list(source) for source in partial.sources]
+        first = ranges[0] if ranges else [None, None, None]
+        raw = orjson.dumps({"segment": partial.key, "window_start": partial.start, "window_end": partial.end,
+                            "records": records, "sources": ranges})  # fmt: skip
+        error = (
+            f"{records} records of segment {partial.key} arrived after their window ({partial.start:.0f}-"
+            f"{partial.end:.0f}) was judged; they are in the requests topic at the ranges in raw"
+        )
+        self.late_letters.append(
+            DeadLetter(reason="late", error=error, raw=raw.decode(), source_topic=topics.REQUESTS,
+                       source_partition=first[0], source_offset=first[1], received_at=time.time())
+        )  # fmt: skip
+
+    def heartbeat(self, source: int, watermark: float, via: int, now: float | None = None) -> None:
+        self.assembler.heartbeat(source, watermark, time.monotonic() if now is None else now, via)
+
+    def receive(self, raw: bytes, via: int, now: float | None = None) -> list[AnomalyEvent]:
+        """One bundle from stage 1 (see ``StageOne.bundles``): merge, advance, judge what is due.
+
+        An unreadable bundle is logged and dropped: the topic is internal, so this is a bug
+        or a version skew, and it must not stop the worker.
+        """
+        now = time.monotonic() if now is None else now
+        try:
+            bundle = orjson.loads(raw)
+            if "windows" in bundle:
+                partials = windows_from_wire(bundle["windows"])
+            else:  # a partial per object, as workers before the columnar format sent them
+                partials = WindowStats.from_dicts(bundle["partials"])
+            marks = [(int(source), float(mark)) for source, mark in bundle["watermarks"].items()]
+        except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+            logger.error("unreadable partials bundle dropped: %s", exc)
+            return []
+        for partial in partials:
+            self.add(partial, now, via)
+        for source, mark in marks:
+            self.heartbeat(source, mark, via, now)
+        return self.release_due(now) if marks else []
+
+    def release_due(self, now: float | None = None) -> list[AnomalyEvent]:
+        return self._judge(self.assembler.due(time.monotonic() if now is None else now))
+
+    def release_all(self, final: bool = False) -> list[AnomalyEvent]:
+        """Judge every window still held (``final``: the stream ended; its last windows are partial)."""
+        return self._judge(self.assembler.flush_all(), final)
+
+    def _judge(self, windows: list[WindowStats], final: bool = False) -> list[AnomalyEvent]:
+        for window in windows:
+            self.recent.note(window.start, window.sources)
+        skipped_windows, skipped_records = self.bank.windows_skipped, self.bank.records_skipped
+        events = self.bank.observe_all(windows, final)
+        for event in events:
+            self._locate_baseline(event)
+        skipped = self.bank.records_skipped - skipped_records
+        judged = sum(int(window.requests) for window in windows) - skipped
+        self.judged_records += judged
+        metrics.JUDGED_RECORDS.inc(judged)
+        if skipped:
+            metrics.LATE_RECORDS.labels("older_than_state").inc(skipped)
+            self._log_skipped(self.bank.windows_skipped - skipped_windows, skipped)
+        metrics.WINDOWS.inc(len(windows) - (self.bank.windows_skipped - skipped_windows))
+        for via, until in self.assembler.released_until.items():
+            metrics.JUDGED_UNTIL.labels(str(via)).set(until)
+        metrics.LIVE_SEGMENTS.set(len(self.bank.detectors))
+        metrics.RESTORED_SEGMENTS.set(self.bank.restored)
+        metrics.DISCARDED_STATES.set(self.bank.discarded)
+        for event in events:
+            metrics.ANOMALY_EVENTS.labels(event.signal.value, event.status.value, event.severity.value).inc()
+        return events
+
+    def _log_skipped(self, windows: int, records: int) -> None:
+        """One line a minute at most: windows no later than their segment's last judged one
+        are not judged again (a backlog older than the state is for ``servewatch replay``)."""
+        now = time.monotonic()
+        if now - self._skipped_logged_at >= 60.0:
+            self._skipped_logged_at = now
+            logger.info(
+                "%d windows (%d records) skipped: no later than their segment's last judged window (a replay after "
+                "a restart, or a backlog older than the detectors' state; replay a backlog with servewatch replay); "
+                "servewatch_late_records_total{reason=\"older_than_state\"} counts them all",
+                windows, records,
+            )  # fmt: skip
+
+    def _locate_baseline(self, event: AnomalyEvent) -> None:
+        """Give the event's baseline-sample pointer the ranges of its window, or drop it when
+        that window is too old to be remembered (the event then has no baseline sample)."""
+        kept = []
+        for pointer in event.evidence:
+            if pointer.get("window_sample") == "baseline" and "sources" not in pointer:
+                ranges = self.recent.of(pointer["window_start"])
+                if ranges is None:
+                    continue
+                pointer = {**pointer, "sources": ranges}
+            kept.append(pointer)
+        event.evidence = kept
