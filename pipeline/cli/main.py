@@ -33,6 +33,7 @@ from servewatch.pipeline.cli.common import (
 from servewatch.pipeline.cli.replay import cmd_replay
 from servewatch.pipeline.cli.scrape import cmd_scrape
 from servewatch.pipeline.cli.ship import cmd_ship
+from servewatch.pipeline.cli.tail import add_tail_parser
 from servewatch.pipeline.dev.broker import BrokerError, EmbeddedBroker
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.tuning import tune_gc, tune_process
@@ -231,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", nargs="?", help="RequestLog, AnomalyEvent, IncidentGroup, EngineInterval or DeadLetter")
     add_out_flag(p, "the schema (or the list)")
     p.set_defaults(func=cmd_schema)
+
+    add_tail_parser(sub)
 
     p = sub.add_parser("generate", help="write the demo's synthetic workload as JSONL")
     add_out_flag(p, "the workload as JSONL")
