@@ -33,13 +33,12 @@ import uuid
 from typing import Any
 
 import orjson
-from prometheus_client.parser import text_string_to_metric_families
 
 from servewatch.pipeline import topics
 from servewatch.pipeline.dev.broker import EmbeddedBroker, free_loopback_port
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
 from servewatch.pipeline.kafka import ensure_topics, producer
-from servewatch.pipeline.worker.metrics import served_value
+from servewatch.pipeline.worker.metrics import served_samples, served_value
 
 PARTITIONS = 4
 MODELS = ("llama-70b", "qwen-32b", "mistral-7b", "gemma-27b", "llama-8b", "qwen-7b", "phi-4", "granite-8b")
@@ -47,19 +46,8 @@ MODELS = ("llama-70b", "qwen-32b", "mistral-7b", "gemma-27b", "llama-8b", "qwen-
 
 def judged_until(port: int) -> dict[int, float]:
     """A worker's judged event time per partials partition it owns ({} when down or not yet)."""
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as response:
-            text = response.read().decode()
-    except OSError:
-        return {}
-    return {
-        int(sample.labels["partition"]): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-        if sample.name == "servewatch_judged_until_seconds"
-    }
+    samples = served_samples(port, "servewatch_judged_until_seconds")
+    return {int(labels["partition"]): value for labels, value in samples}
 
 
 class Traffic(threading.Thread):

@@ -8,7 +8,10 @@ from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient
 
+from servewatch.pipeline import topics
 from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
 from servewatch.pipeline.kafka import ensure_topics, read_topic
@@ -55,3 +58,27 @@ async def first_matching(bootstrap: str, topic: str, predicate: Callable[[bytes]
         raise AssertionError("topic reader ended")
 
     return await asyncio.wait_for(scan(), timeout_s)
+
+
+async def lagging_partitions(
+    bootstrap: str, group: str, spare: int = 0, partitions: int = 4
+) -> dict[int, tuple[int, int]]:
+    """Partitions of the requests topic whose committed offset is behind their end (less the
+    last ``spare`` messages): (committed, end)."""
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
+    await admin.start()
+    await consumer.start()
+    try:
+        parts = [TopicPartition(topics.REQUESTS, p) for p in range(partitions)]
+        ends = await consumer.end_offsets(parts)
+        committed = await admin.list_consumer_group_offsets(group, partitions=parts)
+        lagging = {}
+        for tp in parts:
+            done = committed[tp].offset if tp in committed else -1
+            if done < ends[tp] - spare:
+                lagging[tp.partition] = (done, ends[tp])
+        return lagging
+    finally:
+        await consumer.stop()
+        await admin.close()

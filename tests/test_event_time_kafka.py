@@ -10,8 +10,6 @@ import uuid
 
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from servewatch.pipeline import topics
 from servewatch.pipeline.dev.broker import EmbeddedBroker, free_loopback_port
@@ -19,7 +17,7 @@ from servewatch.pipeline.dev.demo import start_worker, stop_worker
 from servewatch.pipeline.kafka import ensure_topics, producer
 from servewatch.pipeline.worker.metrics import served_value
 from servewatch.schemas.dead_letter import DeadLetter
-from tests.conftest import first_matching
+from tests.conftest import first_matching, lagging_partitions
 
 pytestmark = pytest.mark.integration
 
@@ -60,28 +58,6 @@ async def _produce(bootstrap: str, start: float) -> int:
     return sent
 
 
-async def _lagging_partitions(bootstrap: str, group: str, spare: int = 0) -> dict[int, tuple[int, int]]:
-    """Partitions of the requests topic whose committed offset is behind their end (less the
-    last ``spare`` messages): (committed, end)."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
-    await admin.start()
-    await consumer.start()
-    try:
-        parts = [TopicPartition(topics.REQUESTS, p) for p in range(PARTITIONS)]
-        ends = await consumer.end_offsets(parts)
-        committed = await admin.list_consumer_group_offsets(group, partitions=parts)
-        lagging = {}
-        for tp in parts:
-            done = committed[tp].offset if tp in committed else -1
-            if done < ends[tp] - spare:
-                lagging[tp.partition] = (done, ends[tp])
-        return lagging
-    finally:
-        await consumer.stop()
-        await admin.close()
-
-
 def test_skewed_hosts_are_judged_future_records_dead_lettered_and_offsets_committed() -> None:
     with EmbeddedBroker() as broker:
         asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS))
@@ -115,10 +91,10 @@ def test_skewed_hosts_are_judged_future_records_dead_lettered_and_offsets_commit
             assert letter.source_partition == 1 and "bad-clock" in letter.raw
 
             deadline = time.monotonic() + 60
-            lagging = asyncio.run(_lagging_partitions(broker.bootstrap, group, spare=1))
+            lagging = asyncio.run(lagging_partitions(broker.bootstrap, group, spare=1))
             while lagging and time.monotonic() < deadline:
                 time.sleep(1)
-                lagging = asyncio.run(_lagging_partitions(broker.bootstrap, group, spare=1))
+                lagging = asyncio.run(lagging_partitions(broker.bootstrap, group, spare=1))
             assert lagging == {}, f"partitions not committed to their end (but the later request): {lagging}"
         finally:
             stop_worker(worker)

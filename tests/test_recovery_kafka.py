@@ -26,7 +26,7 @@ from servewatch.pipeline.kafka import ensure_topics, producer, read_topic
 from servewatch.pipeline.worker.metrics import served_value
 from servewatch.schemas.anomaly import AnomalyEvent, Signal, Status
 from servewatch.schemas.incident_group import parse_anomaly_record
-from tests.test_event_time_kafka import _lagging_partitions
+from tests.conftest import lagging_partitions
 
 pytestmark = pytest.mark.integration
 
@@ -94,10 +94,10 @@ def test_kill_9_of_one_of_two_workers_loses_and_doubles_no_incident() -> None:
             asyncio.run(_later_request_on_every_partition(broker.bootstrap, workload.start + workload.duration_s + 120))
 
             deadline = time.monotonic() + 120
-            lagging = asyncio.run(_lagging_partitions(broker.bootstrap, group, spare=1))
+            lagging = asyncio.run(lagging_partitions(broker.bootstrap, group, spare=1))
             while lagging and time.monotonic() < deadline:
                 time.sleep(1)
-                lagging = asyncio.run(_lagging_partitions(broker.bootstrap, group, spare=1))
+                lagging = asyncio.run(lagging_partitions(broker.bootstrap, group, spare=1))
             assert lagging == {}, f"the survivor did not take every partition to its end: {lagging}"
             events = asyncio.run(_events_until_resolved(broker.bootstrap, timeout_s=60))
             restored = served_value(survivor, "servewatch_restored_segments")

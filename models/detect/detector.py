@@ -172,6 +172,11 @@ class SegmentDetectors:
         elif self.active is not None and self.active.pop(signal, None) is not None and not self.active:
             self.active = None
 
+    def judged(self, window: WindowStats) -> bool:
+        """Whether ``window`` ends no later than the last one judged here: a replay after a
+        crash, or a backlog older than this segment's state."""
+        return window.end <= self.last_window_end
+
     def observe(
         self,
         window: WindowStats,
@@ -179,8 +184,8 @@ class SegmentDetectors:
         templates: dict[tuple[str, Any], Any] | None = None,
     ) -> list[AnomalyEvent]:
         """Judge one window (latency against its model's load, ``WindowStats.load``)."""
-        if window.end <= self.last_window_end:
-            return []  # already judged: a replayed window changes nothing (idempotent)
+        if self.judged(window):
+            return []  # a replayed window changes nothing (idempotent)
         self.last_window_end = window.end
         self.unsaved += 1
         templates = {} if templates is None else templates
@@ -524,7 +529,7 @@ class DetectorBank:
 
     def observe(self, window: WindowStats) -> list[AnomalyEvent]:
         detectors = self.segment(window.key)
-        if window.end <= detectors.last_window_end:
+        if detectors.judged(window):
             self.windows_skipped += 1
             self.records_skipped += int(window.requests)
             return []

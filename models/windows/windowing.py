@@ -93,12 +93,11 @@ class Windower:
         newest = self.max_event_time.get(partition, -math.inf)
         return max(newest - self.allowed_lateness, self.idle_floor.get(partition, -math.inf))
 
-    def future(self, times: np.ndarray, partition: int, now: float) -> np.ndarray:
-        """Which of ``partition``'s new records are too far in the future to wait for: more
-        than ``max_future_s`` past both the wall clock ``now`` and the partition's newest
-        event time (a backfill or a simulated clock may run ahead of the wall, never jump)."""
-        reference = max(now, self.max_event_time.get(partition, -math.inf))
-        return times > reference + self.max_future_s
+    def future_horizon(self, partition: int, now: float) -> float:
+        """The latest event time ``partition`` may deliver now: ``max_future_s`` past both the
+        wall clock ``now`` and the partition's newest event time (a backfill or a simulated
+        clock may run ahead of the wall, never jump). Later records are refused."""
+        return max(now, self.max_event_time.get(partition, -math.inf)) + self.max_future_s
 
     @property
     def watermark(self) -> float:

@@ -72,12 +72,18 @@ def accounting_line() -> str:
     )
 
 
-def served_value(port: int, name: str) -> float:
-    """Sum of a metric's samples on a worker's /metrics page on this host (0 when absent or
-    not up yet): how the benchmarks and integration tests watch a worker from outside."""
+def served_samples(port: int, name: str) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of a metric's samples on a worker's /metrics page on this host (none
+    when absent or not up yet): how the benchmarks and integration tests watch a worker."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as response:
             text = response.read().decode()
     except OSError:
-        return 0.0
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples if s.name == name)
+        return []
+    families = text_string_to_metric_families(text)
+    return [(s.labels, s.value) for family in families for s in family.samples if s.name == name]
+
+
+def served_value(port: int, name: str) -> float:
+    """Sum of a metric's samples on a worker's /metrics page (0 when absent or not up yet)."""
+    return sum(value for _, value in served_samples(port, name))

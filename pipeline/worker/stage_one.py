@@ -118,14 +118,15 @@ class StageOne:
         if not len(rows):
             return rows
         times = rows.column("timestamp")
-        future = self.windower.future(times, partition, wall)
+        horizon = self.windower.future_horizon(partition, wall)
+        future = times > horizon
         if not future.any():
             return rows
-        reference = max(wall, self.windower.max_event_time.get(partition, -math.inf))
+        allowed = self.settings.max_future_s
         for index in np.flatnonzero(future).tolist():
             error = (
-                f"timestamp {times[index]:.3f} is {times[index] - reference:,.0f} s past the wall clock and its "
-                f"partition's newest event time (at most {self.settings.max_future_s:g} s, SERVEWATCH_MAX_FUTURE_S)"
+                f"timestamp {times[index]:.3f} is {times[index] - horizon + allowed:,.0f} s past the wall clock and "
+                f"its partition's newest event time (at most {allowed:g} s, SERVEWATCH_MAX_FUTURE_S)"
             )
             position = int(rows.positions[index])
             decoded.dead_letters.append(row_letter("future_timestamp", error, rows.rows[index], source, position))
