@@ -80,8 +80,10 @@ async def ensure_topics(
     try:
         existing = set(await admin.list_topics())
         missing = [
-            NewTopic(name, num_partitions=partitions, replication_factor=1) for name in names if name not in existing
-        ]
+            NewTopic(name, num_partitions=partitions, replication_factor=1,
+                     topic_configs={"cleanup.policy": "compact"} if name in topics.COMPACTED else None)
+            for name in names if name not in existing
+        ]  # fmt: skip
         if missing:
             await admin.create_topics(missing)
             logger.info("created topics %s", [t.name for t in missing])

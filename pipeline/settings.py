@@ -190,6 +190,11 @@ class Settings(BaseSettings):
 
     # -- operations -----------------------------------------------------------------
     metrics_port: int | None = Field(default=None, description="Serve Prometheus metrics on this port.")
+    notify_config: str | None = Field(
+        default=None,
+        description="The notifier's config file (YAML or TOML, see pipeline/notify/config.py); when set, "
+        "`servewatch worker` delivers to its sinks too, as `servewatch notify` does on its own.",
+    )
     log_level: str = "INFO"
 
     def segmenter(self) -> Segmenter:

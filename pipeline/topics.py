@@ -13,16 +13,25 @@ import faust
 
 REQUESTS = "servewatch.requests"  # RequestLog JSON: one object, an array, or NDJSON per message
 PARTIALS = "servewatch.partials"  # internal: closed windows' partials (models/windows/wire.py), by segment
-ANOMALIES = "servewatch.anomalies"  # AnomalyEvent (keyed by fingerprint) and IncidentGroup (by group) JSON
+#: AnomalyEvent and IncidentGroup JSON, keyed by model: a model's records stay in order on one
+#: partition, so one notifier sees a group's members and its own records, firing before resolved.
+ANOMALIES = "servewatch.anomalies"
 #: internal: incident events before grouping, keyed by model, so that one worker groups a model's
 INCIDENTS = "servewatch.incidents"
 DEADLETTER = "servewatch.deadletter"  # DeadLetter JSON
 SCRAPES = "servewatch.scrapes"  # EngineInterval JSON from `servewatch scrape`, keyed by instance|model
+SILENCES = "servewatch.silences"  # Silence JSON keyed by id, compacted: the latest record of an id wins
+NOTIFICATIONS = "servewatch.notifications"  # Delivery JSON: what the notifier did with each notification
 #: Faust table of detector state per segment (JSON, ``SegmentDetectors.state``); its
 #: changelog topic is ``<app id>-servewatch-detector-state-changelog``, created by Faust.
 DETECTOR_STATE_TABLE = "servewatch-detector-state"
 
-ALL = (REQUESTS, PARTIALS, INCIDENTS, ANOMALIES, DEADLETTER, SCRAPES)
+#: Notifier state per model (JSON, ``pipeline.notify.state.ModelState``): what each sink was told.
+NOTIFY_STATE_TABLE = "servewatch-notify-state"
+
+ALL = (REQUESTS, PARTIALS, INCIDENTS, ANOMALIES, DEADLETTER, SCRAPES, SILENCES, NOTIFICATIONS)
+#: Topics whose records are a table by key: Kafka keeps the latest record of each key.
+COMPACTED = frozenset({SILENCES})
 
 
 @dataclass(frozen=True)
@@ -33,6 +42,7 @@ class Topics:
     anomalies: faust.TopicT
     deadletter: faust.TopicT
     scrapes: faust.TopicT
+    notifications: faust.TopicT
 
 
 def declare_topics(app: faust.App, partitions: int) -> Topics:
@@ -42,5 +52,5 @@ def declare_topics(app: faust.App, partitions: int) -> Topics:
 
     return Topics(
         requests=raw(REQUESTS), partials=raw(PARTIALS), incidents=raw(INCIDENTS), anomalies=raw(ANOMALIES),
-        deadletter=raw(DEADLETTER), scrapes=raw(SCRAPES),
+        deadletter=raw(DEADLETTER), scrapes=raw(SCRAPES), notifications=raw(NOTIFICATIONS),
     )  # fmt: skip

@@ -139,3 +139,11 @@ class Progress:
         if self.shown:
             print(file=self.stream)
             self.shown = False
+
+
+async def ensure_topics_of(settings: Settings) -> None:
+    """Create servewatch's topics that are missing on the settings' broker."""
+    from servewatch.pipeline.kafka import KafkaAuth, ensure_topics
+
+    assert settings.bootstrap is not None
+    await ensure_topics(settings.bootstrap, settings.topic_partitions, auth=KafkaAuth.from_settings(settings))

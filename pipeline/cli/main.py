@@ -25,17 +25,18 @@ from servewatch.pipeline.cli.common import (
     CommandError,
     add_broker_flags,
     add_out_flag,
+    ensure_topics_of,
     load_settings,
     output,
     settings_from,
     with_broker,
 )
+from servewatch.pipeline.cli.notify import add_notify_parsers
 from servewatch.pipeline.cli.replay import cmd_replay
 from servewatch.pipeline.cli.scrape import cmd_scrape
 from servewatch.pipeline.cli.ship import cmd_ship
 from servewatch.pipeline.cli.tail import add_tail_parser
 from servewatch.pipeline.dev.broker import BrokerError, EmbeddedBroker
-from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.tuning import tune_gc, tune_process
 
 if TYPE_CHECKING:  # imported where used: each command loads only what it needs
@@ -68,8 +69,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from servewatch.pipeline.worker.app import create_app
 
     with with_broker(settings_from(args), "worker", embedded=args.embedded) as settings:
-        asyncio.run(_ensure_topics(settings))  # creates only what is missing
-        app, _ = create_app(settings)
+        asyncio.run(ensure_topics_of(settings))  # creates only what is missing
+        app, topics = create_app(settings)
+        if settings.notify_config:  # the worker delivers too (`servewatch notify` does it on its own)
+            from servewatch.pipeline.cli.notify import load_notify_config
+            from servewatch.pipeline.notify.agent import add_notifier
+
+            add_notifier(app, topics, settings, load_notify_config(settings.notify_config, "worker"))
         tune_gc()  # again: Faust's app, topics and tables live as long as the process
         if settings.metrics_port is not None:
             from prometheus_client import start_http_server
@@ -86,13 +92,6 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _ensure_topics(settings: Settings) -> None:
-    from servewatch.pipeline.kafka import KafkaAuth, ensure_topics
-
-    assert settings.bootstrap is not None
-    await ensure_topics(settings.bootstrap, settings.topic_partitions, auth=KafkaAuth.from_settings(settings))
-
-
 def cmd_demo(args: argparse.Namespace) -> int:
     from servewatch.pipeline.dev.demo import run_demo, start_worker, stop_worker, summarise
     from servewatch.pipeline.kafka import KafkaAuth
@@ -102,7 +101,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with with_broker(settings_from(args), "demo", embedded=True) as settings:
         assert settings.bootstrap is not None
-        asyncio.run(_ensure_topics(settings))
+        asyncio.run(ensure_topics_of(settings))
         print("starting the servewatch worker ...", flush=True)
         worker = start_worker(settings.bootstrap, {"SERVEWATCH_BROKER_PROFILE": settings.broker_profile})
         try:
@@ -234,6 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_schema)
 
     add_tail_parser(sub)
+    add_notify_parsers(sub)
 
     p = sub.add_parser("generate", help="write the demo's synthetic workload as JSONL")
     add_out_flag(p, "the workload as JSONL")

@@ -64,8 +64,10 @@ def format_event(event: AnomalyEvent, phase: str, update: bool = False) -> str:
     return event_text(event, f"t+{offset // 60:02d}:{offset % 60:02d} {phase:>9}", update)
 
 
-def start_worker(bootstrap: str, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """The worker as a child process (``servewatch worker``) on ``bootstrap``."""
+def start_worker(
+    bootstrap: str, extra_env: dict[str, str] | None = None, command: tuple[str, ...] = ("worker",)
+) -> subprocess.Popen[bytes]:
+    """The worker (or another long-running ``command``, e.g. ``notify``) as a child process on ``bootstrap``."""
     env = {
         **os.environ,
         "SERVEWATCH_BROKER": bootstrap,
@@ -74,7 +76,7 @@ def start_worker(bootstrap: str, extra_env: dict[str, str] | None = None) -> sub
         **(extra_env or {}),
     }
     return subprocess.Popen(
-        [sys.executable, "-m", "servewatch", "worker"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
+        [sys.executable, "-m", "servewatch", *command], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
     )
 
 

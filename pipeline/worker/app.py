@@ -72,12 +72,16 @@ def _faust_credentials(auth: KafkaAuth) -> faust.SASLCredentials | faust.SSLCred
     return None
 
 
-def create_app(settings: Settings) -> tuple[faust.App, Topics]:
+def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
+    """A Faust app on the configured broker with servewatch's settings and no agents yet.
+
+    ``app_id`` names its consumer group and its tables' changelogs (default: the worker's).
+    """
     if settings.bootstrap is None:
-        raise ValueError("create_app needs a broker address; the CLI starts the embedded one when none is set")
+        raise ValueError("a Faust app needs a broker address; the CLI starts the embedded one when none is set")
     auth = KafkaAuth.from_settings(settings)
-    app = faust.App(
-        settings.app_id,
+    return faust.App(
+        app_id or settings.app_id,
         broker=f"{_scheme(settings.broker_profile)}://{settings.bootstrap}",
         broker_credentials=_faust_credentials(auth),
         store=settings.store,
@@ -95,6 +99,12 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         consumer_max_fetch_size=max(settings.max_message_bytes, 1_048_576) + 65_536,
         **_PROFILES[settings.broker_profile],
     )
+
+
+def create_app(settings: Settings) -> tuple[faust.App, Topics]:
+    app = faust_app(settings)
+    assert settings.bootstrap is not None
+    auth = KafkaAuth.from_settings(settings)
     topics = declare_topics(app, settings.topic_partitions)
     stage_one = StageOne(settings)
     stage_two = StageTwo(settings)
@@ -162,11 +172,12 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             except Exception:
                 logger.exception("failed to group an incident event; published as it came")
                 event, told = AnomalyEvent.model_validate_json(raw), []
-            await topics.anomalies.send(key=event.fingerprint.encode(), value=event.model_dump_json().encode())
+            model = event.segment.get("model", "other").encode()  # by model: see topics.ANOMALIES
+            await topics.anomalies.send(key=model, value=event.model_dump_json().encode())
             logger.info("anomaly %s %s %s: %s", event.status.value, event.signal.value, event.severity.value,
                         event.summary)  # fmt: skip
             for group in told:
-                await topics.anomalies.send(key=group.group.encode(), value=group.model_dump_json().encode())
+                await topics.anomalies.send(key=model, value=group.model_dump_json().encode())
                 logger.info("incident group %s: %s", group.transition, group.title)
 
     async def send_partials_and_ack(partials: list[WindowStats]) -> None:

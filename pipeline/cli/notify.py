@@ -1,0 +1,237 @@
+"""``servewatch notify``, ``check-config`` and ``silence``: the delivery side of the CLI."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+import re
+import sys
+import time
+import uuid
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import orjson
+
+from servewatch.pipeline.cli.common import CommandError, add_broker_flags, ensure_topics_of, settings_from, with_broker
+from servewatch.pipeline.settings import Settings
+
+if TYPE_CHECKING:
+    from servewatch.pipeline.notify.config import NotifyConfig
+    from servewatch.schemas.silence import Matcher
+
+
+def load_notify_config(path: str, command: str) -> NotifyConfig:
+    from servewatch.pipeline.notify.config import ConfigError, load_config
+
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise CommandError(f"{path}: {exc}", command) from None
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    """Validate a notifier config as ``amtool check-config`` does: exit 0 and a summary, or 2 and why."""
+    config = load_notify_config(args.path, "check-config")
+    print(f"{args.path}: valid; {len(config.sinks)} sink(s), {len(config.enabled_sinks)} enabled")
+    for sink in config.sinks:
+        timing, route = config.timing_of(sink), sink.route
+        where = []
+        if route.models:
+            where.append(f"models {','.join(route.models)}")
+        if route.signals:
+            where.append(f"signals {','.join(s.value for s in route.signals)}")
+        if route.causes:
+            where.append(f"causes {','.join(route.causes)}")
+        where += [f"{k}={v}" for k, v in route.labels.items()] + [str(m) for m in route.matchers]
+        if route.explained_by_load is not None:
+            where.append(f"explained_by_load={str(route.explained_by_load).lower()}")
+        print(f"  {sink.name} ({sink.type}{'' if sink.enabled else ', disabled'}): {route.min_severity.value} and up"
+              f"{'; ' + '; '.join(where) if where else ''}; group_wait {timing.group_wait:g}s, group_interval "
+              f"{timing.group_interval:g}s, repeat_interval {timing.repeat_interval:g}s")  # fmt: skip
+    return 0
+
+
+def cmd_notify(args: argparse.Namespace) -> int:
+    """Run the notifier on its own (its own consumer group and state table)."""
+    import faust
+
+    from servewatch.pipeline.notify.agent import add_notifier
+    from servewatch.pipeline.topics import declare_topics
+    from servewatch.pipeline.worker.app import faust_app
+
+    path = args.config or settings_from(args).notify_config
+    if not path:
+        raise CommandError("no config: pass --config FILE or set SERVEWATCH_NOTIFY_CONFIG", "notify")
+    config = load_notify_config(path, "notify")
+    with with_broker(settings_from(args), "notify", embedded=args.embedded) as settings:
+        asyncio.run(ensure_topics_of(settings))
+        app = faust_app(settings, app_id=notify_app_id(settings))
+        add_notifier(app, declare_topics(app, settings.topic_partitions), settings, config)
+        faust.Worker(app, loglevel=settings.log_level, quiet=True).execute_from_commandline()
+    return 0
+
+
+def notify_app_id(settings: Settings) -> str:
+    """A notifier of its own has its own consumer group: it reads every anomaly, as the worker does."""
+    return f"{settings.app_id}-notify"
+
+
+_MATCHER = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(=~|!~|!=|=)(.*)$")
+
+
+def parse_matcher(text: str) -> Matcher:
+    from servewatch.schemas.silence import Matcher
+
+    found = _MATCHER.match(text.strip())
+    if not found:
+        raise CommandError(f"matcher {text!r}: write NAME=VALUE, NAME!=VALUE, NAME=~REGEX or NAME!~REGEX", "silence")
+    name, op, value = found.groups()
+    try:
+        return Matcher.model_validate({"name": name, "op": op, "value": value.strip().strip('"')})
+    except ValueError as exc:
+        raise CommandError(str(exc), "silence") from None
+
+
+def _when(text: str | None, default: float) -> float:
+    if text is None:
+        return default
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise CommandError(f"{text!r}: give Unix seconds or an ISO time (2026-12-02T22:00Z)", "silence") from None
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def _bootstrap(args: argparse.Namespace) -> tuple[str, Settings]:
+    settings = settings_from(args)
+    if settings.bootstrap is None:
+        raise CommandError("no Kafka broker: give --broker HOST:PORT or set SERVEWATCH_BROKER", "silence")
+    return settings.bootstrap, settings
+
+
+def cmd_silence_add(args: argparse.Namespace) -> int:
+    from servewatch.pipeline.kafka import KafkaAuth
+    from servewatch.pipeline.notify.config import parse_duration
+    from servewatch.pipeline.notify.silence_store import write_silence
+    from servewatch.schemas.silence import Recurrence, Silence
+
+    bootstrap, settings = _bootstrap(args)
+    start = _when(args.start, time.time())
+    if args.end is not None:
+        end = _when(args.end, start)
+    else:
+        try:
+            end = start + float(parse_duration(args.duration))
+        except ValueError as exc:
+            raise CommandError(str(exc), "silence") from None
+    recurrence = None
+    if args.daily:
+        begin, _, until = args.daily.partition("-")
+        days = [d.strip().lower()[:3] for d in args.weekdays.split(",")] if args.weekdays else None
+        try:
+            recurrence = Recurrence(start=begin, end=until, **({"weekdays": days} if days else {}))
+        except ValueError as exc:
+            raise CommandError(f"--daily/--weekdays: {exc}", "silence") from None
+    try:
+        silence = Silence(id=args.id or uuid.uuid4().hex[:12], matchers=[parse_matcher(m) for m in args.matcher],
+                          starts_at=start, ends_at=end, recurrence=recurrence, created_by=args.author or _login(),
+                          comment=args.comment)  # fmt: skip
+    except ValueError as exc:
+        raise CommandError(str(exc), "silence") from None
+    asyncio.run(write_silence(bootstrap, silence, KafkaAuth.from_settings(settings)))
+    print(silence.id)
+    return 0
+
+
+def cmd_silence_list(args: argparse.Namespace) -> int:
+    from servewatch.pipeline.kafka import KafkaAuth
+    from servewatch.pipeline.notify.silence_store import read_silences
+    from servewatch.pipeline.notify.silences import state_of
+
+    bootstrap, settings = _bootstrap(args)
+    now = time.time()
+    silences = asyncio.run(read_silences(bootstrap, KafkaAuth.from_settings(settings)))
+    shown = [s for s in silences if args.all or state_of(s, now) != "expired"]
+    for silence in shown:
+        if args.format == "json":
+            print(orjson.dumps({**silence.model_dump(mode="json"), "state": state_of(silence, now)}).decode())
+            continue
+        span = f"{_iso(silence.starts_at)} .. {_iso(silence.ends_at)}"
+        if silence.recurrence:
+            rule = silence.recurrence
+            span += f", {','.join(rule.weekdays)} {rule.start}-{rule.end} UTC"
+        print(f"{silence.id}  {state_of(silence, now):8}  {' '.join(str(m) for m in silence.matchers)}  {span}"
+              f"  {silence.created_by}: {silence.comment}")  # fmt: skip
+    if args.format == "text" and not shown:
+        print("no silences", file=sys.stderr)
+    return 0
+
+
+def cmd_silence_expire(args: argparse.Namespace) -> int:
+    from servewatch.pipeline.kafka import KafkaAuth
+    from servewatch.pipeline.notify.silence_store import read_silences, write_silence
+
+    bootstrap, settings = _bootstrap(args)
+    auth = KafkaAuth.from_settings(settings)
+    known = {s.id: s for s in asyncio.run(read_silences(bootstrap, auth))}
+    for silence_id in args.ids:
+        if silence_id not in known:
+            raise CommandError(f"no silence with id {silence_id!r} (see `servewatch silence list --all`)", "silence")
+    now = time.time()
+    for silence_id in args.ids:
+        silence = known[silence_id]
+        expired = silence.model_copy(update={"ends_at": max(silence.starts_at, min(silence.ends_at, now))})
+        asyncio.run(write_silence(bootstrap, expired, auth))
+        print(f"expired {silence_id}")
+    return 0
+
+
+def _login() -> str:
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no USER variable and no passwd entry (some containers)
+        return ""
+
+
+def _iso(moment: float) -> str:
+    return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
+def add_notify_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("notify", help="deliver anomalies to Slack, PagerDuty, Alertmanager and webhooks")
+    p.add_argument("--config", help="the notifier's config file, YAML or TOML (default: SERVEWATCH_NOTIFY_CONFIG)")
+    add_broker_flags(p)
+    p.set_defaults(func=cmd_notify)
+
+    p = sub.add_parser("check-config", help="validate a notifier config file and summarise its routes")
+    p.add_argument("path", help="the YAML or TOML file")
+    p.set_defaults(func=cmd_check_config)
+
+    p = sub.add_parser("silence", help="mute notifications that match, for a while or on a weekly schedule")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    add = verbs.add_parser("add", help="add a silence (prints its id)")
+    add.add_argument(
+        "matcher", nargs="+", help='label matchers: model=llama-70b, severity!=critical, route=~"chat|rag"'
+    )
+    add.add_argument("--duration", default="2h", help="how long from --start (default 2h; ignored with --end)")
+    add.add_argument("--start", help="Unix seconds or ISO time (default now)")
+    add.add_argument("--end", help="Unix seconds or ISO time")
+    add.add_argument("--daily", metavar="HH:MM-HH:MM", help="a recurring maintenance window (UTC) within start..end")
+    add.add_argument("--weekdays", help="with --daily: mon,tue,... (default every day)")
+    add.add_argument("--comment", default="", help="why")
+    add.add_argument("--author", help="who (default: this user's login name)")
+    add.add_argument("--id", help="the silence's id (default: a random one)")
+    expire = verbs.add_parser("expire", help="end silences now")
+    expire.add_argument("ids", nargs="+")
+    show = verbs.add_parser("list", help="active and pending silences")
+    show.add_argument("--all", action="store_true", help="expired ones too")
+    show.add_argument("--format", choices=("text", "json"), default="text", help="readable lines (default) or JSON")
+    for verb, func in ((add, cmd_silence_add), (expire, cmd_silence_expire), (show, cmd_silence_list)):
+        verb.add_argument("--broker", metavar="HOST:PORT", help="Kafka bootstrap servers (default: SERVEWATCH_BROKER)")
+        verb.set_defaults(func=func)

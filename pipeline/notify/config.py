@@ -1,0 +1,234 @@
+"""The notifier's configuration: a YAML or TOML file, checked before anything runs.
+
+Shape (YAML)::
+
+    triage_url: "https://servewatch.example.com/groups/{group}"   # optional, linked from messages
+    runbook_url: "https://wiki.example.com/runbooks/servewatch/{cause}"
+    defaults: {group_wait: 30s, group_interval: 5m, repeat_interval: 4h}
+    sinks:
+      - name: oncall-slack
+        type: slack                 # slack | slack_bot | pagerduty | alertmanager | webhook
+        url: https://hooks.slack.com/services/...
+        route: {min_severity: info}
+      - name: pager
+        type: pagerduty
+        routing_key: R0UT1NGKEY...
+        route: {min_severity: critical, explained_by_load: false}
+
+Secrets (webhook URLs, tokens, routing keys, HMAC secrets) are ``SecretStr``: never logged
+or printed. Any field of a sink can come from the environment instead of the file, as
+``SERVEWATCH_NOTIFY__<SINK NAME>__<FIELD>`` (name upper-cased, other characters as ``_``),
+e.g. ``SERVEWATCH_NOTIFY__PAGER__ROUTING_KEY``; the environment wins.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, model_validator
+
+from servewatch.schemas.anomaly import Severity, Signal
+from servewatch.schemas.silence import Matcher
+
+ENV_PREFIX = "SERVEWATCH_NOTIFY__"
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+class ConfigError(ValueError):
+    """The notifier's configuration is unreadable or invalid; the message says where and why."""
+
+
+def parse_duration(value: Any) -> Any:
+    """Prometheus-style durations (``30s``, ``5m``, ``1h30m``) or plain seconds, as seconds.
+
+    >>> parse_duration("1h30m"), parse_duration("250ms"), parse_duration(12)
+    (5400.0, 0.25, 12)
+    """
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if not text or _DURATION.sub("", text):
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a duration (e.g. 30s, 5m, 4h, 1h30m)") from None
+    return sum(float(number) * _UNITS[unit] for number, unit in _DURATION.findall(text))
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
+
+
+class Route(BaseModel):
+    """Which groups a sink is told about: every condition must hold (empty lists match anything)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    min_severity: Severity = Field(default=Severity.WARNING, description="info < warning < critical.")
+    models: list[str] = Field(default_factory=list)
+    signals: list[Signal] = Field(default_factory=list, description="Matches if any member has one of them.")
+    causes: list[str] = Field(default_factory=list, description="Hint codes, e.g. prefix_cache_ineffective.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Segment labels some member must carry.")
+    explained_by_load: bool | None = Field(
+        default=None, description="true: only groups whose open members are all explained by load; false: none of them."
+    )
+    matchers: list[Matcher] = Field(default_factory=list, description="Alertmanager-style matchers on the labels.")
+
+
+class Timing(BaseModel):
+    """Alertmanager's three intervals (see ``plan``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    group_wait: Duration = 30.0
+    group_interval: Duration = 300.0
+    repeat_interval: Duration = 4 * 3600.0
+
+
+class Retry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    initial: Duration = Field(default=1.0, description="First wait after a failure; doubles, with jitter.")
+    max_wait: Duration = Field(default=60.0, description="Longest wait between attempts (Retry-After may ask more).")
+    timeout: Duration = Field(default=10.0, description="Per HTTP request.")
+    give_up_after: Duration = Field(default=24 * 3600.0, description="Then the notification is dead-lettered.")
+
+
+class _Sink(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    enabled: bool = True
+    route: Route = Field(default_factory=Route)
+    timing: Timing | None = Field(default=None, description="Overrides the file's defaults for this sink.")
+    retry: Retry | None = None
+    min_interval: Duration = Field(default=0.0, description="At least this long between two requests to the receiver.")
+
+
+class SlackWebhook(_Sink):
+    """Slack incoming webhook: one new message per notification (a webhook cannot edit)."""
+
+    type: Literal["slack"]
+    url: SecretStr
+    min_interval: Duration = 1.0  # Slack allows about one message a second per webhook
+
+
+class SlackBot(_Sink):
+    """Slack bot token: one message per group, edited on update and resolve."""
+
+    type: Literal["slack_bot"]
+    token: SecretStr
+    channel: str
+    api_url: str = "https://slack.com/api"
+    min_interval: Duration = 1.0
+
+
+class PagerDuty(_Sink):
+    """PagerDuty Events API v2: trigger and resolve with the group's dedup key."""
+
+    type: Literal["pagerduty"]
+    routing_key: SecretStr
+    url: str = "https://events.pagerduty.com/v2/enqueue"
+
+
+class Alertmanager(_Sink):
+    """Alertmanager ``/api/v2/alerts``: one alert per member incident, re-sent while firing."""
+
+    type: Literal["alertmanager"]
+    url: str = Field(description="Base URL, e.g. http://alertmanager:9093.")
+    bearer_token: SecretStr | None = None
+    # Alertmanager expires an alert not re-sent before its endsAt; Prometheus re-sends every
+    # minute. A group that did not change is re-sent at repeat_interval, so 1 m by default here.
+    timing: Timing | None = Field(default_factory=lambda: Timing(group_wait=0, group_interval=60, repeat_interval=60))
+
+
+class Webhook(_Sink):
+    """Any HTTP endpoint: the group and its members as JSON, optionally HMAC-SHA256 signed."""
+
+    type: Literal["webhook"]
+    url: str
+    secret: SecretStr | None = Field(default=None, description="Signs each request (X-Servewatch-Signature).")
+    headers: dict[str, str] = Field(default_factory=dict)
+
+
+SinkConfig = Annotated[SlackWebhook | SlackBot | PagerDuty | Alertmanager | Webhook, Field(discriminator="type")]
+
+
+class NotifyConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    triage_url: str | None = Field(default=None, description="Template with {group} and {model}: the triage page.")
+    runbook_url: str | None = Field(default=None, description="Template with {cause} and {model}.")
+    defaults: Timing = Field(default_factory=Timing)
+    retry: Retry = Field(default_factory=Retry)
+    sinks: list[SinkConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> NotifyConfig:
+        names = [sink.name for sink in self.sinks]
+        if doubled := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"sink names must be unique: {', '.join(doubled)}")
+        return self
+
+    def timing_of(self, sink: _Sink) -> Timing:
+        return sink.timing or self.defaults
+
+    def retry_of(self, sink: _Sink) -> Retry:
+        return sink.retry or self.retry
+
+    @property
+    def enabled_sinks(self) -> list[SinkConfig]:
+        return [sink for sink in self.sinks if sink.enabled]
+
+
+def _env_key(name: str) -> str:
+    return re.sub(r"[^A-Z0-9]", "_", name.upper())
+
+
+def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any]:
+    sinks = raw.get("sinks") or []
+    by_key = {_env_key(str(s.get("name", ""))): s for s in sinks if isinstance(s, dict)}
+    for var, value in environ.items():
+        if not var.startswith(ENV_PREFIX):
+            continue
+        sink_key, _, field = var[len(ENV_PREFIX) :].partition("__")
+        if sink_key not in by_key or not field:
+            raise ConfigError(f"{var}: no sink named like {sink_key!r} in the file (or no __FIELD after it)")
+        by_key[sink_key][field.lower()] = value
+    return raw
+
+
+def parse_config(text: str, suffix: str, environ: Mapping[str, str] | None = None) -> NotifyConfig:
+    """Parse and validate a config's text (``suffix``: ``.yaml``/``.yml`` or ``.toml``)."""
+    try:
+        raw = tomllib.loads(text) if suffix == ".toml" else yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"not valid {suffix.lstrip('.').upper()}: {exc}") from exc
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError("the file must hold a mapping (triage_url, defaults, retry, sinks)")
+    raw = _apply_env(raw, os.environ if environ is None else environ)
+    try:
+        return NotifyConfig.model_validate(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(problems) from None
+
+
+def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> NotifyConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    suffix = path.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".toml"):
+        raise ConfigError(f"{path}: use a .yaml, .yml or .toml file")
+    return parse_config(text, ".yaml" if suffix == ".yml" else suffix, environ)

@@ -1,0 +1,149 @@
+"""The notifier without Kafka: anomaly records in, planned notifications out to sink runners.
+
+``Notifier`` keeps one ``ModelState`` per model it owns, folds anomaly-topic records into
+it, and on every ``tick`` asks the plan what is due, hands sends to each sink's runner,
+and books outcomes. Where state is stored, what this process owns, and where deliveries
+and dead letters go are injected (``agent`` passes the Faust table and topics; tests pass
+dicts and lists), so all of it runs and is tested without a broker.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+
+import orjson
+
+from servewatch.pipeline.notify.config import NotifyConfig
+from servewatch.pipeline.notify.delivery import NOTIFICATIONS, Result, SinkRunner
+from servewatch.pipeline.notify.plan import Planned, due, settle
+from servewatch.pipeline.notify.silences import SilenceBook
+from servewatch.pipeline.notify.sinks.base import Sink
+from servewatch.pipeline.notify.state import ModelState
+from servewatch.schemas.anomaly import AnomalyEvent
+from servewatch.schemas.dead_letter import DeadLetter
+from servewatch.schemas.delivery import Delivery
+from servewatch.schemas.incident_group import IncidentGroup
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Storage:
+    """Where model states live (the changelog-backed table, in the agent)."""
+
+    load: Callable[[str], bytes | None]
+    save: Callable[[str, bytes], None]
+    keys: Callable[[], Iterable[str]]
+
+
+class Notifier:
+    def __init__(
+        self,
+        config: NotifyConfig,
+        sinks: list[Sink],
+        storage: Storage,
+        *,
+        publish_delivery: Callable[[Delivery], Awaitable[None]],
+        dead_letter: Callable[[DeadLetter], Awaitable[None]],
+        silences: SilenceBook | None = None,
+        owns: Callable[[str], bool] = lambda model: True,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.storage = storage
+        self.silences = silences or SilenceBook()
+        self.owns = owns
+        self.clock = clock
+        self._publish_delivery = publish_delivery
+        self._dead_letter = dead_letter
+        self._states: dict[str, ModelState] = {}
+        self._saved: dict[str, bytes] = {}
+        self._in_flight: set[tuple[str, str]] = set()
+        by_name = {sink.name: sink for sink in sinks}
+        self.runners = {
+            cfg.name: SinkRunner(by_name[cfg.name], config.retry_of(cfg), cfg.min_interval, self._booked)
+            for cfg in config.enabled_sinks
+        }
+
+    def state(self, model: str) -> ModelState:
+        if (known := self._states.get(model)) is not None:
+            return known
+        stored = self.storage.load(model)
+        state = ModelState.model_validate_json(stored) if stored else ModelState(model=model)
+        self._states[model] = state
+        self._saved[model] = stored or b""
+        return state
+
+    def forget(self) -> None:
+        """Drop cached states (after a rebalance): the table is read again for what is owned now."""
+        self._states.clear()
+        self._saved.clear()
+
+    def receive(self, record: AnomalyEvent | IncidentGroup) -> None:
+        model = record.model if isinstance(record, IncidentGroup) else record.segment.get("model", "other")
+        state = self.state(model)
+        if state.apply(record):
+            self._store(state)
+
+    async def tick(self) -> int:
+        """Plan what is due now; returns how many notifications were handed to sinks."""
+        now = self.clock()
+        handed = 0
+        models = set(self._states) | set(self.storage.keys())
+        for model in sorted(m for m in models if self.owns(m)):
+            state = self.state(model)
+            for item in due(state, self.config, self.silences, now, frozenset(self._in_flight)):
+                if item.kind == "silenced":
+                    await self._silenced(item, now)
+                else:
+                    self._in_flight.add((item.sink.name, item.note.key))
+                    self.runners[item.sink.name].submit(item)
+                    handed += 1
+            self._store(state)
+        return handed
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._in_flight)
+
+    def _store(self, state: ModelState) -> None:
+        raw = state.model_dump_json().encode()
+        if raw != self._saved.get(state.model):
+            self.storage.save(state.model, raw)
+            self._saved[state.model] = raw
+
+    async def _silenced(self, item: Planned, now: float) -> None:
+        NOTIFICATIONS.labels(item.sink.name, "silenced").inc()
+        silence = item.silence.id if item.silence else None
+        logger.info("sink %s: %s silenced by %s", item.sink.name, item.note.idempotency_key, silence)
+        await self._publish_delivery(self._delivery(item, "silenced", now, silence=silence))
+
+    async def _booked(self, item: Planned, result: Result) -> None:
+        """A runner's outcome: book it in the state (stored at once), report it, dead-letter failures."""
+        now = self.clock()
+        self._in_flight.discard((item.sink.name, item.note.key))
+        state = self.state(item.model)
+        settle(state, item, result.outcome, now, result.memo)
+        self._store(state)
+        await self._publish_delivery(self._delivery(item, result.outcome, now, result.attempts, result.detail))
+        if result.outcome != "sent":
+            await self._dead_letter(
+                DeadLetter(
+                    reason=f"notify_{result.outcome}", error=f"sink {item.sink.name}: {result.detail}",
+                    raw=orjson.dumps({"sink": item.sink.name, "group": item.note.key, "status": item.note.status,
+                                      "seq": item.note.seq}).decode(),
+                    received_at=now,
+                )
+            )  # fmt: skip
+
+    def _delivery(
+        self, item: Planned, outcome: str, now: float, attempts: int = 0, detail: str = "", silence: str | None = None
+    ) -> Delivery:
+        return Delivery(
+            sink=item.sink.name, sink_type=item.sink.type, group=item.note.key, model=item.model,
+            status=item.note.status, seq=item.note.seq, idempotency_key=item.note.idempotency_key,
+            outcome=outcome, at=now, attempts=attempts, silence=silence, detail=detail,  # type: ignore[arg-type]
+        )  # fmt: skip
