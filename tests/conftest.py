@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -14,6 +16,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from servewatch.pipeline import topics
 from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
+from servewatch.pipeline.dev.demo_sinks import DemoReceiver, start_receiver
 from servewatch.pipeline.kafka import ensure_topics, read_topic
 
 T = TypeVar("T")
@@ -35,11 +38,29 @@ own_broker = pytest.fixture(scope="module", name="broker")(fresh_broker)
 @pytest.fixture
 def worker(broker: EmbeddedBroker) -> Iterator[str]:
     """A worker on the session broker, with its own consumer group; yields the bootstrap address."""
+    with _worker(broker) as bootstrap:
+        yield bootstrap
+
+
+@pytest.fixture
+def notifying_worker(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[str, DemoReceiver]]:
+    """A worker that also delivers (as the demo's does) to a local receiver of every sink type."""
+    receiver = start_receiver(tmp_path)
+    try:
+        with _worker(broker, {"SERVEWATCH_NOTIFY_CONFIG": str(receiver.config)}) as bootstrap:
+            yield bootstrap, receiver
+    finally:
+        receiver.stop()
+
+
+@contextlib.contextmanager
+def _worker(broker: EmbeddedBroker, env: dict[str, str] | None = None) -> Iterator[str]:
     asyncio.run(ensure_topics(broker.bootstrap, 4))
     process = start_worker(
         broker.bootstrap,
-        {"SERVEWATCH_APP_ID": f"servewatch-test-{uuid.uuid4().hex[:8]}", "SERVEWATCH_LOG_LEVEL": "WARNING"},
-    )
+        {"SERVEWATCH_APP_ID": f"servewatch-test-{uuid.uuid4().hex[:8]}", "SERVEWATCH_LOG_LEVEL": "WARNING",
+         **(env or {})},
+    )  # fmt: skip
     try:
         yield broker.bootstrap
     finally:

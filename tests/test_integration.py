@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import time
 import uuid
 from collections.abc import Callable
 from typing import TypeVar
@@ -17,6 +18,8 @@ import pytest
 from servewatch.pipeline import topics
 from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.dev.demo import play, start_worker, stop_worker
+from servewatch.pipeline.dev.demo_sinks import DemoReceiver
+from servewatch.pipeline.dev.receivers import read_log
 from servewatch.pipeline.dev.workload import Phase, Workload
 from servewatch.pipeline.kafka import ensure_topics, producer
 from servewatch.pipeline.worker.metrics import served_value
@@ -29,8 +32,10 @@ pytestmark = pytest.mark.integration
 T = TypeVar("T")
 
 
-def test_cache_off_incident_reaches_the_anomaly_topic_and_bad_input_the_dead_letters(worker: str) -> None:
-    bootstrap = worker
+def test_cache_off_incident_reaches_the_anomaly_topic_and_bad_input_the_dead_letters(
+    notifying_worker: tuple[str, DemoReceiver],
+) -> None:
+    bootstrap, receiver = notifying_worker
     workload = Workload((Phase("normal", 240), Phase("cache_off", 150, prefix_caching=False)), seed=21)
 
     async def scenario() -> tuple[AnomalyEvent, DeadLetter]:
@@ -65,6 +70,21 @@ def test_cache_off_incident_reaches_the_anomaly_topic_and_bad_input_the_dead_let
     assert {"request_id", "model", "location"} <= event.evidence[0].keys() and "unavailable" not in event.evidence[0]
     assert letter.source_topic == topics.REQUESTS and letter.source_offset is not None
     assert "prompt_tokens" in letter.raw
+    # The worker's notifier paged PagerDuty for the group, and told Slack, once the group's wait passed.
+    pages = wait_for_log(receiver, lambda lines: [r["body"] for r in lines if r["kind"] == "pagerduty"])
+    assert {page["payload"]["group"] for page in pages} == {"prefix_cache_ineffective"}
+    models = {page["payload"]["component"] for page in pages}
+    assert len({page["dedup_key"] for page in pages}) == len(models)  # per model, one cause: one page
+    slack = wait_for_log(receiver, lambda lines: [r for r in lines if r["kind"] == "slack"])
+    assert any("prefix_cache_ineffective" in orjson.dumps(r["body"]).decode() for r in slack)
+
+
+def wait_for_log(receiver: DemoReceiver, pick: Callable[[list[dict]], list], timeout_s: float = 30.0) -> list:  # type: ignore[type-arg]
+    deadline = time.monotonic() + timeout_s
+    while not (found := pick(read_log(receiver.log))) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert found, f"nothing in {receiver.log} after {timeout_s:.0f} s"
+    return found
 
 
 def test_validation_failures_are_dead_lettered_with_their_reason(worker: str) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+from prometheus_client import REGISTRY
+
 from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.pipeline.notify.config import NotifyConfig, parse_config
 from servewatch.pipeline.notify.notification import Notification
@@ -50,6 +52,10 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+def counted(sink: str, outcome: str) -> float:
+    return REGISTRY.get_sample_value("servewatch_notifications_total", {"sink": sink, "outcome": outcome}) or 0.0
 
 
 def events() -> list[AnomalyEvent]:
@@ -106,6 +112,7 @@ async def test_retries_reach_the_receiver_once_firing_then_resolved_and_one_sink
     flaky = ScriptedSink("flaky", [RetryableError("HTTP 429", retry_after=0.05), RetryableError("HTTP 500")])
     steady = ScriptedSink("steady")
     rig = Rig([flaky, steady], {})
+    retried_before = counted("flaky", "retried")
     grouper = IncidentGrouper()
     firing, resolved = events()
     feed(rig.notifier, [firing], grouper)
@@ -117,6 +124,7 @@ async def test_retries_reach_the_receiver_once_firing_then_resolved_and_one_sink
     sent = [(d.sink, d.status.value, d.attempts) for d in rig.deliveries]
     assert ("flaky", "firing", 3) in sent and ("steady", "firing", 1) in sent
     assert rig.letters == []
+    assert counted("flaky", "retried") - retried_before == 2  # servewatch_notifications_total{outcome="retried"}
 
 
 async def test_a_rejected_payload_is_dead_lettered_with_the_answer_and_not_retried() -> None:

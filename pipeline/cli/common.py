@@ -147,3 +147,12 @@ async def ensure_topics_of(settings: Settings) -> None:
 
     assert settings.bootstrap is not None
     await ensure_topics(settings.bootstrap, settings.topic_partitions, auth=KafkaAuth.from_settings(settings))
+
+
+def serve_metrics(settings: Settings, what: str) -> None:
+    """Serve this process's Prometheus metrics on ``SERVEWATCH_METRICS_PORT``, when set."""
+    if settings.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.metrics_port)
+        logging.getLogger("servewatch").info("serving %s metrics on :%d/metrics", what, settings.metrics_port)

@@ -28,6 +28,7 @@ from servewatch.pipeline.cli.common import (
     ensure_topics_of,
     load_settings,
     output,
+    serve_metrics,
     settings_from,
     with_broker,
 )
@@ -77,11 +78,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
             add_notifier(app, topics, settings, load_notify_config(settings.notify_config, "worker"))
         tune_gc()  # again: Faust's app, topics and tables live as long as the process
-        if settings.metrics_port is not None:
-            from prometheus_client import start_http_server
-
-            start_http_server(settings.metrics_port)
-            logger.info("serving worker metrics on :%d/metrics", settings.metrics_port)
+        serve_metrics(settings, "worker")
         worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
         try:
             worker.execute_from_commandline()  # runs until SIGTERM/SIGINT (and exits through SystemExit)
@@ -94,6 +91,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     from servewatch.pipeline.dev.demo import run_demo, start_worker, stop_worker, summarise
+    from servewatch.pipeline.dev.demo_sinks import start_receiver
     from servewatch.pipeline.kafka import KafkaAuth
 
     if not args.speed > 0:
@@ -102,8 +100,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with with_broker(settings_from(args), "demo", embedded=True) as settings:
         assert settings.bootstrap is not None
         asyncio.run(ensure_topics_of(settings))
+        receiver = start_receiver()
+        print(f"local Slack/PagerDuty/Alertmanager/webhook receiver at {receiver.url}; the worker delivers there "
+              f"({receiver.config})", flush=True)  # fmt: skip
         print("starting the servewatch worker ...", flush=True)
-        worker = start_worker(settings.bootstrap, {"SERVEWATCH_BROKER_PROFILE": settings.broker_profile})
+        worker = start_worker(settings.bootstrap, {"SERVEWATCH_BROKER_PROFILE": settings.broker_profile,
+                                                   "SERVEWATCH_NOTIFY_CONFIG": str(receiver.config)})  # fmt: skip
         try:
             auth = KafkaAuth.from_settings(settings)
             outcome = asyncio.run(
@@ -111,8 +113,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             )
         finally:
             stop_worker(worker)
+            receiver.stop()
     print("=== demo summary ===")
-    for line in summarise(outcome):
+    for line in [*summarise(outcome), *receiver.summary()]:
         print(line)
     print(f"wall time {time.monotonic() - started:.0f} s")
     return 0 if outcome.surge_explained and outcome.cache_off_paged else 1

@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from servewatch.pipeline.cli.common import CommandError, add_broker_flags, ensure_topics_of, settings_from, with_broker
+from servewatch.pipeline.cli.common import (
+    CommandError,
+    add_broker_flags,
+    ensure_topics_of,
+    serve_metrics,
+    settings_from,
+    with_broker,
+)
 from servewatch.pipeline.settings import Settings
 
 if TYPE_CHECKING:
@@ -69,6 +76,7 @@ def cmd_notify(args: argparse.Namespace) -> int:
         asyncio.run(ensure_topics_of(settings))
         app = faust_app(settings, app_id=notify_app_id(settings))
         add_notifier(app, declare_topics(app, settings.topic_partitions), settings, config)
+        serve_metrics(settings, "notifier")
         faust.Worker(app, loglevel=settings.log_level, quiet=True).execute_from_commandline()
     return 0
 

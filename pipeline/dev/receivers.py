@@ -184,10 +184,7 @@ class LocalReceiver:
         return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
 
     def urls(self, name: str = "demo") -> dict[str, str]:
-        """Each sink type's URL as its config takes it (Alertmanager's base, Slack's API base)."""
-        base = {"slack": f"/slack/{name}", "slack_api": "/slack-api", "pagerduty": "/pagerduty/v2/enqueue"}
-        base |= {"alertmanager": "/alertmanager", "webhook": f"/webhook/{name}"}
-        return {kind: self.url + path for kind, path in base.items()}
+        return endpoint_urls(self.url, name)
 
     async def start(self) -> None:
         app = web.Application()
@@ -321,6 +318,14 @@ class LocalReceiver:
             ts = f"{now_us // 1_000_000}.{now_us % 1_000_000:06d}"
         self.messages[ts] = body
         return {"ok": True, "channel": channel, "ts": ts}
+
+
+def endpoint_urls(url: str, name: str = "demo") -> dict[str, str]:
+    """Each sink type's URL on a receiver at ``url``, as its config takes it (Alertmanager's
+    base, Slack's API base)."""
+    base = {"slack": f"/slack/{name}", "slack_api": "/slack-api", "pagerduty": "/pagerduty/v2/enqueue"}
+    base |= {"alertmanager": "/alertmanager", "webhook": f"/webhook/{name}"}
+    return {kind: url + path for kind, path in base.items()}
 
 
 def read_log(path: Path) -> list[dict[str, Any]]:

@@ -37,6 +37,15 @@ class Notification:
         return self.group.status
 
     @property
+    def step(self) -> str:
+        """What this message is *to its receiver*: ``firing`` (the first it hears of the group),
+        ``update`` or ``resolved``. Not the group's own transition: after group_wait, the first
+        message often carries a group that has already moved on from its firing record."""
+        if self.status is Status.RESOLVED:
+            return "resolved"
+        return "firing" if self.seq == 1 else "update"
+
+    @property
     def idempotency_key(self) -> str:
         """Stable for this group, status and sequence number: receivers may dedupe on it."""
         return f"servewatch:{self.key}:{self.status.value}:{self.seq}"

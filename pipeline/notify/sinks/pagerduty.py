@@ -134,7 +134,9 @@ def build_event(note: Notification, routing_key: SecretStr) -> Event:
     if note.status is Status.RESOLVED:
         return Event(routing_key=routing_key, event_action="resolve", dedup_key=key)
     payload = Payload(
-        summary=clip(f"{group.title} — {group.summary}", SUMMARY_CHARS),
+        summary=clip(
+            group.summary if group.summary.startswith(group.title) else f"{group.title}: {group.summary}", SUMMARY_CHARS
+        ),
         source=group.model or "servewatch",
         severity=SEVERITY[group.severity],
         timestamp=rfc3339(group.window_end),  # when the window that moved the group ended

@@ -92,7 +92,7 @@ def build_message(note: Notification) -> Message:
             Section(text=mrkdwn(escape_mrkdwn(group.summary))),
         ]
         return message(f"Resolved: {title}", [*blocks, *_links(note), _context(note)])
-    step = STEP_WORD[group.transition]
+    step = STEP_WORD[note.step]
     head = f"{SEVERITY_EMOJI[group.severity]} {step} · {group.severity.value} · {title}"
     blocks = [Header(text=plain(head, HEADER_CHARS)), Section(text=mrkdwn(escape_mrkdwn(group.summary)))]
     fields = [
