@@ -59,7 +59,7 @@ def add_notifier(app: faust.App, topics: Topics, settings: Settings, config: Not
         return partition_of(model, partitions) in mine
 
     storage = Storage(load=lambda model: table.get(model.encode()), save=save,
-                      keys=lambda: [key.decode() for key in list(table.keys())])  # fmt: skip
+                      keys=lambda: [key.decode() for key in list(table.keys())], flush=app.producer.flush)  # fmt: skip
     client = httpx.AsyncClient(headers={"User-Agent": "servewatch-notify"}, follow_redirects=False)
 
     async def publish_delivery(delivery: Delivery) -> None:

@@ -37,6 +37,9 @@ class Storage:
     load: Callable[[str], bytes | None]
     save: Callable[[str, bytes], None]
     keys: Callable[[], Iterable[str]]
+    #: Waits until what ``save`` wrote is on the broker (the table's changelog), so that a
+    #: delivery is durable before it is reported; a crash in between resends one message.
+    flush: Callable[[], Awaitable[None]] | None = None
 
 
 class Notifier:
@@ -128,6 +131,8 @@ class Notifier:
         state = self.state(item.model)
         settle(state, item, result.outcome, now, result.memo)
         self._store(state)
+        if self.storage.flush is not None:
+            await self.storage.flush()
         await self._publish_delivery(self._delivery(item, result.outcome, now, result.attempts, result.detail))
         if result.outcome != "sent":
             await self._dead_letter(
