@@ -100,12 +100,12 @@ class Rig:
             await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def feed(notifier: Notifier, records: list[AnomalyEvent], grouper: IncidentGrouper | None = None) -> None:
+async def feed(notifier: Notifier, records: list[AnomalyEvent], grouper: IncidentGrouper | None = None) -> None:
     grouper = IncidentGrouper() if grouper is None else grouper  # (an empty grouper is falsy)
     for event in records:
         grouped, told = grouper.add(event)
         for record in (grouped, *told):
-            notifier.receive(record)
+            await notifier.receive(record)
 
 
 async def test_retries_reach_the_receiver_once_firing_then_resolved_and_one_sink_never_waits_for_another() -> None:
@@ -115,9 +115,9 @@ async def test_retries_reach_the_receiver_once_firing_then_resolved_and_one_sink
     retried_before = counted("flaky", "retried")
     grouper = IncidentGrouper()
     firing, resolved = events()
-    feed(rig.notifier, [firing], grouper)
+    await feed(rig.notifier, [firing], grouper)
     await rig.run_until_idle(ticks=10)
-    feed(rig.notifier, [resolved], grouper)
+    await feed(rig.notifier, [resolved], grouper)
     await rig.run_until_idle(ticks=10)
     for sink in (flaky, steady):
         assert [(status, seq) for _, status, seq in sink.accepted] == [("firing", 1), ("resolved", 2)]
@@ -130,7 +130,7 @@ async def test_retries_reach_the_receiver_once_firing_then_resolved_and_one_sink
 async def test_a_rejected_payload_is_dead_lettered_with_the_answer_and_not_retried() -> None:
     flaky = ScriptedSink("flaky", [RejectedError("HTTP 400: invalid payload", 400, "invalid payload")])
     rig = Rig([flaky, ScriptedSink("steady")], {})
-    feed(rig.notifier, events()[:1])
+    await feed(rig.notifier, events()[:1])
     await rig.run_until_idle(ticks=10)
     assert flaky.accepted == []
     assert [(letter.reason, "invalid payload" in letter.error) for letter in rig.letters] == [("notify_rejected", True)]
@@ -142,7 +142,7 @@ async def test_a_silenced_group_is_recorded_as_silenced_once_and_sent_nowhere() 
     rig = Rig(sinks, {})
     rig.notifier.silences.apply(Silence(id="maint", matchers=[Matcher(name="route", value="chat")], starts_at=0,
                                         ends_at=10_000))  # fmt: skip
-    feed(rig.notifier, events()[:1])
+    await feed(rig.notifier, events()[:1])
     await rig.run_until_idle(ticks=10)
     assert [s.accepted for s in sinks] == [[], []]
     assert {(d.sink, d.outcome, d.silence) for d in rig.deliveries} == {("flaky", "silenced", "maint"),
@@ -154,13 +154,13 @@ async def test_a_restarted_notifier_with_the_same_table_sends_nothing_twice() ->
     first = [ScriptedSink("flaky"), ScriptedSink("steady")]
     rig = Rig(first, table)
     records = events()
-    feed(rig.notifier, records[:1])
+    await feed(rig.notifier, records[:1])
     await rig.run_until_idle(ticks=5)
     assert [len(s.accepted) for s in first] == [1, 1]
     # A new process: same table; Faust replays the records since the last commit, then the rest.
     second = [ScriptedSink("flaky"), ScriptedSink("steady")]
     again = Rig(second, table)
-    feed(again.notifier, records)
+    await feed(again.notifier, records)
     await again.run_until_idle(ticks=5)
     assert [[status for _, status, _ in s.accepted] for s in second] == [["resolved"], ["resolved"]]
     assert [seq for _, _, seq in second[0].accepted] == [2]

@@ -80,7 +80,7 @@ def add_notifier(app: faust.App, topics: Topics, settings: Settings, config: Not
     async def deliver_anomalies(stream: faust.StreamT) -> None:
         async for event in stream.events():
             try:
-                notifier.receive(parse_anomaly_record(event.value))
+                await notifier.receive(parse_anomaly_record(event.value))
             except ValidationError as exc:
                 message = event.message
                 source = Source(topic=message.topic, partition=message.partition, offset=message.offset)

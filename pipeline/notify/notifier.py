@@ -9,6 +9,7 @@ dicts and lists), so all of it runs and is tested without a broker.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
@@ -37,8 +38,9 @@ class Storage:
     load: Callable[[str], bytes | None]
     save: Callable[[str, bytes], None]
     keys: Callable[[], Iterable[str]]
-    #: Waits until what ``save`` wrote is on the broker (the table's changelog), so that a
-    #: delivery is durable before it is reported; a crash in between resends one message.
+    #: Waits until what ``save`` wrote is on the broker (the table's changelog). Every write
+    #: is flushed before the next one: a delivery is durable before it is reported, and each
+    #: changelog batch holds one record, which Tansu's end offsets need (see ``_store``).
     flush: Callable[[], Awaitable[None]] | None = None
 
 
@@ -65,6 +67,7 @@ class Notifier:
         self._states: dict[str, ModelState] = {}
         self._saved: dict[str, bytes] = {}
         self._in_flight: set[tuple[str, str]] = set()
+        self._writing = asyncio.Lock()
         by_name = {sink.name: sink for sink in sinks}
         self.runners = {
             cfg.name: SinkRunner(by_name[cfg.name], config.retry_of(cfg), cfg.min_interval, self._booked)
@@ -85,11 +88,11 @@ class Notifier:
         self._states.clear()
         self._saved.clear()
 
-    def receive(self, record: AnomalyEvent | IncidentGroup) -> None:
+    async def receive(self, record: AnomalyEvent | IncidentGroup) -> None:
         model = record.model if isinstance(record, IncidentGroup) else record.segment.get("model", "other")
         state = self.state(model)
         if state.apply(record):
-            self._store(state)
+            await self._store(state)
 
     async def tick(self) -> int:
         """Plan what is due now; returns how many notifications were handed to sinks."""
@@ -105,18 +108,28 @@ class Notifier:
                     self._in_flight.add((item.sink.name, item.note.key))
                     self.runners[item.sink.name].submit(item)
                     handed += 1
-            self._store(state)
+            await self._store(state)
         return handed
 
     @property
     def busy(self) -> bool:
         return bool(self._in_flight)
 
-    def _store(self, state: ModelState) -> None:
+    async def _store(self, state: ModelState) -> None:
+        """Write a changed state and wait until it is on the broker, one write at a time.
+
+        One at a time because the embedded broker (Tansu) under-reports a partition's end
+        offset when its newest batch holds several records, and a restarted notifier that
+        trusts it would miss the latest state and resend what that state says was sent.
+        """
         raw = state.model_dump_json().encode()
-        if raw != self._saved.get(state.model):
+        if raw == self._saved.get(state.model):
+            return
+        async with self._writing:
             self.storage.save(state.model, raw)
             self._saved[state.model] = raw
+            if self.storage.flush is not None:
+                await self.storage.flush()
 
     async def _silenced(self, item: Planned, now: float) -> None:
         NOTIFICATIONS.labels(item.sink.name, "silenced").inc()
@@ -130,9 +143,7 @@ class Notifier:
         self._in_flight.discard((item.sink.name, item.note.key))
         state = self.state(item.model)
         settle(state, item, result.outcome, now, result.memo)
-        self._store(state)
-        if self.storage.flush is not None:
-            await self.storage.flush()
+        await self._store(state)
         await self._publish_delivery(self._delivery(item, result.outcome, now, result.attempts, result.detail))
         if result.outcome != "sent":
             await self._dead_letter(
