@@ -22,6 +22,8 @@ DEADLETTER = "servewatch.deadletter"  # DeadLetter JSON
 SCRAPES = "servewatch.scrapes"  # EngineInterval JSON from `servewatch scrape`, keyed by instance|model
 SILENCES = "servewatch.silences"  # Silence JSON keyed by id, compacted: the latest record of an id wins
 NOTIFICATIONS = "servewatch.notifications"  # Delivery JSON: what the notifier did with each notification
+SERIES = "servewatch.series"  # SeriesPoint JSON: each segment's judged windows (observed, expected, band), by segment
+FEEDBACK = "servewatch.feedback"  # Feedback JSON: on-call's verdicts on incident groups, keyed by group
 #: Faust table of detector state per segment (JSON, ``SegmentDetectors.state``); its
 #: changelog topic is ``<app id>-servewatch-detector-state-changelog``, created by Faust.
 DETECTOR_STATE_TABLE = "servewatch-detector-state"
@@ -29,7 +31,7 @@ DETECTOR_STATE_TABLE = "servewatch-detector-state"
 #: Notifier state per model (JSON, ``pipeline.notify.state.ModelState``): what each sink was told.
 NOTIFY_STATE_TABLE = "servewatch-notify-state"
 
-ALL = (REQUESTS, PARTIALS, INCIDENTS, ANOMALIES, DEADLETTER, SCRAPES, SILENCES, NOTIFICATIONS)
+ALL = (REQUESTS, PARTIALS, INCIDENTS, ANOMALIES, DEADLETTER, SCRAPES, SILENCES, NOTIFICATIONS, SERIES, FEEDBACK)
 #: Topics whose records are a table by key: Kafka keeps the latest record of each key.
 COMPACTED = frozenset({SILENCES})
 
@@ -43,6 +45,8 @@ class Topics:
     deadletter: faust.TopicT
     scrapes: faust.TopicT
     notifications: faust.TopicT
+    series: faust.TopicT
+    feedback: faust.TopicT
 
 
 def declare_topics(app: faust.App, partitions: int) -> Topics:
@@ -53,4 +57,5 @@ def declare_topics(app: faust.App, partitions: int) -> Topics:
     return Topics(
         requests=raw(REQUESTS), partials=raw(PARTIALS), incidents=raw(INCIDENTS), anomalies=raw(ANOMALIES),
         deadletter=raw(DEADLETTER), scrapes=raw(SCRAPES), notifications=raw(NOTIFICATIONS),
+        series=raw(SERIES), feedback=raw(FEEDBACK),
     )  # fmt: skip

@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from servewatch.schemas.feedback import Feedback
 from servewatch.schemas.version import SCHEMA_VERSION
 
 
@@ -132,6 +133,10 @@ class AnomalyEvent(BaseModel):
         default=None,
         description="Key of the incident group this incident belongs to: incidents of one model with the same "
         "likely cause (top hint) that overlap in time (``IncidentGroup``, on the same topic).",
+    )
+
+    feedback: Feedback | None = Field(
+        default=None, description="On-call's latest verdict on this incident's group (from the triage page)."
     )
 
     @property

@@ -17,6 +17,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status
+from servewatch.schemas.feedback import Feedback
 from servewatch.schemas.version import SCHEMA_VERSION
 
 
@@ -51,6 +52,7 @@ class IncidentGroup(BaseModel):
     segments: int = Field(description="Distinct segments among the members.")
     title: str = Field(description="One line: the cause, the model, how many segments, which signals.")
     summary: str
+    feedback: Feedback | None = Field(default=None, description="On-call's latest verdict on the group.")
 
     @property
     def pages(self) -> bool:

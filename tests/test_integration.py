@@ -26,6 +26,7 @@ from servewatch.pipeline.worker.metrics import served_value
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
 from servewatch.schemas.dead_letter import DeadLetter
 from servewatch.schemas.incident_group import parse_anomaly_record
+from servewatch.schemas.series import SeriesPoint
 from tests.conftest import first_matching
 
 pytestmark = pytest.mark.integration
@@ -54,11 +55,18 @@ def test_cache_off_incident_reaches_the_anomaly_topic_and_bad_input_the_dead_let
                 return None  # an incident group's record
             return event if event.signal is Signal.TTFT and event.pages else None
 
+        def banded_ttft(raw: bytes) -> SeriesPoint | None:
+            point = SeriesPoint.model_validate_json(raw)
+            return point if "ttft" in point.signals and point.signals["ttft"].low else None
+
         def broken(raw: bytes) -> DeadLetter | None:
             letter = DeadLetter.model_validate_json(raw)
             return letter if letter.reason == "invalid_json" else None
 
         event = await first_matching(bootstrap, topics.ANOMALIES, paging_ttft, timeout_s=90)
+        # Every judged window goes out as a chart point, with the band the window was judged by.
+        point = await first_matching(bootstrap, topics.SERIES, banded_ttft, timeout_s=30)
+        assert point.signals["ttft"].low is not None and point.signals["ttft"].high is not None
         letter = await first_matching(bootstrap, topics.DEADLETTER, broken, timeout_s=30)
         return event, letter
 

@@ -32,6 +32,7 @@ from servewatch.models.detect.signal_detector import DetectorConfig, SignalDetec
 from servewatch.models.detect.signals import MODEL_FIGURES, SPEC_SETS, Reading, SignalSpec
 from servewatch.models.detect.silence import no_data_events
 from servewatch.models.detect.summary import window_summary
+from servewatch.models.detect.tolerance import Tolerances
 from servewatch.models.detect.traffic_watch import TrafficWatch
 from servewatch.models.explain.faulty_requests import FAULT_SIGNALS, SLOWNESS
 from servewatch.models.explain.hints import fallback_hint, latency_hints, signal_hints
@@ -41,6 +42,8 @@ from servewatch.models.stats.capacity import Capacity
 from servewatch.models.stats.rates import BetaBinomialRate
 from servewatch.models.windows.window import WindowStats
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal
+from servewatch.schemas.series import SeriesPoint, SignalPoint
+from servewatch.schemas.version import SCHEMA_VERSION
 
 logger = logging.getLogger(__name__)
 
@@ -182,8 +185,11 @@ class SegmentDetectors:
         window: WindowStats,
         pooled: dict[tuple[str, Signal], BetaBinomialRate],
         templates: dict[tuple[str, Any], Any] | None = None,
+        series: list[SeriesPoint] | None = None,
+        tolerances: Tolerances | None = None,
     ) -> list[AnomalyEvent]:
-        """Judge one window (latency against its model's load, ``WindowStats.load``)."""
+        """Judge one window (latency against its model's load, ``WindowStats.load``); with
+        ``series``, append what each signal showed against its expected band (for charts)."""
         if self.judged(window):
             return []  # a replayed window changes nothing (idempotent)
         self.last_window_end = window.end
@@ -198,6 +204,7 @@ class SegmentDetectors:
         capacity.observe(window, load)
         demand_ratio = math.nan
         events: list[AnomalyEvent] = []
+        points: dict[str, SignalPoint] | None = {} if series is not None else None
         any_page = False
         usual = self.usual  # one view for the whole window
         usual_requests = usual.requests_per_s * window.length
@@ -213,7 +220,8 @@ class SegmentDetectors:
             pool_key = (model_name, spec.signal)
             pool = pooled.get(pool_key) if spec.kind == "rate" else None
             detector = self.detector(spec, pool)
-            verdict = detector.judge(reading, config)
+            widened = tolerances.config_for(model_name, spec.signal.value, config, window.end) if tolerances else None
+            verdict = detector.judge(reading, widened or config)
             any_page |= verdict.pages
             if spec.signal is Signal.TTFT and detector.model.n_learned:
                 demand_ratio = math.exp(detector.model.demand_index(reading.x))
@@ -230,9 +238,21 @@ class SegmentDetectors:
             event = self._transition(detector, window, reading, verdict, load, usual, demand_ratio, adopted)
             if adopted:
                 detector.adopt(reading)
+            if points is not None:
+                # model_construct: built per segment window on the hot path, from numbers the
+                # detector made; validation would cost more than the judging.
+                points[spec.signal.value] = SignalPoint.model_construct(
+                    observed=reading.value, expected=verdict.expected, low=verdict.low, high=verdict.high,
+                    score=verdict.score, anomalous=verdict.pages, firing=detector.firing,
+                )  # fmt: skip
             self.keep(detector)
             if event is not None:
                 events.append(event)
+        if series is not None and points:
+            series.append(SeriesPoint.model_construct(
+                schema_version=SCHEMA_VERSION, kind="series", key=self.key, segment=dict(window.labels),
+                window_start=window.start, window_end=window.end, load=dict(load), signals=points,
+            ))  # fmt: skip
         if not any_page:
             usual.learn(load, window.start)
             capacity.learn(load)
@@ -481,6 +501,11 @@ class DetectorBank:
     _traffic_pending: dict[tuple[float, float], dict[str, int]] = field(default_factory=dict, repr=False)
     _started_in: float = -math.inf
     expired: list[str] = field(default_factory=list)  # keys of segments dropped as idle, not yet told
+    #: Judged windows as points for charts (``SeriesPoint``), when kept (a list: the worker
+    #: drains it after every round); ``None``, the default, costs nothing (replays, backtests).
+    series: list[SeriesPoint] | None = None
+    #: Signals on-call called "expected", judged with a wider tolerance for a while.
+    tolerances: Tolerances = field(default_factory=Tolerances)
 
     def __post_init__(self) -> None:
         self.traffic = TrafficWatch(self.config, restore=lambda key: self.restore(key) if self.restore else None)
@@ -534,7 +559,7 @@ class DetectorBank:
             self.records_skipped += int(window.requests)
             return []
         self.windows_judged += 1
-        return detectors.observe(window, self.pooled, self.templates)
+        return detectors.observe(window, self.pooled, self.templates, self.series, self.tolerances)
 
     def observe_all(self, windows: list[WindowStats], final: bool = False) -> list[AnomalyEvent]:
         """Judge windows released together; then, once per new window end, each model's

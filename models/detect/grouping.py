@@ -42,7 +42,10 @@ from typing import Literal
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
 from servewatch.models.explain.wording import event_id
 from servewatch.schemas.anomaly import AnomalyEvent, Severity, Status
+from servewatch.schemas.feedback import Feedback
 from servewatch.schemas.incident_group import GroupMember, IncidentGroup
+
+_FEEDBACK_KEPT = 10_000
 
 
 def cause_of(event: AnomalyEvent) -> str:
@@ -78,6 +81,15 @@ class IncidentGrouper:
     def __init__(self) -> None:
         self._open: dict[tuple[str, str], _Group] = {}
         self._member_of: dict[str, _Group] = {}  # fingerprint -> its group, while the group is open
+        self._feedback: dict[str, Feedback] = {}  # group key -> on-call's latest verdict
+
+    def note_feedback(self, feedback: Feedback) -> None:
+        """On-call's verdict on a group: carried on the group's later records and members' events."""
+        known = self._feedback.get(feedback.group)
+        if known is None or feedback.at >= known.at:
+            self._feedback[feedback.group] = feedback
+        if len(self._feedback) > _FEEDBACK_KEPT:  # oldest verdicts go first (insertion order)
+            del self._feedback[next(iter(self._feedback))]
 
     def __len__(self) -> int:
         return len(self._open)
@@ -101,7 +113,7 @@ class IncidentGrouper:
             fingerprint=event.fingerprint, signal=event.signal, segment=event.segment, status=event.status,
             severity=event.severity,
         )  # fmt: skip
-        event = event.model_copy(update={"group": group.key})
+        event = event.model_copy(update={"group": group.key, "feedback": self._feedback.get(group.key)})
         severity = group.current_severity()
         stepped_up = SEVERITY_RANK[severity] > SEVERITY_RANK[group.severity]
         group.severity = severity
@@ -116,9 +128,8 @@ class IncidentGrouper:
             return event, [self._record(group, event, "update")]
         return event, []
 
-    @staticmethod
     def _record(
-        group: _Group, event: AnomalyEvent, transition: Literal["firing", "update", "resolved"]
+        self, group: _Group, event: AnomalyEvent, transition: Literal["firing", "update", "resolved"]
     ) -> IncidentGroup:
         members = list(group.members.values())
         signals = list(dict.fromkeys(m.signal for m in members))
@@ -145,6 +156,7 @@ class IncidentGrouper:
             segments=segments,
             title=title,
             summary=summary,
+            feedback=self._feedback.get(group.key),
         )
 
 

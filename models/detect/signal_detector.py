@@ -13,8 +13,12 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from scipy.stats import binom
+
 from servewatch.models.detect.lifecycle import IncidentTracker
 from servewatch.models.detect.signals import SPECS, Reading, SignalSpec, structural_cache_surprise
+from servewatch.models.stats.latency import TWO_LOOKS, Prediction
+from servewatch.models.stats.tails import student_bound
 from servewatch.schemas.anomaly import Signal
 
 
@@ -65,6 +69,28 @@ class Verdict:
     # waiting for a second one, a normal one inside an incident resolves it without waiting
     # for more (either would count the same evidence twice).
     sustained: bool = False
+    # The normal band at this load: values outside it are anomalous on their own (the
+    # single-window bound at the threshold; None where the model has no such bound).
+    low: float | None = None
+    high: float | None = None
+
+
+def latency_band(prediction: Prediction, threshold: float) -> tuple[float | None, float | None]:
+    """Latencies a window may show at this load before it is anomalous on its own: the
+    prediction's median times and divided by the factor whose surprise is ``threshold``
+    (two looks, as ``LatencyModel.judge`` takes them)."""
+    if not (prediction.sd > 0 and math.isfinite(prediction.sd)):
+        return None, None
+    z = student_bound(threshold + TWO_LOOKS, prediction.nu) * prediction.sd
+    return math.exp(prediction.mean - z), math.exp(prediction.mean + z)
+
+
+def rate_band(expected: float, n: int, threshold: float) -> float | None:
+    """The highest share of ``n`` requests that is not anomalous on its own at ``expected``
+    (the binomial bound; the beta-binomial model is a little wider)."""
+    if n <= 0 or not 0.0 <= expected < 1.0:
+        return None
+    return float(binom.isf(10.0 ** (-(threshold + TWO_LOOKS)), n, expected)) / n
 
 
 #: Signals a queue in front of the engines lengthens: saturation explains their rise.
@@ -93,12 +119,15 @@ class SignalDetector:
         model, kind = self.model, self.spec.kind
         if kind == "latency":
             prediction, conditioned, level, drifting, at_most_usual = model.judge(reading.x, reading.value)
+            # A model still in its grace windows has no band worth drawing (nor judges anything).
+            low, high = latency_band(prediction, config.threshold) if model.warm else (None, None)
             worse = (math.log(reading.value) - prediction.level) * (1 if model.tail == "upper" else -1) > 0
             surprising = conditioned >= config.threshold
             if surprising and self.spec.signal in QUEUE_SENSITIVE and self._saturated(reading):
                 # Demand beyond anything the engines have kept up with: the queue is load.
                 return Verdict(max(conditioned, level), prediction.expected, False, True,
-                               math.exp(prediction.level), "saturated", learnable=False)  # fmt: skip
+                               math.exp(prediction.level), "saturated", learnable=False, low=low,
+                               high=high)  # fmt: skip
             pages = surprising and (worse or drifting)
             # Above its usual level at all, but as expected at this demand: load. While the
             # engines are saturated a rise that is merely unusual (1 in 100) is reported too:
@@ -114,7 +143,7 @@ class SignalDetector:
             learnable = conditioned < config.threshold - 1.0
             return Verdict(score, expected, pages, explained, math.exp(prediction.level),
                            "drift" if drifting and pages else None, learnable=learnable,
-                           drifting=drifting)  # fmt: skip
+                           drifting=drifting, low=low, high=high)  # fmt: skip
         if kind == "rate":
             # Judged alone and with the windows before it (``BetaBinomialRate``); this moves
             # the sequential evidence on, so ``judge`` is called once per window.
@@ -135,7 +164,8 @@ class SignalDetector:
             # As for latency: a window within a decade of paging is not the usual rate.
             learnable = not incident and score < config.threshold - 1.0
             return Verdict(score, model.expected_rate, pages, False, model.expected_rate, learnable=learnable,
-                           sustained=sustained)  # fmt: skip
+                           sustained=sustained, low=0.0, high=rate_band(model.expected_rate, reading.n,
+                                                                       config.threshold))  # fmt: skip
         score, expected = model.score_one(reading.x, reading.value), model.expected
         if self.spec.signal is Signal.CACHE_HIT_RATE:
             structural, floor = structural_cache_surprise(reading)

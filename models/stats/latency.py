@@ -85,7 +85,7 @@ TAIL_AFTER = 20
 NOISE_PRIOR_WINDOWS = 10.0
 #: The window's own surprise and its pair's with the window before are both looked at:
 #: the score they give is the larger less log10(2), so that two looks cost no calibration.
-_TWO_LOOKS = math.log10(2.0)
+TWO_LOOKS = math.log10(2.0)
 
 
 @dataclass(frozen=True)
@@ -558,7 +558,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         alone = student_surprise(z, nu)
         echo = state[_ECHO]
         paired = pair_surprise(z, sign * last_z, rho, nu, echo) if self.n_learned > self.grace_windows else 0.0
-        window = max(alone, paired) - _TWO_LOOKS
+        window = max(alone, paired) - TWO_LOOKS
         drift = 0.0
         if 0 < self.drift_after <= self.n_learned and usual_demand:  # a drift is judged at flat demand
             # How far recent windows, this one included, stand above the anchored level: the
@@ -572,7 +572,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
             # and sharper where a past surge left the slopes unsure: a rise against it pages.
             # Below the usual demand it is a bound (latency does not fall as demand rises),
             # and still sharper where the slopes are unsure so far from the usual demand.
-            window = max(window, student_surprise(level_z, nu) - _TWO_LOOKS)
+            window = max(window, student_surprise(level_z, nu) - TWO_LOOKS)
         # Against the usual level with Gaussian tails, this score only ever says "explained by
         # load" (an info event), never pages, so it may be as quick to speak as the level is sure.
         level = upper_tail_surprise(level_z)

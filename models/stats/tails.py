@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import math
 
-from scipy.special import stdtr
+from scipy.special import ndtri, stdtr, stdtrit
 
 _LN10 = math.log(10.0)
 #: Residuals beyond this many sds count as tail events.
@@ -77,6 +77,19 @@ def student_surprise(z: float, nu: float) -> float:
         return upper_tail_surprise(z)
     scaled = z * math.sqrt(nu / (nu - 2.0))
     return -math.log10(max(float(stdtr(nu, -scaled)), 1e-300))
+
+
+def student_bound(surprise: float, nu: float) -> float:
+    """The residual ``z`` at which ``student_surprise(z, nu)`` reaches ``surprise``: its inverse,
+    for drawing the band a window must leave to be that surprising.
+
+    >>> round(student_bound(4.0, 1000.0), 2), round(student_bound(student_surprise(5.0, 4.0), 4.0), 2)
+    (3.72, 5.0)
+    """
+    tail = 10.0 ** (-surprise)
+    if nu >= 200.0:
+        return float(ndtri(1.0 - tail))
+    return float(-stdtrit(nu, tail)) / math.sqrt(nu / (nu - 2.0))
 
 
 def _tail_share_of(nu: float) -> float:

@@ -151,8 +151,14 @@ async def ensure_topics_of(settings: Settings) -> None:
 
 def serve_metrics(settings: Settings, what: str) -> None:
     """Serve this process's Prometheus metrics on ``SERVEWATCH_METRICS_PORT``, when set."""
-    if settings.metrics_port is not None:
+    if settings.metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(settings.metrics_port)
-        logging.getLogger("servewatch").info("serving %s metrics on :%d/metrics", what, settings.metrics_port)
+        log = logging.getLogger("servewatch")
+        try:
+            start_http_server(settings.metrics_port)
+        except OSError as exc:  # a second process on one host: its metrics need their own port
+            log.warning("%s metrics not served: port %d is taken (%s); set SERVEWATCH_METRICS_PORT", what,
+                        settings.metrics_port, exc.strerror)  # fmt: skip
+            return
+        log.info("serving %s metrics on :%d/metrics", what, settings.metrics_port)

@@ -19,6 +19,7 @@ Timers advance quiet partitions' event time and release windows that waited long
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import tempfile
@@ -32,16 +33,17 @@ import orjson
 from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.models.windows.window import WindowStats
 from servewatch.pipeline import tuning
-from servewatch.pipeline.kafka import BrokerProbe, KafkaAuth
+from servewatch.pipeline.kafka import BrokerProbe, KafkaAuth, read_topic
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.topics import DETECTOR_STATE_TABLE, Topics, declare_topics
-from servewatch.pipeline.worker import metrics, tansu_transport
+from servewatch.pipeline.worker import metrics, segment_metrics, tansu_transport
 from servewatch.pipeline.worker.decode import Source, internal_error
 from servewatch.pipeline.worker.engine_stage import JudgeEngines
 from servewatch.pipeline.worker.evidence import KafkaMessageReader, resolve
 from servewatch.pipeline.worker.stage_one import StageOne, partition_of
 from servewatch.pipeline.worker.stage_two import StageTwo
 from servewatch.schemas.anomaly import AnomalyEvent
+from servewatch.schemas.feedback import Feedback
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +110,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     topics = declare_topics(app, settings.topic_partitions)
     stage_one = StageOne(settings)
     stage_two = StageTwo(settings)
+    stage_two.bank.series = []  # the worker publishes judged windows for charts (servewatch.series)
     engines = JudgeEngines(settings)
     # Detector state survives restarts and rebalances in a changelog-backed table keyed by
     # segment. ``use_partitioner``: the producer places each key, by the same partitioner
@@ -136,8 +139,10 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             for bank in (stage_two.bank, engines.bank):
                 for key, state in bank.states_to_save(every_one):
                     state_table[key.encode()] = orjson.dumps(state)
-                while bank.expired:  # segments idle for segment_idle_s: their state goes too
-                    state_table.pop(bank.expired.pop().encode(), None)
+                while bank.expired:  # segments idle for segment_idle_s: their state and gauges go too
+                    key = bank.expired.pop()
+                    state_table.pop(key.encode(), None)
+                    segment_metrics.forget_segment(key)
         except Exception as exc:
             metrics.STATE_WRITE_FAILURES.inc()
             logger.warning("detector state not stored%s (%s): a restart would relearn those segments", occasion, exc)
@@ -160,7 +165,41 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             model = event.segment.get("model", "other").encode()
             await topics.incidents.send(key=model, value=event.model_dump_json().encode())
 
+    async def publish_series() -> None:
+        """Judged windows as chart points (``SeriesPoint``), by segment, and as per-segment gauges."""
+        points = stage_two.bank.series
+        if not points:
+            return
+        stage_two.bank.series = []
+        segment_metrics.record_points(points)
+        for point in points:
+            await topics.series.send(key=point.key.encode(), value=point.model_dump_json().encode())
+
     grouper = IncidentGrouper()
+
+    bootstrap = settings.bootstrap
+
+    @app.task
+    async def follow_feedback() -> None:
+        """On-call's verdicts, read whole by every worker (no consumer group): the grouper
+        carries them on the group's records, and an ``expected`` widens the group's signals'
+        tolerance in its model (``models.detect.tolerance``) wherever they are judged."""
+        while True:
+            try:
+                async for raw in read_topic(bootstrap, topics.feedback.get_topic_name(), auth=auth):
+                    try:
+                        feedback = Feedback.model_validate_json(raw)
+                    except ValueError as exc:
+                        logger.warning("skipped an unreadable feedback record: %s", exc)
+                        continue
+                    grouper.note_feedback(feedback)
+                    stage_two.bank.tolerances.apply(feedback, now=stage_two.bank.clock)
+                    logger.info("feedback on group %s: %s by %s", feedback.group, feedback.verdict, feedback.by)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("feedback reader failed (%s); reading again in 2 s", exc)
+                await asyncio.sleep(2.0)
 
     @app.agent(topics.incidents)
     async def group_incidents(stream: faust.StreamT) -> None:
@@ -216,6 +255,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     async def store_and_publish(events: list[AnomalyEvent]) -> None:
         save_states()
         await publish(events)
+        await publish_series()
         if stage_two.late_letters:  # records that came after their window was judged
             letters, stage_two.late_letters = stage_two.late_letters, []
             logger.warning("%d late-record letters dead-lettered (servewatch_late_records_total counts the records); "
@@ -307,6 +347,8 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             # latest): whoever judges them next restores it, and so will this worker if they
             # come back, rather than keep a copy that the other worker has since moved past.
             save_states(every_one=True, occasion=" on revocation")
+            for key in [k for k in stage_two.bank.detectors if partition_of(k, partials_partitions) in judged_here]:
+                segment_metrics.forget_segment(key)  # whoever judges it now publishes its gauges
             stage_two.bank.forget(lambda key: partition_of(key, partials_partitions) in judged_here)
             for via in judged_here:
                 stage_two.assembler.released_until.pop(via, None)

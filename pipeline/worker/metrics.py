@@ -1,4 +1,4 @@
-"""The worker's own Prometheus metrics (counted always, served when ``metrics_port`` is set)."""
+"""The worker's own Prometheus metrics (counted always, served on ``metrics_port``, 9464 by default)."""
 
 from __future__ import annotations
 
