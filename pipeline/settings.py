@@ -189,7 +189,12 @@ class Settings(BaseSettings):
     )
 
     # -- operations -----------------------------------------------------------------
-    metrics_port: int | None = Field(default=None, description="Serve Prometheus metrics on this port.")
+    metrics_port: int | None = Field(
+        default=9464,
+        ge=0,
+        description="Serve Prometheus /metrics on this port (9464, OpenTelemetry's Prometheus "
+        "exporter port; 0: off). A port already taken is warned about, never fatal.",
+    )
     notify_config: str | None = Field(
         default=None,
         description="The notifier's config file (YAML or TOML, see pipeline/notify/config.py); when set, "
@@ -266,6 +271,29 @@ class Settings(BaseSettings):
     ship_poll_s: float = Field(default=0.25, gt=0, description="Seconds between looks at a followed file at its end.")
     ship_drain_timeout_s: float = Field(
         default=30.0, gt=0, description="After SIGTERM: how long to keep trying to deliver what was read."
+    )
+
+    # -- triage page (`servewatch web`, issue #20; pipeline/web/) ---------------------------------
+    web_token: SecretStr | None = Field(
+        default=None,
+        description="Token the triage page requires (Bearer, Basic password or /login); needed to serve it "
+        "on anything but loopback.",
+    )
+    web_evidence_url: str | None = Field(
+        default=None,
+        description="URL template linking each evidence request to your log search: {request_id}, {model}, "
+        "{instance}, {route}, {start}/{end} (ISO) or {start_ms}/{end_ms} (see pipeline/web/links.py).",
+    )
+    web_segment_url: str | None = Field(
+        default=None,
+        description="URL template linking each segment to its dashboard: {segment} (the key), its labels "
+        "({model}, {route}, ...), {start}/{end} or {start_ms}/{end_ms}.",
+    )
+    grafana_url: str | None = Field(
+        default=None, description="Grafana base URL: the triage page annotates firing and resolved groups there."
+    )
+    grafana_token: SecretStr | None = Field(
+        default=None, description="Grafana service-account token for POST /api/annotations."
     )
 
 

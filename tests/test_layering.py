@@ -35,7 +35,7 @@ ALLOWED = {
 LAYERS = {
     "schemas": ("",),
     "models": ("", "stats", "windows", "explain", "detect"),
-    "pipeline": ("", "worker", "ingest", "replay", "notify", "dev", "cli"),
+    "pipeline": ("", "worker", "ingest", "replay", "notify", "web", "dev", "cli"),
 }
 
 

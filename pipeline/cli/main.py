@@ -37,6 +37,7 @@ from servewatch.pipeline.cli.replay import cmd_replay
 from servewatch.pipeline.cli.scrape import cmd_scrape
 from servewatch.pipeline.cli.ship import cmd_ship
 from servewatch.pipeline.cli.tail import add_tail_parser
+from servewatch.pipeline.cli.web import add_web_parser
 from servewatch.pipeline.dev.broker import BrokerError, EmbeddedBroker
 from servewatch.pipeline.tuning import tune_gc, tune_process
 
@@ -90,6 +91,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    from servewatch.pipeline.dev.children import start_announcing, stop
     from servewatch.pipeline.dev.demo import run_demo, start_worker, stop_worker, summarise
     from servewatch.pipeline.dev.demo_sinks import start_receiver
     from servewatch.pipeline.kafka import KafkaAuth
@@ -106,17 +108,26 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("starting the servewatch worker ...", flush=True)
         worker = start_worker(settings.bootstrap, {"SERVEWATCH_BROKER_PROFILE": settings.broker_profile,
                                                    "SERVEWATCH_NOTIFY_CONFIG": str(receiver.config)})  # fmt: skip
+        page_env = {"SERVEWATCH_BROKER": settings.bootstrap, "SERVEWATCH_METRICS_PORT": "0"}
+        web, url = start_announcing(["servewatch", "web", "--port", "0"], "triage page: ", page_env)
+        print(f"triage page: {url} (live while the demo runs; --stay keeps it up afterwards)", flush=True)
         try:
             auth = KafkaAuth.from_settings(settings)
             outcome = asyncio.run(
                 run_demo(settings.bootstrap, speed=args.speed, out=lambda s: print(s, flush=True), auth=auth)
             )
+            print("=== demo summary ===")
+            for line in [*summarise(outcome), *receiver.summary()]:
+                print(line)
+            if args.stay:
+                print(f"staying up: triage page {url}, broker {settings.bootstrap}; Ctrl-C ends", flush=True)
+                with contextlib.suppress(KeyboardInterrupt):
+                    while worker.poll() is None:
+                        time.sleep(0.5)
         finally:
+            stop(web)
             stop_worker(worker)
             receiver.stop()
-    print("=== demo summary ===")
-    for line in [*summarise(outcome), *receiver.summary()]:
-        print(line)
     print(f"wall time {time.monotonic() - started:.0f} s")
     return 0 if outcome.surge_explained and outcome.cache_off_paged else 1
 
@@ -168,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="embedded broker + worker + scripted incidents, events printed live")
     p.add_argument("--broker", metavar="HOST:PORT", help="use this Kafka instead of the embedded broker")
     p.add_argument("--speed", type=float, default=25.0, help="simulated seconds per wall second (default 25)")
+    p.add_argument("--stay", action="store_true", help="after the summary, keep broker, worker and triage page up "
+                   "until Ctrl-C")  # fmt: skip
     p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("replay", help="run the detectors over request logs and/or recorded scrapes, no broker")
@@ -237,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_tail_parser(sub)
     add_notify_parsers(sub)
+    add_web_parser(sub)
 
     p = sub.add_parser("generate", help="write the demo's synthetic workload as JSONL")
     add_out_flag(p, "the workload as JSONL")

@@ -9,12 +9,12 @@ the demo counts per sink at the end (and which shows the payloads themselves).
 from __future__ import annotations
 
 import subprocess
-import sys
 import tempfile
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from servewatch.pipeline.dev.children import start_announcing, stop
 from servewatch.pipeline.dev.receivers import endpoint_urls, read_log, sample_config_yaml
 
 #: The receiver's kinds as the demo's summary names them.
@@ -30,13 +30,7 @@ class DemoReceiver:
     config: Path
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop(self.process)
 
     def summary(self) -> list[str]:
         received = read_log(self.log)
@@ -50,16 +44,7 @@ def start_receiver(directory: Path | None = None) -> DemoReceiver:
     """The receiver as a child process, and a notifier config (``notify.yaml``) pointing at it."""
     where = directory or Path(tempfile.mkdtemp(prefix="servewatch-demo-"))
     log = where / "received.jsonl"
-    process = subprocess.Popen(
-        [sys.executable, "-m", "servewatch.pipeline.dev.receivers", "--log", str(log)],
-        stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-    )  # fmt: skip
-    assert process.stdout is not None
-    ready = process.stdout.readline().strip()
-    if not ready.startswith("receiver ready: "):
-        process.kill()
-        raise RuntimeError(f"the demo's receiver did not start (it said {ready!r})")
-    url = ready.removeprefix("receiver ready: ")
+    process, url = start_announcing(["servewatch.pipeline.dev.receivers", "--log", str(log)], "receiver ready: ")
     config = where / "notify.yaml"
     config.write_text(sample_config_yaml(endpoint_urls(url)))
     return DemoReceiver(process, url, log, config)
