@@ -16,6 +16,7 @@ from servewatch.pipeline.worker.stage_one import StageOne
 from servewatch.schemas.anomaly import AnomalyEvent
 from servewatch.schemas.dead_letter import DeadLetter
 from servewatch.schemas.incident_group import IncidentGroup, parse_anomaly_record
+from servewatch.schemas.series import SeriesPoint
 
 
 class Captured:
@@ -31,7 +32,7 @@ class Captured:
 @pytest.fixture
 def app_and_sinks(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[str, Captured]]:
     app, topics = create_app(Settings(broker="127.0.0.1:9", topic_partitions=1))
-    sinks = {name: Captured() for name in ("partials", "incidents", "anomalies", "deadletter")}
+    sinks = {name: Captured() for name in ("partials", "incidents", "anomalies", "deadletter", "series")}
     for name, sink in sinks.items():
         monkeypatch.setattr(getattr(topics, name), "send", sink)
     return app, sinks
@@ -76,6 +77,8 @@ async def test_partials_in_anomalies_out(app_and_sinks: Any) -> None:
         for value in sinks["incidents"].values:
             await running.put(value)
     records = [parse_anomaly_record(v) for v in sinks["anomalies"].values]
+    points = [SeriesPoint.model_validate_json(v) for v in sinks["series"].values]
+    assert {p.segment["model"] for p in points} and all(p.signals for p in points)  # chart points go out too
     events = [r for r in records if isinstance(r, AnomalyEvent)]
     groups = [r for r in records if isinstance(r, IncidentGroup)]
     assert len(events) == len(incidents) and all(e.group for e in events)
