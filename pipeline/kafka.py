@@ -81,7 +81,7 @@ async def ensure_topics(
         existing = set(await admin.list_topics())
         missing = [
             NewTopic(name, num_partitions=partitions, replication_factor=1,
-                     topic_configs={"cleanup.policy": "compact"} if name in topics.COMPACTED else None)
+                     topic_configs=topics.TOPIC_CONFIGS.get(name))
             for name in names if name not in existing
         ]  # fmt: skip
         if missing:

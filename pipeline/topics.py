@@ -32,8 +32,13 @@ DETECTOR_STATE_TABLE = "servewatch-detector-state"
 NOTIFY_STATE_TABLE = "servewatch-notify-state"
 
 ALL = (REQUESTS, PARTIALS, INCIDENTS, ANOMALIES, DEADLETTER, SCRAPES, SILENCES, NOTIFICATIONS, SERIES, FEEDBACK)
-#: Topics whose records are a table by key: Kafka keeps the latest record of each key.
-COMPACTED = frozenset({SILENCES})
+#: Topic settings servewatch creates its topics with (``ensure_topics``; the compose file's
+#: ``topics`` service says the same): silences are a table by key (the latest record of each
+#: id is kept); chart points are kept 6 h, what the triage page shows and reads at its start.
+TOPIC_CONFIGS: dict[str, dict[str, str]] = {
+    SILENCES: {"cleanup.policy": "compact"},
+    SERIES: {"retention.ms": str(6 * 3600 * 1000)},
+}
 
 
 @dataclass(frozen=True)
