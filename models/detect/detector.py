@@ -28,7 +28,7 @@ from typing import Any
 
 from servewatch.models.detect.events import incident_event
 from servewatch.models.detect.lifecycle import Transition
-from servewatch.models.detect.signal_detector import DetectorConfig, SignalDetector, Verdict
+from servewatch.models.detect.signal_detector import DetectorConfig, SignalDetector, Verdict, band
 from servewatch.models.detect.signals import MODEL_FIGURES, SPEC_SETS, Reading, SignalSpec
 from servewatch.models.detect.silence import no_data_events
 from servewatch.models.detect.summary import window_summary
@@ -220,7 +220,8 @@ class SegmentDetectors:
             pool_key = (model_name, spec.signal)
             pool = pooled.get(pool_key) if spec.kind == "rate" else None
             detector = self.detector(spec, pool)
-            widened = tolerances.config_for(model_name, spec.signal.value, config, window.end) if tolerances else None
+            widened = (tolerances.config_for(model_name, spec.signal.value, config, window.end)
+                       if tolerances is not None and tolerances.until else None)  # fmt: skip
             verdict = detector.judge(reading, widened or config)
             any_page |= verdict.pages
             if spec.signal is Signal.TTFT and detector.model.n_learned:
@@ -241,8 +242,9 @@ class SegmentDetectors:
             if points is not None:
                 # model_construct: built per segment window on the hot path, from numbers the
                 # detector made; validation would cost more than the judging.
+                low, high = band(spec.kind, verdict, reading, (widened or config).threshold)
                 points[spec.signal.value] = SignalPoint.model_construct(
-                    observed=reading.value, expected=verdict.expected, low=verdict.low, high=verdict.high,
+                    observed=reading.value, expected=verdict.expected, low=low, high=high,
                     score=verdict.score, anomalous=verdict.pages, firing=detector.firing,
                 )  # fmt: skip
             self.keep(detector)

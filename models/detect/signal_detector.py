@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from scipy.stats import binom
+from scipy.special import bdtrik
 
 from servewatch.models.detect.lifecycle import IncidentTracker
 from servewatch.models.detect.signals import SPECS, Reading, SignalSpec, structural_cache_surprise
@@ -69,10 +69,19 @@ class Verdict:
     # waiting for a second one, a normal one inside an incident resolves it without waiting
     # for more (either would count the same evidence twice).
     sustained: bool = False
-    # The normal band at this load: values outside it are anomalous on their own (the
-    # single-window bound at the threshold; None where the model has no such bound).
-    low: float | None = None
-    high: float | None = None
+    # A latency model's prediction at this load, for ``band`` (kept, not drawn: drawing it
+    # costs special functions, paid only where judged windows are kept for charts).
+    prediction: Prediction | None = None
+
+
+def band(kind: str, verdict: Verdict, reading: Reading, threshold: float) -> tuple[float | None, float | None]:
+    """The normal band of a judged window: values outside it are anomalous on their own (the
+    single-window bound at ``threshold``); None where the model has no such bound (shares)."""
+    if kind == "latency":
+        return latency_band(verdict.prediction, threshold) if verdict.prediction is not None else (None, None)
+    if kind == "rate":
+        return 0.0, rate_band(verdict.expected, reading.n, threshold)
+    return None, None
 
 
 def latency_band(prediction: Prediction, threshold: float) -> tuple[float | None, float | None]:
@@ -88,9 +97,11 @@ def latency_band(prediction: Prediction, threshold: float) -> tuple[float | None
 def rate_band(expected: float, n: int, threshold: float) -> float | None:
     """The highest share of ``n`` requests that is not anomalous on its own at ``expected``
     (the binomial bound; the beta-binomial model is a little wider)."""
-    if n <= 0 or not 0.0 <= expected < 1.0:
+    if n <= 0 or not 0.0 < expected < 1.0:
         return None
-    return float(binom.isf(10.0 ** (-(threshold + TWO_LOOKS)), n, expected)) / n
+    # bdtrik inverts the binomial CDF in k (a ufunc: microseconds, where binom.isf takes ~100)
+    bad = math.ceil(float(bdtrik(1.0 - 10.0 ** (-(threshold + TWO_LOOKS)), n, expected)))
+    return min(bad, n) / n
 
 
 #: Signals a queue in front of the engines lengthens: saturation explains their rise.
@@ -120,14 +131,14 @@ class SignalDetector:
         if kind == "latency":
             prediction, conditioned, level, drifting, at_most_usual = model.judge(reading.x, reading.value)
             # A model still in its grace windows has no band worth drawing (nor judges anything).
-            low, high = latency_band(prediction, config.threshold) if model.warm else (None, None)
+            kept = prediction if model.warm else None
             worse = (math.log(reading.value) - prediction.level) * (1 if model.tail == "upper" else -1) > 0
             surprising = conditioned >= config.threshold
             if surprising and self.spec.signal in QUEUE_SENSITIVE and self._saturated(reading):
                 # Demand beyond anything the engines have kept up with: the queue is load.
                 return Verdict(max(conditioned, level), prediction.expected, False, True,
-                               math.exp(prediction.level), "saturated", learnable=False, low=low,
-                               high=high)  # fmt: skip
+                               math.exp(prediction.level), "saturated", learnable=False,
+                               prediction=kept)  # fmt: skip
             pages = surprising and (worse or drifting)
             # Above its usual level at all, but as expected at this demand: load. While the
             # engines are saturated a rise that is merely unusual (1 in 100) is reported too:
@@ -143,7 +154,7 @@ class SignalDetector:
             learnable = conditioned < config.threshold - 1.0
             return Verdict(score, expected, pages, explained, math.exp(prediction.level),
                            "drift" if drifting and pages else None, learnable=learnable,
-                           drifting=drifting, low=low, high=high)  # fmt: skip
+                           drifting=drifting, prediction=kept)  # fmt: skip
         if kind == "rate":
             # Judged alone and with the windows before it (``BetaBinomialRate``); this moves
             # the sequential evidence on, so ``judge`` is called once per window.
@@ -164,8 +175,7 @@ class SignalDetector:
             # As for latency: a window within a decade of paging is not the usual rate.
             learnable = not incident and score < config.threshold - 1.0
             return Verdict(score, model.expected_rate, pages, False, model.expected_rate, learnable=learnable,
-                           sustained=sustained, low=0.0, high=rate_band(model.expected_rate, reading.n,
-                                                                       config.threshold))  # fmt: skip
+                           sustained=sustained)  # fmt: skip
         score, expected = model.score_one(reading.x, reading.value), model.expected
         if self.spec.signal is Signal.CACHE_HIT_RATE:
             structural, floor = structural_cache_surprise(reading)
