@@ -3,10 +3,15 @@
 from pydantic import BaseModel
 
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
+from servewatch.schemas.change_report import ChangeReport
 from servewatch.schemas.dead_letter import DeadLetter
+from servewatch.schemas.delivery import Delivery
 from servewatch.schemas.engine_interval import EngineInterval
+from servewatch.schemas.feedback import Feedback
 from servewatch.schemas.incident_group import GroupMember, IncidentGroup, parse_anomaly_record
 from servewatch.schemas.request_log import Engine, FinishReason, RequestLog
+from servewatch.schemas.series import SeriesPoint
+from servewatch.schemas.silence import Silence
 from servewatch.schemas.version import SCHEMA_VERSION
 
 #: Schemas that ``servewatch schema NAME`` exports as JSON Schema.
@@ -16,6 +21,11 @@ EXPORTED: dict[str, type[BaseModel]] = {
     "IncidentGroup": IncidentGroup,
     "EngineInterval": EngineInterval,
     "DeadLetter": DeadLetter,
+    "ChangeReport": ChangeReport,
+    "SeriesPoint": SeriesPoint,
+    "Feedback": Feedback,
+    "Silence": Silence,
+    "Delivery": Delivery,
 }
 
 __all__ = [

@@ -21,6 +21,8 @@ Outcome = Literal["sent", "silenced", "rejected", "abandoned"]
 
 
 class Delivery(BaseModel):
+    """One notification's outcome at one sink: sent, silenced, rejected or abandoned."""
+
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int = SCHEMA_VERSION

@@ -18,6 +18,8 @@ Verdict = Literal["expected", "not_expected", "acknowledged"]
 
 
 class Feedback(BaseModel):
+    """On-call's verdict on an incident group, with who gave it and when."""
+
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int = SCHEMA_VERSION

@@ -30,6 +30,8 @@ class SignalPoint(BaseModel):
 
 
 class SeriesPoint(BaseModel):
+    """One segment's judged window: each signal against its expected value and band, and the load."""
+
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int = SCHEMA_VERSION

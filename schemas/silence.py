@@ -62,6 +62,8 @@ class Recurrence(BaseModel):
 
 
 class Silence(BaseModel):
+    """Label matchers and a time span (or a weekly window) during which matching notifications are muted."""
+
     model_config = ConfigDict(extra="forbid")
 
     schema_version: int = SCHEMA_VERSION

@@ -34,7 +34,7 @@ ALLOWED = {
 #: Sub-packages of each package, lowest first ("" is the package's own root modules).
 LAYERS = {
     "schemas": ("",),
-    "models": ("", "stats", "windows", "explain", "detect"),
+    "models": ("", "stats", "windows", "explain", "detect", "compare"),
     "pipeline": ("", "worker", "ingest", "replay", "notify", "web", "dev", "cli"),
 }
 

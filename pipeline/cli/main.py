@@ -32,6 +32,7 @@ from servewatch.pipeline.cli.common import (
     settings_from,
     with_broker,
 )
+from servewatch.pipeline.cli.compare import add_compare_parser
 from servewatch.pipeline.cli.notify import add_notify_parsers
 from servewatch.pipeline.cli.replay import cmd_replay
 from servewatch.pipeline.cli.scrape import cmd_scrape
@@ -136,7 +137,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
     from servewatch.schemas import EXPORTED
 
     if args.name is None:  # the list
-        firsts = {name: (model.__doc__ or "").strip().splitlines()[0] for name, model in EXPORTED.items()}
+        firsts = {name: ((model.__doc__ or "").strip().splitlines() or [""])[0] for name, model in EXPORTED.items()}
         text = "\n".join(f"{name:16} {first}" for name, first in firsts.items())
     elif args.name in EXPORTED:
         text = orjson.dumps(EXPORTED[args.name].model_json_schema(), option=orjson.OPT_INDENT_2).decode()
@@ -251,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_tail_parser(sub)
     add_notify_parsers(sub)
     add_web_parser(sub)
+    add_compare_parser(sub)
 
     p = sub.add_parser("generate", help="write the demo's synthetic workload as JSONL")
     add_out_flag(p, "the workload as JSONL")

@@ -1,0 +1,161 @@
+"""Post-stratification: the period after, reweighted to the period before's mix of segments.
+
+A deploy that coincides with more long RAG prompts shows a higher pooled TTFT p95 even if no
+segment got slower. So both periods are split into segments (model, route, prompt band,
+output band by default) and each after-request is weighted so that every segment carries the
+share of requests it had *before*: the after statistic is then what the after period would
+have shown with the before mix. Only segments with enough requests on both sides count
+(a segment seen on one side cannot be compared), and the coverage says how much that left.
+
+Confidence comes from a stratified bootstrap: requests are resampled within each segment,
+so segment sizes (and the weights) stay fixed and only within-segment noise varies.
+Resampling keeps every column's stratum, so one weight vector serves every resample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+#: Entries of one (resamples x requests) block; larger comparisons are bootstrapped in chunks.
+_BLOCK = 4_000_000
+
+
+@dataclass(frozen=True)
+class Columns:
+    """One period's requests as float columns (NaN where a record lacks the field) and strata."""
+
+    stratum: np.ndarray  # int64 segment index per request
+    values: dict[str, np.ndarray]
+
+    def __len__(self) -> int:
+        return len(self.stratum)
+
+
+def _number(row: Mapping[str, Any], name: str) -> float:
+    value = row.get(name)
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else np.nan
+
+
+def columns(
+    rows: Sequence[Mapping[str, Any]],
+    segment_of: Callable[[Mapping[str, Any]], str],
+    index: dict[str, int],
+    extract: Mapping[str, Callable[[Mapping[str, Any]], float]],
+) -> Columns:
+    """``rows`` as columns; new segment keys are added to ``index`` (shared by both periods)."""
+    stratum = np.fromiter((index.setdefault(segment_of(row), len(index)) for row in rows), np.int64, len(rows))
+    values = {name: np.fromiter((get(row) for row in rows), np.float64, len(rows)) for name, get in extract.items()}
+    return Columns(stratum, values)
+
+
+def number(name: str) -> Callable[[Mapping[str, Any]], float]:
+    """An extractor of one numeric field (NaN when missing)."""
+    return lambda row: _number(row, name)
+
+
+@dataclass(frozen=True)
+class Side:
+    """One period's valid values for a signal, grouped by used segment, with their weights.
+
+    ``weights`` sum to 1 and give each used segment its before share (``mix``): uniform on
+    the before side, reweighted on the after side.
+    """
+
+    numerator: np.ndarray
+    denominator: np.ndarray | None
+    weights: np.ndarray
+    starts: np.ndarray  # where each used segment's values begin
+    sizes: np.ndarray
+
+    def resample_index(self, rng: np.random.Generator, resamples: int) -> np.ndarray:
+        """(resamples x requests) positions, each drawn within its own segment."""
+        blocks = [
+            start + rng.integers(0, size, (resamples, size))
+            for start, size in zip(self.starts, self.sizes, strict=True)
+        ]
+        return np.hstack(blocks) if blocks else np.zeros((resamples, 0), dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Which segments a signal compares, and with what weights (the before shares)."""
+
+    used: np.ndarray  # segment indexes with at least ``min_requests`` valid requests on both sides
+    share: np.ndarray  # per used segment, its share of the before requests among used ones
+    coverage_before: float
+    coverage_after: float
+
+
+def mix_of(before: np.ndarray, after: np.ndarray, segments: int, min_requests: int) -> Mix:
+    """The post-stratification of two periods' valid segment indexes.
+
+    >>> m = mix_of(np.array([0] * 40 + [1] * 60 + [2] * 5), np.array([0] * 80 + [1] * 40), 3, 30)
+    >>> m.used.tolist(), m.share.round(2).tolist(), round(m.coverage_before, 3), m.coverage_after
+    ([0, 1], [0.4, 0.6], 0.952, 1.0)
+    """
+    nb = np.bincount(before, minlength=segments)
+    na = np.bincount(after, minlength=segments)
+    used = np.flatnonzero((nb >= min_requests) & (na >= min_requests))
+    total = nb[used].sum()
+    share = nb[used] / total if total else np.zeros(0)
+    return Mix(used, share, float(total / max(nb.sum(), 1)), float(na[used].sum() / max(na.sum(), 1)))
+
+
+def side(stratum: np.ndarray, numerator: np.ndarray, denominator: np.ndarray | None, mix: Mix) -> Side:
+    """Valid values of one period (already filtered), grouped by ``mix``'s segments and weighted."""
+    parts, dens, weights, sizes = [], [], [], []
+    for segment, share in zip(mix.used, mix.share, strict=True):
+        rows = np.flatnonzero(stratum == segment)
+        parts.append(numerator[rows])
+        if denominator is not None:
+            dens.append(denominator[rows])
+        weights.append(np.full(len(rows), share / len(rows)))
+        sizes.append(len(rows))
+    sizes_arr = np.array(sizes, dtype=np.int64)
+    starts = np.concatenate(([0], np.cumsum(sizes_arr)[:-1])) if sizes else np.zeros(0, dtype=np.int64)
+
+    def cat(arrays: list[np.ndarray]) -> np.ndarray:
+        return np.concatenate(arrays) if arrays else np.zeros(0)
+
+    return Side(cat(parts), cat(dens) if denominator is not None else None, cat(weights), starts, sizes_arr)
+
+
+def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> np.ndarray:
+    """Per row of ``values`` (resamples x requests), the ``q`` quantile under ``weights`` (per column).
+
+    The inverted weighted CDF: the smallest value whose cumulative weight reaches ``q``.
+
+    >>> weighted_quantile(np.array([[1.0, 2.0, 3.0, 4.0]]), np.array([0.1, 0.1, 0.1, 0.7]), 0.5).tolist()
+    [4.0]
+    """
+    order = np.argsort(values, axis=1)
+    cum = np.cumsum(weights[order], axis=1)
+    pos = np.argmax(cum >= q * cum[:, -1:] - 1e-12, axis=1)
+    return np.take_along_axis(values, np.take_along_axis(order, pos[:, None], axis=1), axis=1)[:, 0]
+
+
+def statistic(data: Side, index: np.ndarray | None, quantile: float | None) -> np.ndarray:
+    """The weighted statistic per row of ``index`` (None: the observed sample, one row)."""
+    if index is None:
+        index = np.arange(len(data.numerator))[None, :]
+    if quantile is not None:
+        return weighted_quantile(data.numerator[index], data.weights, quantile)
+    num = data.numerator[index] @ data.weights
+    if data.denominator is None:
+        return num
+    den = data.denominator[index] @ data.weights
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def bootstrap(data: Side, quantile: float | None, rng: np.random.Generator, resamples: int) -> np.ndarray:
+    """``resamples`` statistics of ``data`` resampled within its segments (chunked to bound memory)."""
+    chunk = max(1, _BLOCK // max(len(data.numerator), 1))
+    out = []
+    for start in range(0, resamples, chunk):
+        out.append(statistic(data, data.resample_index(rng, min(chunk, resamples - start)), quantile))
+    return np.concatenate(out) if out else np.zeros(0)

@@ -1,0 +1,68 @@
+"""``ChangeReport``: did a change (a deploy, a config flip) make a model's serving better or worse?
+
+Written by ``models.compare`` from the requests before and after a marker, read by
+``servewatch compare`` and anything that gates a rollout on it. Each signal row says what the
+period after would have shown with the period before's mix of segments (post-stratified), so
+a shift towards longer prompts does not pass for a regression; rendering is the CLI's.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from servewatch.schemas.version import SCHEMA_VERSION
+
+Verdict = Literal["improved", "no change", "regressed", "insufficient data"]
+
+
+class Period(BaseModel):
+    """One side of the comparison: its first and last request (unix seconds) and how many."""
+
+    model_config = ConfigDict(frozen=True)
+
+    first: float | None = None
+    last: float | None = None
+    requests: int = Field(ge=0)
+
+
+class SignalChange(BaseModel):
+    """One signal, before against after, both weighted to the before period's segment mix.
+
+    ``change`` is after / before for latencies and throughput (``kind="ratio"``: 1.10 is 10 %
+    more), after - before in percentage points for shares (``kind="points"``); ``ci_low`` and
+    ``ci_high`` bound it (stratified bootstrap). Shares ``before`` and ``after`` are fractions.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    signal: str
+    kind: Literal["ratio", "points"]
+    better: Literal["lower", "higher"]
+    before: float | None
+    after: float | None
+    change: float | None
+    ci_low: float | None
+    ci_high: float | None
+    verdict: Verdict
+    segments_used: int = Field(ge=0, description="segments with enough requests on both sides")
+    coverage_before: float = Field(ge=0.0, le=1.0, description="share of the before requests in those segments")
+    coverage_after: float = Field(ge=0.0, le=1.0, description="share of the after requests in those segments")
+
+
+class ChangeReport(BaseModel):
+    """Per model: the two periods and a verdict per signal."""
+
+    model_config = ConfigDict(frozen=True)
+
+    schema_version: int = SCHEMA_VERSION
+    kind: Literal["change_report"] = "change_report"
+    model: str
+    before: Period
+    after: Period
+    segments: int = Field(ge=0, description="segments seen on either side")
+    confidence: float = Field(gt=0.0, lt=1.0)
+    resamples: int = Field(ge=1)
+    min_requests: int = Field(ge=1)
+    signals: list[SignalChange]
