@@ -159,3 +159,16 @@ def test_in_flight_pairs_wait_for_their_outcome() -> None:
     planned = due(feed.state, CONFIG, SilenceBook(), now=30.0)
     key = planned[0].note.key
     assert due(feed.state, CONFIG, SilenceBook(), now=31.0, in_flight=frozenset({("chat", key)})) == []
+
+
+def test_a_sink_with_no_account_of_a_long_group_still_gets_its_resolve() -> None:
+    """State recovered short after a crash: the resolve goes out rather than leave a page open."""
+    feed = Feed()
+    feed.add(incident("a", "chat", end=10.0))
+    feed.add(incident("a", "chat", status="resolved", transition="resolved", end=100.0))
+    lost = ModelState(model="m")  # a notifier whose stored account lost the firing it sent
+    for record in feed.records:
+        lost.apply(record)
+    due(lost, CONFIG, SilenceBook(), now=0.0)
+    sent = deliver(lost, due(lost, CONFIG, SilenceBook(), now=300.0), 300.0)
+    assert sent == [("chat", "resolved", 1)]

@@ -82,9 +82,19 @@ def due(
                 continue
             progress = group_state.sinks.get(sink.name)
             if progress is None:
-                if group.status is Status.RESOLVED or not wants(sink.route, group, members):
+                if not wants(sink.route, group, members):
                     continue
-                progress = group_state.sinks[sink.name] = SinkProgress(first_seen=now)
+                if group.status is Status.RESOLVED:
+                    # The sink has no account of a group that is over. Over within its
+                    # group_wait: it was never told, so nothing to resolve. Longer: its account
+                    # was lost (state recovered short after a crash), and it was most likely
+                    # told: a stray resolve costs little, a missing one leaves a page open.
+                    if group.window_end - group.window_start <= config.timing_of(sink).group_wait:
+                        continue
+                    progress = SinkProgress(first_seen=now, sent_status=Status.FIRING)
+                else:
+                    progress = SinkProgress(first_seen=now)
+                group_state.sinks[sink.name] = progress
             if progress.done:
                 continue
             if group.status is Status.RESOLVED and progress.sent_status is not Status.FIRING:
