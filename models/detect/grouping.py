@@ -41,7 +41,7 @@ from typing import Literal
 
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
 from servewatch.models.explain.wording import event_id
-from servewatch.schemas.anomaly import AnomalyEvent, Severity, Status
+from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status
 from servewatch.schemas.feedback import Feedback
 from servewatch.schemas.incident_group import GroupMember, IncidentGroup
 
@@ -51,6 +51,12 @@ _FEEDBACK_KEPT = 10_000
 def cause_of(event: AnomalyEvent) -> str:
     """An incident's likely cause, for grouping: its top hint, else its signal."""
     return event.hints[0].code if event.hints else f"signal:{event.signal.value}"
+
+
+def group_title(cause: str, model: str, segments: int, signals: list[Signal]) -> str:
+    """One line: the cause, the model, how many segments, which signals."""
+    names = "/".join(s.value for s in signals)
+    return f"{cause} on {model}: {segments} segment{'s' if segments != 1 else ''}, {names}"
 
 
 def group_key(model: str, cause: str, start: float) -> str:
@@ -134,8 +140,7 @@ class IncidentGrouper:
         members = list(group.members.values())
         signals = list(dict.fromkeys(m.signal for m in members))
         segments = len({tuple(sorted(m.segment.items())) for m in members})
-        names = "/".join(s.value for s in signals)
-        title = f"{group.cause} on {group.model}: {segments} segment{'s' if segments != 1 else ''}, {names}"
+        title = group_title(group.cause, group.model, segments, signals)
         still = len(group.open_members)
         if transition == "resolved":
             summary = f"Resolved: {title}; every member incident ended."

@@ -17,8 +17,8 @@ from scipy.special import bdtrik
 
 from servewatch.models.detect.lifecycle import IncidentTracker
 from servewatch.models.detect.signals import SPECS, Reading, SignalSpec, structural_cache_surprise
-from servewatch.models.stats.latency import TWO_LOOKS, Prediction
-from servewatch.models.stats.tails import student_bound
+from servewatch.models.stats.latency import Prediction
+from servewatch.models.stats.tails import TWO_LOOKS, student_bound
 from servewatch.schemas.anomaly import Signal
 
 

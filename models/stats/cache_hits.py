@@ -17,7 +17,6 @@ twice (as ``models.stats.latency`` does), so that two looks cost no calibration.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable
 from typing import Any, NamedTuple
 
@@ -27,8 +26,7 @@ from servewatch.models.stats.compact import number
 from servewatch.models.stats.params import param, shared
 from servewatch.models.stats.rates import beta_binomial_surprise
 from servewatch.models.stats.share import ShareLevel
-
-_TWO_LOOKS = math.log10(2.0)
+from servewatch.models.stats.tails import TWO_LOOKS
 
 
 class _CacheParams(NamedTuple):
@@ -132,7 +130,7 @@ class CacheHitRate(ShareLevel):
         if reused <= 0 or self.n_learned < self.grace_windows:
             return share
         misses = beta_binomial_surprise(int(x.get("reused_missed", 0)), reused, self.missed, self.served)
-        return max(max(share, misses) - _TWO_LOOKS, 0.0)
+        return max(max(share, misses) - TWO_LOOKS, 0.0)
 
     def adopt(self, share: float) -> None:
         """A lasting change was accepted as the new normal: the misses restart from the prior."""

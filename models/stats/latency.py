@@ -60,6 +60,7 @@ from servewatch.models.stats.params import param, shared
 from servewatch.models.stats.tails import (
     NO_ECHO,
     PRIOR_TAIL_SHARE,
+    TWO_LOOKS,
     clipped_square_mean,
     degrees_of_freedom,
     pair_surprise,
@@ -83,9 +84,6 @@ TAIL_AFTER = 20
 #: What the prior noise is worth, in windows: a young segment's first windows cannot make
 #: it look quiet (or wild) on their own.
 NOISE_PRIOR_WINDOWS = 10.0
-#: The window's own surprise and its pair's with the window before are both looked at:
-#: the score they give is the larger less log10(2), so that two looks cost no calibration.
-TWO_LOOKS = math.log10(2.0)
 
 
 @dataclass(frozen=True)

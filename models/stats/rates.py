@@ -36,9 +36,9 @@ from river import base
 
 from servewatch.models.stats.compact import CompactState, count, number
 from servewatch.models.stats.params import param, shared
+from servewatch.models.stats.tails import TWO_LOOKS
 
 _LN10 = math.log(10.0)
-_TWO_LOOKS = math.log10(2.0)
 
 
 def _log_beta(a: float, b: float) -> float:
@@ -280,9 +280,9 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
             return Looks(0.0, 0.0, False)
         alone = beta_binomial_surprise(k, n, *self._window_belief())
         llr = self._evidence(n, k)[2]
-        together = max(self.cusum + llr, 0.0) / _LN10 - _TWO_LOOKS
+        together = max(self.cusum + llr, 0.0) / _LN10 - TWO_LOOKS
         spread = self.cusum + min(llr, threshold * _LN10 / 2.0)
-        return Looks(max(alone - _TWO_LOOKS, 0.0), max(together, 0.0), spread / _LN10 - _TWO_LOOKS >= threshold)
+        return Looks(max(alone - TWO_LOOKS, 0.0), max(together, 0.0), spread / _LN10 - TWO_LOOKS >= threshold)
 
     def step(self, x: dict[Hashable, Any], y: base.typing.Target, *, incident: bool = False) -> None:
         """Move the sequential evidence on by one judged window. Inside an ``incident`` it

@@ -79,6 +79,11 @@ def student_surprise(z: float, nu: float) -> float:
     return -math.log10(max(float(stdtr(nu, -scaled)), 1e-300))
 
 
+#: A window judged by two looks (alone, and with another: the window before, or the run so
+#: far) scores the larger less log10(2), so that looking twice costs no calibration.
+TWO_LOOKS = math.log10(2.0)
+
+
 def student_bound(surprise: float, nu: float) -> float:
     """The residual ``z`` at which ``student_surprise(z, nu)`` reaches ``surprise``: its inverse,
     for drawing the band a window must leave to be that surprising.

@@ -36,8 +36,8 @@ class SilenceFeed:
                                     **self.auth.client_options())  # fmt: skip
         await consumer.start()
         try:
-            partitions = [TopicPartition(topics.SILENCES, p) for p in consumer.partitions_for_topic(topics.SILENCES)
-                          or await _partitions(consumer)]  # fmt: skip
+            numbers = consumer.partitions_for_topic(topics.SILENCES) or await _partitions(consumer)
+            partitions = [TopicPartition(topics.SILENCES, p) for p in numbers]
             consumer.assign(partitions)
             await consumer.seek_to_beginning(*partitions)
             ends = await consumer.end_offsets(partitions)

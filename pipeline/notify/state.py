@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from servewatch.models.detect.grouping import cause_of
+from servewatch.models.detect.grouping import cause_of, group_title
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
 from servewatch.schemas.anomaly import AnomalyEvent, Status
 from servewatch.schemas.incident_group import GroupMember, IncidentGroup
@@ -101,7 +101,6 @@ def _own_group(event: AnomalyEvent) -> IncidentGroup:
         id=event.id, group=event.fingerprint, status=event.status, transition=event.transition,
         cause=cause_of(event), model=event.segment.get("model", "other"), severity=event.severity,
         window_start=event.window_start, window_end=event.window_end, members=[member], signals=[event.signal],
-        segments=1, title=f"{cause_of(event)} on {event.segment.get('model', 'other')}: 1 segment, "
-        f"{event.signal.value}",
+        segments=1, title=group_title(cause_of(event), event.segment.get("model", "other"), 1, [event.signal]),
         summary=event.summary,
     )  # fmt: skip

@@ -78,14 +78,18 @@ class Text(_Strict):
     text: str = Field(min_length=1, max_length=TEXT_CHARS)
 
 
+def _plain_within(text: Text, limit: int, what: str) -> None:
+    if text.type != "plain_text" or len(text.text) > limit:
+        raise ValueError(f"a {what}'s text is plain_text of at most {limit} characters")
+
+
 class Header(_Strict):
     type: Literal["header"] = "header"
     text: Text
 
     @model_validator(mode="after")
     def _limits(self) -> Header:
-        if self.text.type != "plain_text" or len(self.text.text) > HEADER_CHARS:
-            raise ValueError(f"a header's text is plain_text of at most {HEADER_CHARS} characters")
+        _plain_within(self.text, HEADER_CHARS, "header")
         return self
 
 
@@ -116,8 +120,7 @@ class Button(_Strict):
 
     @model_validator(mode="after")
     def _limits(self) -> Button:
-        if self.text.type != "plain_text" or len(self.text.text) > BUTTON_CHARS:
-            raise ValueError(f"a button's text is plain_text of at most {BUTTON_CHARS} characters")
+        _plain_within(self.text, BUTTON_CHARS, "button")
         return self
 
 
