@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 from aiokafka.helpers import create_ssl_context
@@ -120,6 +120,58 @@ async def read_topic(
                 for message in messages:
                     if message.value is not None:
                         yield message.value
+    finally:
+        await consumer.stop()
+
+
+async def assign_all(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartition]:
+    """Assign every partition of ``topic`` to a group-less ``consumer`` (metadata fetched once
+    more if the topic is not known yet); returns them in order."""
+    numbers = consumer.partitions_for_topic(topic)
+    if not numbers:
+        await consumer.force_metadata_update()
+        numbers = consumer.partitions_for_topic(topic) or set()
+    partitions = [TopicPartition(topic, p) for p in sorted(numbers)]
+    consumer.assign(partitions)
+    return partitions
+
+
+@dataclass(frozen=True)
+class TopicRecord:
+    """A message of ``follow_topic``; ``value`` None and ``caught_up`` True is the one record
+    that says the end the topic had at start was reached."""
+
+    value: bytes | None
+    timestamp_s: float = 0.0
+    caught_up: bool = False
+
+
+async def follow_topic(
+    bootstrap: str, topic: str, *, follow: bool = True, poll_ms: int = 200, auth: KafkaAuth = PLAINTEXT
+) -> AsyncIterator[TopicRecord]:
+    """Every message of ``topic`` from its beginning (no consumer group), with its timestamp;
+    once the end it had at start is reached, one ``TopicRecord(None, caught_up=True)``, and
+    with ``follow`` the messages that come after (each ``caught_up``). A small table-like
+    topic (markers, silences) is read whole this way before its reader acts on it."""
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
+                                **auth.client_options())  # fmt: skip
+    await consumer.start()
+    try:
+        partitions = await assign_all(consumer, topic)
+        await consumer.seek_to_beginning(*partitions)
+        ends = await consumer.end_offsets(partitions)
+        caught_up = False
+        while True:
+            for messages in (await consumer.getmany(timeout_ms=poll_ms)).values():
+                for message in messages:
+                    yield TopicRecord(message.value, message.timestamp / 1000.0, caught_up)
+            if not caught_up:
+                positions = [await consumer.position(tp) for tp in partitions]
+                if all(position >= ends[tp] for position, tp in zip(positions, partitions, strict=True)):
+                    caught_up = True
+                    yield TopicRecord(None, caught_up=True)
+                    if not follow:
+                        return
     finally:
         await consumer.stop()
 

@@ -202,6 +202,24 @@ class Settings(BaseSettings):
     )
     log_level: str = "INFO"
 
+    # -- change verification (issue #21; pipeline/changes/) -------------------------------------
+    watch_changes: bool = Field(
+        default=True,
+        description="Verify each change marker (servewatch.changes) live: the requests after it against those "
+        "before, published as ChangeReports, with the rollback conditions. One worker of a fleet should.",
+    )
+    changes_config: str | None = Field(
+        default=None,
+        description="Change verification's config file (YAML or TOML: periods and rollback conditions, see "
+        "pipeline/changes/config.py); unset: the defaults, no rollback conditions.",
+    )
+    change_horizon_windows: int = Field(
+        default=30,
+        ge=0,
+        description="An incident starting at most this many windows after a change marker of its model names it "
+        "(and its first hint is the change).",
+    )
+
     def segmenter(self) -> Segmenter:
         return Segmenter(
             dimensions=tuple(self.segment_dimensions),
@@ -294,6 +312,11 @@ class Settings(BaseSettings):
     )
     grafana_token: SecretStr | None = Field(
         default=None, description="Grafana service-account token for POST /api/annotations."
+    )
+
+    # -- load generator (`servewatch loadgen`, issue #21; pipeline/loadgen/) ------------------------
+    loadgen_api_key: SecretStr | None = Field(
+        default=None, description="API key servewatch loadgen sends to its target (Authorization: Bearer)."
     )
 
 

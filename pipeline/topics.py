@@ -24,6 +24,9 @@ SILENCES = "servewatch.silences"  # Silence JSON keyed by id, compacted: the lat
 NOTIFICATIONS = "servewatch.notifications"  # Delivery JSON: what the notifier did with each notification
 SERIES = "servewatch.series"  # SeriesPoint JSON: each segment's judged windows (observed, expected, band), by segment
 FEEDBACK = "servewatch.feedback"  # Feedback JSON: on-call's verdicts on incident groups, keyed by group
+#: ChangeMarker JSON (``servewatch mark``, the shipper's ``POST /v1/changes``) and the worker's
+#: ChangeReport JSON verifying each change, keyed by model; kept 30 days, read whole at start.
+CHANGES = "servewatch.changes"
 #: Faust table of detector state per segment (JSON, ``SegmentDetectors.state``); its
 #: changelog topic is ``<app id>-servewatch-detector-state-changelog``, created by Faust.
 DETECTOR_STATE_TABLE = "servewatch-detector-state"
@@ -31,13 +34,26 @@ DETECTOR_STATE_TABLE = "servewatch-detector-state"
 #: Notifier state per model (JSON, ``pipeline.notify.state.ModelState``): what each sink was told.
 NOTIFY_STATE_TABLE = "servewatch-notify-state"
 
-ALL = (REQUESTS, PARTIALS, INCIDENTS, ANOMALIES, DEADLETTER, SCRAPES, SILENCES, NOTIFICATIONS, SERIES, FEEDBACK)
+ALL = (
+    REQUESTS,
+    PARTIALS,
+    INCIDENTS,
+    ANOMALIES,
+    DEADLETTER,
+    SCRAPES,
+    SILENCES,
+    NOTIFICATIONS,
+    SERIES,
+    FEEDBACK,
+    CHANGES,
+)
 #: Topic settings servewatch creates its topics with (``ensure_topics``; the compose file's
 #: ``topics`` service says the same): silences are a table by key (the latest record of each
 #: id is kept); chart points are kept 6 h, what the triage page shows and reads at its start.
 TOPIC_CONFIGS: dict[str, dict[str, str]] = {
     SILENCES: {"cleanup.policy": "compact"},
     SERIES: {"retention.ms": str(6 * 3600 * 1000)},
+    CHANGES: {"retention.ms": str(30 * 24 * 3600 * 1000)},
 }
 
 
@@ -52,6 +68,7 @@ class Topics:
     notifications: faust.TopicT
     series: faust.TopicT
     feedback: faust.TopicT
+    changes: faust.TopicT
 
 
 def declare_topics(app: faust.App, partitions: int) -> Topics:
@@ -62,5 +79,5 @@ def declare_topics(app: faust.App, partitions: int) -> Topics:
     return Topics(
         requests=raw(REQUESTS), partials=raw(PARTIALS), incidents=raw(INCIDENTS), anomalies=raw(ANOMALIES),
         deadletter=raw(DEADLETTER), scrapes=raw(SCRAPES), notifications=raw(NOTIFICATIONS),
-        series=raw(SERIES), feedback=raw(FEEDBACK),
+        series=raw(SERIES), feedback=raw(FEEDBACK), changes=raw(CHANGES),
     )  # fmt: skip

@@ -3,6 +3,7 @@
 from pydantic import BaseModel
 
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
+from servewatch.schemas.change_marker import ChangeMarker, ChangeRef
 from servewatch.schemas.change_report import ChangeReport
 from servewatch.schemas.dead_letter import DeadLetter
 from servewatch.schemas.delivery import Delivery
@@ -13,6 +14,7 @@ from servewatch.schemas.request_log import Engine, FinishReason, RequestLog
 from servewatch.schemas.series import SeriesPoint
 from servewatch.schemas.silence import Silence
 from servewatch.schemas.version import SCHEMA_VERSION
+from servewatch.schemas.workload_profile import WorkloadProfile
 
 #: Schemas that ``servewatch schema NAME`` exports as JSON Schema.
 EXPORTED: dict[str, type[BaseModel]] = {
@@ -21,17 +23,22 @@ EXPORTED: dict[str, type[BaseModel]] = {
     "IncidentGroup": IncidentGroup,
     "EngineInterval": EngineInterval,
     "DeadLetter": DeadLetter,
+    "ChangeMarker": ChangeMarker,
     "ChangeReport": ChangeReport,
     "SeriesPoint": SeriesPoint,
     "Feedback": Feedback,
     "Silence": Silence,
     "Delivery": Delivery,
+    "WorkloadProfile": WorkloadProfile,
 }
 
 __all__ = [
     "EXPORTED",
     "SCHEMA_VERSION",
     "AnomalyEvent",
+    "ChangeMarker",
+    "ChangeRef",
+    "ChangeReport",
     "DeadLetter",
     "Engine",
     "EngineInterval",
@@ -43,5 +50,6 @@ __all__ = [
     "Severity",
     "Signal",
     "Status",
+    "WorkloadProfile",
     "parse_anomaly_record",
 ]

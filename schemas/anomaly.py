@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from servewatch.schemas.change_marker import ChangeRef
 from servewatch.schemas.feedback import Feedback
 from servewatch.schemas.version import SCHEMA_VERSION
 
@@ -137,6 +138,10 @@ class AnomalyEvent(BaseModel):
 
     feedback: Feedback | None = Field(
         default=None, description="On-call's latest verdict on this incident's group (from the triage page)."
+    )
+    change: ChangeRef | None = Field(
+        default=None,
+        description="The change marker this incident started soon after (its model's latest, within the horizon).",
     )
 
     @property

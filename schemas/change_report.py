@@ -51,6 +51,20 @@ class SignalChange(BaseModel):
     coverage_after: float = Field(ge=0.0, le=1.0, description="share of the after requests in those segments")
 
 
+class RollbackCheck(BaseModel):
+    """One declared rollback condition, evaluated on a report's periods."""
+
+    model_config = ConfigDict(frozen=True)
+
+    condition: str = Field(description='The condition as declared: "ttft_p95 +20 % on any segment >= 200 requests".')
+    holds: bool
+    where: str | None = Field(default=None, description="The segment (or 'model') where it held, the worst first.")
+    change: float | None = Field(default=None, description="The signal's change there (ratio or points).")
+    ci_low: float | None = None
+    ci_high: float | None = None
+    detail: str = Field(default="", description="In words: what was compared and what it showed.")
+
+
 class ChangeReport(BaseModel):
     """Per model: the two periods and a verdict per signal."""
 
@@ -66,3 +80,10 @@ class ChangeReport(BaseModel):
     resamples: int = Field(ge=1)
     min_requests: int = Field(ge=1)
     signals: list[SignalChange]
+    simultaneous: bool = Field(
+        default=False, description="The CIs hold together over the signals (Bonferroni): a report's family error."
+    )
+    change: str | None = Field(default=None, description="The ChangeMarker's id (live reports).")
+    description: str | None = Field(default=None, description="The change's description (live reports).")
+    final: bool = Field(default=True, description="False while the period after is still filling (live reports).")
+    rollback: list[RollbackCheck] = Field(default_factory=list, description="Declared rollback conditions.")

@@ -1,8 +1,8 @@
 """Dependencies point one way, checked on the source, not by convention:
 
 * between packages, ``schemas`` <- ``models`` <- ``pipeline``;
-* inside ``models``, ``stats`` <- ``windows`` <- ``explain`` <- ``detect``;
-* inside ``pipeline``, its root modules <- ``worker`` <- ``ingest`` <- ``replay`` <- ``dev`` <- ``cli``.
+* inside ``models``, the order of ``LAYERS["models"]`` below (``stats`` <- ``windows`` <- ... <- ``compare``);
+* inside ``pipeline``, the order of ``LAYERS["pipeline"]`` (its root modules <- ``worker`` <- ... <- ``cli``).
 
 A module imports from its own layer or lower ones only. README's "Where things live" lists
 the same sub-packages and modules, and ``pyproject.toml`` every package (issue #17).
@@ -34,8 +34,8 @@ ALLOWED = {
 #: Sub-packages of each package, lowest first ("" is the package's own root modules).
 LAYERS = {
     "schemas": ("",),
-    "models": ("", "stats", "windows", "explain", "detect", "compare"),
-    "pipeline": ("", "worker", "ingest", "replay", "notify", "web", "dev", "cli"),
+    "models": ("", "stats", "windows", "workload", "explain", "detect", "compare"),
+    "pipeline": ("", "worker", "ingest", "replay", "loadgen", "notify", "changes", "web", "dev", "cli"),
 }
 
 

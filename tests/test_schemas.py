@@ -256,7 +256,8 @@ def test_is_error(finish_reason: str, status_code: int | None, expected: bool) -
 
 def test_exported_schemas_are_the_wire_formats() -> None:
     assert set(EXPORTED) == {"RequestLog", "AnomalyEvent", "IncidentGroup", "EngineInterval", "DeadLetter",
-                             "SeriesPoint", "Feedback", "Silence", "Delivery", "ChangeReport"}  # fmt: skip
+                             "SeriesPoint", "Feedback", "Silence", "Delivery", "ChangeMarker", "ChangeReport",
+                             "WorkloadProfile"}  # fmt: skip
 
 
 @pytest.mark.parametrize("name", sorted(EXPORTED))

@@ -5,7 +5,8 @@ to the topics the worker writes. A new incident group must appear without a relo
 detail view must show the chart (band, shaded anomalous windows) and the evidence, and
 'not expected' must land on ``servewatch.feedback``. Request content carrying script and
 image payloads must show as text and never run. A screenshot of the detail view is kept
-in ``tests/artifacts/triage-detail.png``.
+in ``tests/artifacts/triage-detail.png``. Issue #21: the changes view shows a change's report
+and announces a new one, and the incident after the change marks it on its chart.
 """
 
 from __future__ import annotations
@@ -33,9 +34,22 @@ from selenium.webdriver.support.ui import WebDriverWait
 from servewatch.pipeline import topics
 from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.kafka import ensure_topics, producer
+from servewatch.schemas.change_marker import ChangeRef
 from servewatch.schemas.feedback import Feedback
 from tests.conftest import first_matching
-from tests.web_samples import IMG, SCRIPT, WINDOW_S, evidence, incident, incident_group, key_of, segment, series
+from tests.web_samples import (
+    IMG,
+    SCRIPT,
+    WINDOW_S,
+    evidence,
+    incident,
+    incident_group,
+    key_of,
+    marker,
+    report,
+    segment,
+    series,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -101,6 +115,12 @@ def chromium(tmp_path: Path) -> Iterator[WebDriver]:
 def held(url: str, group: str) -> bool:
     with urllib.request.urlopen(f"{url}api/groups", timeout=5) as answer:
         return any(g["group"] == group for g in json.load(answer)["groups"])
+
+
+def reported(url: str, model: str, change_id: str) -> bool:
+    """Whether the page holds the change and a report on it."""
+    with urllib.request.urlopen(f"{url}api/changes?model={model}", timeout=5) as answer:
+        return any(c["marker"]["id"] == change_id and c["report"] for c in json.load(answer)["changes"])
 
 
 def test_the_page_follows_anomalies_live_and_records_a_verdict(
@@ -170,3 +190,63 @@ def test_the_page_follows_anomalies_live_and_records_a_verdict(
     ARTIFACT.parent.mkdir(parents=True, exist_ok=True)
     driver.execute_script("window.scrollTo(0, 0)")
     assert driver.save_screenshot(str(ARTIFACT)) and ARTIFACT.stat().st_size > 10_000
+
+
+def test_the_changes_view_and_a_marker_on_the_incident_charts(
+    broker: EmbeddedBroker, web_url: str, chromium: WebDriver
+) -> None:
+    """A marker and its report on ``servewatch.changes``: the changes view shows the report with its
+    verdicts, a new report while it is open is announced, and the incident after it marks it."""
+    bootstrap = broker.bootstrap
+    asyncio.run(ensure_topics(bootstrap, 4))
+    run = uuid.uuid4().hex[:8]
+    model, change_id = f"chg-{run}", f"c-{run}"
+    labels = segment(model)
+    start = time.time() - 90 * WINDOW_S
+    at = start + 66 * WINDOW_S
+    description = f"enable prefix caching {IMG}"
+    ref = ChangeRef(id=change_id, at=at, description=description, windows_after=4)
+    event = incident(model, f"g-{run}", start + 70 * WINDOW_S, event_id=f"e-{run}", after_change=ref)
+    records = [(topics.SERIES, key_of(labels), p.model_dump_json().encode())
+               for p in series(labels, start, 90, anomalous_from=70)]  # fmt: skip
+    records += [(topics.ANOMALIES, model, r.model_dump_json().encode()) for r in (event, incident_group(event))]
+    records += [(topics.CHANGES, model, marker(model, at, change_id=change_id, description=description)
+                 .model_dump_json().encode()),
+                (topics.CHANGES, model, report(model, at, change_id=change_id, final=False, requests=900)
+                 .model_dump_json().encode())]  # fmt: skip
+    asyncio.run(produce(bootstrap, records))
+
+    driver = chromium
+    wait = WebDriverWait(driver, WAIT_S)
+    deadline = time.monotonic() + WAIT_S
+    while not (held(web_url, event.group or "") and reported(web_url, model, change_id)):
+        assert time.monotonic() < deadline, "the page did not read the records in time"
+        time.sleep(0.2)
+    driver.get(f"{web_url}changes?model={model}")
+    section = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f'section[data-change="{change_id}"]'))[0]
+    assert description in section.find_element(By.TAG_NAME, "h2").text and not driver.find_elements(
+        By.CSS_SELECTOR, "main img"
+    )
+    assert section.find_elements(By.CSS_SELECTOR, ".badge.report-interim")
+    regressed = section.find_element(By.CSS_SELECTOR, 'tr[data-signal="ttft_p95"] td.outcome')
+    improved = section.find_element(By.CSS_SELECTOR, 'tr[data-signal="tokens_per_s_p50"] td.outcome')
+    assert regressed.text == "regressed" and improved.text == "improved"
+    assert regressed.value_of_css_property("color") != improved.value_of_css_property("color")
+    assert "HOLDS" in section.find_element(By.CSS_SELECTOR, "table.rollback tr.holds").text
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-live") == "open")
+    notice = driver.find_element(By.ID, "changes-updated")
+    assert not notice.is_displayed()
+    final = report(model, at, change_id=change_id)
+    asyncio.run(produce(bootstrap, [(topics.CHANGES, model, final.model_dump_json().encode())]))
+    wait.until(lambda d: d.find_element(By.ID, "changes-updated").is_displayed())
+    driver.find_element(By.CSS_SELECTOR, "#changes-updated a").click()
+    wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, f'section[data-change="{change_id}"] .badge.report-final'))
+
+    driver.get(f"{web_url}anomalies/e-{run}")
+    note = wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "p.change-note"))[0]
+    assert f"Started 4 windows after change {change_id}: '{description}'" in note.text
+    assert "report (final)" in note.text
+    chart = driver.find_element(By.CSS_SELECTOR, "svg.signal-chart")
+    assert chart.find_elements(By.CSS_SELECTOR, "line.change-line")
+    assert chart.find_element(By.CSS_SELECTOR, "text.change-label").text.startswith("enable prefix caching")
+    assert driver.execute_script("return window.__xss") is None, "a payload ran"

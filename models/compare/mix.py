@@ -26,13 +26,14 @@ _BLOCK = 4_000_000
 
 @dataclass(frozen=True)
 class Columns:
-    """One period's requests as float columns (NaN where a record lacks the field) and strata."""
+    """One period's requests as float columns (NaN where a record lacks the field) and their
+    segment index under each segmentation (``strata``, by name)."""
 
-    stratum: np.ndarray  # int64 segment index per request
+    strata: dict[str, np.ndarray]  # int64 segment index per request, per segmentation
     values: dict[str, np.ndarray]
 
     def __len__(self) -> int:
-        return len(self.stratum)
+        return len(next(iter(self.values.values()))) if self.values else 0
 
 
 def _number(row: Mapping[str, Any], name: str) -> float:
@@ -40,16 +41,22 @@ def _number(row: Mapping[str, Any], name: str) -> float:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else np.nan
 
 
+Segmentation = tuple[Callable[[Mapping[str, Any]], str], dict[str, int]]
+
+
 def columns(
     rows: Sequence[Mapping[str, Any]],
-    segment_of: Callable[[Mapping[str, Any]], str],
-    index: dict[str, int],
+    segmentations: Mapping[str, Segmentation],
     extract: Mapping[str, Callable[[Mapping[str, Any]], float]],
 ) -> Columns:
-    """``rows`` as columns; new segment keys are added to ``index`` (shared by both periods)."""
-    stratum = np.fromiter((index.setdefault(segment_of(row), len(index)) for row in rows), np.int64, len(rows))
+    """``rows`` as columns; each segmentation is a key function and its index of segment keys,
+    to which new keys are added (the index is shared by both periods)."""
+    strata = {
+        name: np.fromiter((index.setdefault(key_of(row), len(index)) for row in rows), np.int64, len(rows))
+        for name, (key_of, index) in segmentations.items()
+    }
     values = {name: np.fromiter((get(row) for row in rows), np.float64, len(rows)) for name, get in extract.items()}
-    return Columns(stratum, values)
+    return Columns(strata, values)
 
 
 def number(name: str) -> Callable[[Mapping[str, Any]], float]:

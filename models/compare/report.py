@@ -17,8 +17,19 @@ from typing import Any
 
 import numpy as np
 
-from servewatch.models.compare.mix import Columns, Mix, bootstrap, columns, mix_of, number, side, statistic
+from servewatch.models.compare.mix import (
+    Columns,
+    Mix,
+    Segmentation,
+    bootstrap,
+    columns,
+    mix_of,
+    number,
+    side,
+    statistic,
+)
 from servewatch.models.windows.segments import Segmenter
+from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS, leaked
 from servewatch.schemas.change_report import ChangeReport, Period, SignalChange, Verdict
 from servewatch.schemas.request_log import RequestLog
 
@@ -44,18 +55,26 @@ def _is_error(row: Mapping[str, Any]) -> float:
     return float(row.get("finish_reason") == "error" or (isinstance(status, int) and status >= 500))
 
 
-#: Per-request columns the signals read (NaN where a record lacks what a column needs).
-EXTRACT: dict[str, Callable[[Mapping[str, Any]], float]] = {
-    "timestamp": number("timestamp"),
-    "ttft": number("ttft_s"),
-    "e2e": number("e2e_s"),
-    "itl": _itl,
-    "tokens_per_s": _tokens_per_s,
-    "prompt": number("prompt_tokens"),
-    "cached": number("cached_tokens"),
-    "length": lambda row: float(row.get("finish_reason") == "length"),
-    "error": _is_error,
-}
+def extractors(markers: Sequence[str] = DEFAULT_REASONING_MARKERS) -> dict[str, Callable[[Mapping[str, Any]], float]]:
+    """Per-request columns the signals read (NaN where a record lacks what a column needs);
+    ``markers``: the reasoning end markers a leaked answer shows (``leak`` is NaN without content)."""
+
+    def leak(row: Mapping[str, Any]) -> float:
+        content = row.get("content")
+        return float(leaked(content, markers)) if isinstance(content, str) else math.nan
+
+    return {
+        "timestamp": number("timestamp"),
+        "ttft": number("ttft_s"),
+        "e2e": number("e2e_s"),
+        "itl": _itl,
+        "tokens_per_s": _tokens_per_s,
+        "prompt": number("prompt_tokens"),
+        "cached": number("cached_tokens"),
+        "length": lambda row: float(row.get("finish_reason") == "length"),
+        "leak": leak,
+        "error": _is_error,
+    }
 
 
 @dataclass(frozen=True)
@@ -64,6 +83,10 @@ class SignalSpec:
 
     ``points``: compared as a difference in percentage points (shares), else as a ratio.
     ``only_ok``: failed requests left out (their timings stop early; ``error_share`` counts them).
+    ``by_output``: stratified on the output band as well, for signals that grow with the answer's
+    length (e2e, tokens/s per request); the others are stratified on what a request asks (route,
+    prompt band) only, since the output band is an outcome: a lower ``max_tokens`` moves requests
+    between output bands, and stratifying on it would hide the truncations it causes.
     """
 
     name: str
@@ -73,25 +96,33 @@ class SignalSpec:
     points: bool = False
     lower_is_better: bool = True
     only_ok: bool = False
+    by_output: bool = False
 
 
 SIGNALS: tuple[SignalSpec, ...] = (
     SignalSpec("ttft_p50", "ttft", quantile=0.5, only_ok=True),
     SignalSpec("ttft_p95", "ttft", quantile=0.95, only_ok=True),
-    SignalSpec("e2e_p95", "e2e", quantile=0.95, only_ok=True),
+    SignalSpec("e2e_p95", "e2e", quantile=0.95, only_ok=True, by_output=True),
     SignalSpec("itl_p50", "itl", quantile=0.5, only_ok=True),
-    SignalSpec("tokens_per_s_p50", "tokens_per_s", quantile=0.5, lower_is_better=False, only_ok=True),
+    SignalSpec("tokens_per_s_p50", "tokens_per_s", quantile=0.5, lower_is_better=False, only_ok=True, by_output=True),
     SignalSpec("cache_hit_rate", "cached", "prompt", points=True, lower_is_better=False),
     SignalSpec("truncation_share", "length", points=True),
+    SignalSpec("leak_share", "leak", points=True),
     SignalSpec("error_share", "error", points=True),
 )
 
 
-def default_segment_of(prompt_band_edges: tuple[int, ...] = (4096, 32768),
-                       output_band_edges: tuple[int, ...] = (1024,)) -> Callable[[Mapping[str, Any]], str]:  # fmt: skip
-    """The worker's segments (model, route, prompt band, output band), uncapped: offline, a
-    comparison holds every combination it reads."""
-    segmenter = Segmenter(prompt_band_edges=prompt_band_edges, output_band_edges=output_band_edges)
+def default_segment_of(
+    prompt_band_edges: tuple[int, ...] = (4096, 32768),
+    output_band_edges: tuple[int, ...] = (1024,),
+    by_output: bool = False,
+) -> Callable[[Mapping[str, Any]], str]:
+    """The worker's segments (model, route, prompt band; with ``by_output`` the output band
+    too), uncapped: offline, a comparison holds every combination it reads."""
+    dimensions = ("model", "route", "prompt_band", "output_band") if by_output else ("model", "route", "prompt_band")
+    segmenter = Segmenter(
+        dimensions=dimensions, prompt_band_edges=prompt_band_edges, output_band_edges=output_band_edges
+    )
 
     def segment_of(row: Mapping[str, Any]) -> str:
         return segmenter.natural_key(
@@ -120,10 +151,12 @@ def _period(data: Columns) -> Period:
 class ChangeVerifier:
     """Compares two periods of request logs per model; ``compare`` returns a ``ChangeReport`` each.
 
-    ``segment_of`` maps a request (a ``RequestLog`` row) to its segment key (default: the
-    worker's model, route, prompt band and output band). Stratifying on the output band
-    conditions on an outcome: a change that shortens answers (lower ``max_tokens``) moves
-    requests between bands; pass a ``segment_of`` without it for such changes.
+    ``segment_of`` maps a request (a ``RequestLog`` row) to its segment key for most signals
+    (default: model, route, prompt band: what a request asks); ``outcome_segment_of`` for the
+    signals marked ``by_output`` (default: the output band too). With ``simultaneous`` (the
+    default) the intervals hold together over the report's signals (Bonferroni): one report
+    reads nine signals, and nine separate 95 % intervals would call one of them changed in
+    about one no-change report in three.
 
     >>> rng = np.random.default_rng(7)
     >>> def logs(n, ttft_mean, t0):
@@ -145,7 +178,10 @@ class ChangeVerifier:
     points_threshold: float = 0.1  # shares: ... and at least 0.1 percentage point
     seed: int = 0
     segment_of: Callable[[Mapping[str, Any]], str] | None = None
+    outcome_segment_of: Callable[[Mapping[str, Any]], str] | None = None
     signals: Sequence[SignalSpec] = SIGNALS
+    simultaneous: bool = True
+    reasoning_markers: Sequence[str] = DEFAULT_REASONING_MARKERS
 
     def compare(
         self, before: Iterable[Record], after: Iterable[Record], model: str | None = None
@@ -158,31 +194,39 @@ class ChangeVerifier:
                 name = str(row.get("model", "other"))
                 if model is None or name == model:
                     by_model.setdefault(name, ([], []))[which].append(row)
-        segment_of = self.segment_of or default_segment_of()
         rng = np.random.default_rng(self.seed)
-        return [self._report(name, *by_model[name], segment_of, rng) for name in sorted(by_model)]
+        return [self.report(name, *by_model[name], rng=rng) for name in sorted(by_model)]
 
-    def _report(
+    def report(
         self,
         model: str,
         before_rows: Sequence[Mapping[str, Any]],
         after_rows: Sequence[Mapping[str, Any]],
-        segment_of: Callable[[Mapping[str, Any]], str],
-        rng: np.random.Generator,
+        rng: np.random.Generator | None = None,
     ) -> ChangeReport:
-        index: dict[str, int] = {}
-        before = columns(before_rows, segment_of, index, EXTRACT)
-        after = columns(after_rows, segment_of, index, EXTRACT)
-        rows = [self._signal(spec, before, after, len(index), rng) for spec in self.signals]
+        """The report of one model's (or one segment's) rows of both periods."""
+        rng = rng if rng is not None else np.random.default_rng(self.seed)
+        segmentations: dict[str, Segmentation] = {
+            "input": (self.segment_of or default_segment_of(), {}),
+            "outcome": (self.outcome_segment_of or default_segment_of(by_output=True), {}),
+        }
+        extract = extractors(self.reasoning_markers)
+        before = columns(before_rows, segmentations, extract)
+        after = columns(after_rows, segmentations, extract)
+        tested = [spec for spec in self.signals if self._valid(spec, before).any() or self._valid(spec, after).any()]
+        confidence = 1.0 - (1.0 - self.confidence) / len(tested) if self.simultaneous and tested else self.confidence
+        sizes = {name: len(index) for name, (_, index) in segmentations.items()}
+        rows = [self._signal(spec, before, after, sizes, rng, confidence) for spec in tested]
         return ChangeReport(
             model=model,
             before=_period(before),
             after=_period(after),
-            segments=len(index),
+            segments=sizes["outcome"],
             confidence=self.confidence,
             resamples=self.resamples,
             min_requests=self.min_requests,
-            signals=[row for row in rows if row is not None],
+            signals=rows,
+            simultaneous=self.simultaneous,
         )
 
     @staticmethod
@@ -195,13 +239,18 @@ class ChangeVerifier:
         return ok
 
     def _signal(
-        self, spec: SignalSpec, before: Columns, after: Columns, segments: int, rng: np.random.Generator
-    ) -> SignalChange | None:
-        """The signal's row; None when neither period has a value of it (an engine not logging ITL)."""
+        self,
+        spec: SignalSpec,
+        before: Columns,
+        after: Columns,
+        sizes: Mapping[str, int],
+        rng: np.random.Generator,
+        confidence: float,
+    ) -> SignalChange:
+        """The signal's row (``insufficient data`` when no segment has enough requests on both sides)."""
+        strata = "outcome" if spec.by_output else "input"
         valid_b, valid_a = self._valid(spec, before), self._valid(spec, after)
-        if not valid_b.any() and not valid_a.any():
-            return None
-        mix = mix_of(before.stratum[valid_b], after.stratum[valid_a], segments, self.min_requests)
+        mix = mix_of(before.strata[strata][valid_b], after.strata[strata][valid_a], sizes[strata], self.min_requests)
         empty = SignalChange(
             signal=spec.name,
             kind="points" if spec.points else "ratio",
@@ -218,7 +267,7 @@ class ChangeVerifier:
         )
         if not len(mix.used):
             return empty
-        sides = [self._side(spec, data, valid, mix) for data, valid in ((before, valid_b), (after, valid_a))]
+        sides = [self._side(spec, data, valid, mix, strata) for data, valid in ((before, valid_b), (after, valid_a))]
         b, a = (float(statistic(s, None, spec.quantile)[0]) for s in sides)
         boot_b, boot_a = (bootstrap(s, spec.quantile, rng, self.resamples) for s in sides)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -230,7 +279,7 @@ class ChangeVerifier:
         draws = draws[np.isfinite(draws)]
         if not math.isfinite(change) or not len(draws):
             return empty.model_copy(update={"before": _finite(b), "after": _finite(a)})
-        tail = (1.0 - self.confidence) / 2
+        tail = (1.0 - confidence) / 2
         low, high = (float(x) for x in np.quantile(draws, [tail, 1.0 - tail]))
         return empty.model_copy(
             update={
@@ -244,9 +293,9 @@ class ChangeVerifier:
         )
 
     @staticmethod
-    def _side(spec: SignalSpec, data: Columns, valid: np.ndarray, mix: Mix) -> Any:
+    def _side(spec: SignalSpec, data: Columns, valid: np.ndarray, mix: Mix, strata: str) -> Any:
         den = data.values[spec.denominator][valid] if spec.denominator is not None else None
-        return side(data.stratum[valid], data.values[spec.numerator][valid], den, mix)
+        return side(data.strata[strata][valid], data.values[spec.numerator][valid], den, mix)
 
     def _verdict(self, spec: SignalSpec, change: float, low: float, high: float) -> Verdict:
         none, threshold = (0.0, self.points_threshold) if spec.points else (1.0, self.ratio_threshold)

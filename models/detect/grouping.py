@@ -48,9 +48,16 @@ from servewatch.schemas.incident_group import GroupMember, IncidentGroup
 _FEEDBACK_KEPT = 10_000
 
 
+#: Hints that say *when* an incident started, not what is wrong: they lead the event's hints
+#: (the change is the first suspect) but do not group. Incidents after one change with
+#: different diagnoses stay apart, and the change is on every member (``AnomalyEvent.change``).
+CONTEXT_HINTS = frozenset({"change_marker"})
+
+
 def cause_of(event: AnomalyEvent) -> str:
-    """An incident's likely cause, for grouping: its top hint, else its signal."""
-    return event.hints[0].code if event.hints else f"signal:{event.signal.value}"
+    """An incident's likely cause, for grouping: its top diagnostic hint, else its signal."""
+    codes = [hint.code for hint in event.hints if hint.code not in CONTEXT_HINTS]
+    return codes[0] if codes else f"signal:{event.signal.value}"
 
 
 def group_title(cause: str, model: str, segments: int, signals: list[Signal]) -> str:

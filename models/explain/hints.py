@@ -39,6 +39,10 @@ HINT_CODES: dict[str, str] = {
     "latency_rise": "latency rose while demand, mix, cache, prefill per token and queue stayed usual",
     "traffic_drop": "a model's requests fell to a small share of its usual for the hour (it went dark)",
     "no_data": "the segment sent nothing for a while: its open incident ended without evidence it recovered",
+    "change_marker": "the incident started soon after a change marked on its model (servewatch mark): suspect "
+    "the change first",
+    "rollback_condition_met": "a declared rollback condition holds on the requests after a change, against "
+    "those before it on the same mix",
 }
 
 

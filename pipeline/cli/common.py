@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.settings import Settings
+from servewatch.schemas.request_log import RequestLog
 
 logger = logging.getLogger(__name__)
 
@@ -162,3 +163,22 @@ def serve_metrics(settings: Settings, what: str) -> None:
                         settings.metrics_port, exc.strerror)  # fmt: skip
             return
         log.info("serving %s metrics on :%d/metrics", what, settings.metrics_port)
+
+
+def read_request_logs(path: str, command: str) -> Iterator[RequestLog]:
+    """Valid records of a JSONL file; rejected lines are counted on stderr, not fatal."""
+    rejected, first = 0, ""
+    try:
+        with sys.stdin if path == "-" else open(path, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, 1):
+                if not line.strip():
+                    continue
+                try:
+                    yield RequestLog.model_validate_json(line)
+                except ValidationError as exc:
+                    rejected += 1
+                    first = first or f"line {number}: {exc.errors()[0]['msg']}"
+    except OSError as exc:
+        raise CommandError(str(exc), command) from None
+    if rejected:
+        print(f"servewatch {command}: {path}: {rejected:,} lines rejected (first: {first})", file=sys.stderr)

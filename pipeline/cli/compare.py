@@ -8,20 +8,12 @@ verdicts come from ``models.compare``; this module reads the files and renders t
 from __future__ import annotations
 
 import argparse
-import math
-import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import IO, Any
 
-from pydantic import ValidationError
-
-from servewatch.pipeline.cli.common import CommandError, add_out_flag, output
-from servewatch.schemas.change_report import ChangeReport, SignalChange
-from servewatch.schemas.request_log import RequestLog
-
-#: How each signal's values read in the table: a unit suffix and a scale.
-_UNITS = {"tokens_per_s_p50": (" tok/s", 1.0, 1)}
+from servewatch.pipeline.changes.render import render
+from servewatch.pipeline.cli.common import CommandError, add_out_flag, output, read_request_logs
+from servewatch.schemas.change_report import ChangeReport
 
 
 def add_compare_parser(sub: Any) -> None:
@@ -49,13 +41,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if args.before or args.after or args.at is None:
             raise CommandError("give --in with --at, or --before and --after (not both)", "compare")
         at = parse_time(args.at)
-        records = list(_read(args.input))
+        records = list(read_request_logs(args.input, "compare"))
         before = [r for r in records if r.timestamp < at]
         after = [r for r in records if r.timestamp >= at]
     else:
         if not (args.before and args.after) or args.at is not None:
             raise CommandError("give --before and --after (or --in and --at)", "compare")
-        before, after = list(_read(args.before)), list(_read(args.after))
+        before, after = list(read_request_logs(args.before, "compare")), list(read_request_logs(args.after, "compare"))
     for name, period in (("before", before), ("after", after)):
         if not period:
             raise CommandError(f"no valid request logs in the period {name}", "compare")
@@ -86,25 +78,6 @@ def parse_time(value: str) -> float:
     return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
 
 
-def _read(path: str) -> Iterator[RequestLog]:
-    """Valid records of a JSONL file; rejected lines are counted on stderr, not fatal."""
-    rejected, first = 0, ""
-    try:
-        with sys.stdin if path == "-" else open(path, encoding="utf-8") as lines:
-            for number, line in enumerate(lines, 1):
-                if not line.strip():
-                    continue
-                try:
-                    yield RequestLog.model_validate_json(line)
-                except ValidationError as exc:
-                    rejected += 1
-                    first = first or f"line {number}: {exc.errors()[0]['msg']}"
-    except OSError as exc:
-        raise CommandError(str(exc), "compare") from None
-    if rejected:
-        print(f"servewatch compare: {path}: {rejected:,} lines rejected (first: {first})", file=sys.stderr)
-
-
 def _write(out: IO[str], reports: list[ChangeReport], form: str) -> None:
     if form == "json":
         for report in reports:
@@ -113,43 +86,4 @@ def _write(out: IO[str], reports: list[ChangeReport], form: str) -> None:
     out.write("\n\n".join(render(report) for report in reports) + "\n")
 
 
-def _when(stamp: float | None) -> str:
-    return "-" if stamp is None else datetime.fromtimestamp(stamp, UTC).strftime("%Y-%m-%d %H:%M:%S")
-
-
-def _value(row: SignalChange, value: float | None) -> str:
-    if value is None:
-        return "-"
-    if row.kind == "points":
-        return f"{100 * value:.2f} %"
-    unit, scale, digits = _UNITS.get(row.signal, (" s", 1.0, 3))
-    return f"{value * scale:.{digits}f}{unit}"
-
-
-def _change(row: SignalChange) -> str:
-    if row.change is None or row.ci_low is None or row.ci_high is None:
-        return "-"
-    if row.kind == "points":
-        return f"{row.change:+.2f} pt [{row.ci_low:+.2f}, {row.ci_high:+.2f}]"
-
-    def pct(ratio: float) -> str:
-        return f"{100 * (ratio - 1):+.1f}" if math.isfinite(ratio) else "?"
-
-    return f"{pct(row.change)} % [{pct(row.ci_low)}, {pct(row.ci_high)}]"
-
-
-def render(report: ChangeReport) -> str:
-    """A model's report as a table: signal, before, after, change with its CI, verdict."""
-    b, a = report.before, report.after
-    head = (
-        f"model {report.model}: before {_when(b.first)} .. {_when(b.last)} ({b.requests:,} requests), "
-        f"after {_when(a.first)} .. {_when(a.last)} ({a.requests:,} requests); {report.segments} segments, "
-        f"{report.confidence:.0%} CI from {report.resamples} resamples, mix of the period before"
-    )
-    rows = [("signal", "before", "after", "change [CI]", "verdict", "segments (coverage)")]
-    for row in report.signals:
-        coverage = f"{row.segments_used} ({row.coverage_before:.0%} / {row.coverage_after:.0%})"
-        rows.append((row.signal, _value(row, row.before), _value(row, row.after), _change(row), row.verdict, coverage))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return "\n".join([head, *lines])
+__all__ = ["add_compare_parser", "parse_time", "render"]

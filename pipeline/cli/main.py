@@ -33,7 +33,10 @@ from servewatch.pipeline.cli.common import (
     with_broker,
 )
 from servewatch.pipeline.cli.compare import add_compare_parser
+from servewatch.pipeline.cli.loadgen import add_loadgen_parser
+from servewatch.pipeline.cli.mark import add_mark_parsers, load_changes_config
 from servewatch.pipeline.cli.notify import add_notify_parsers
+from servewatch.pipeline.cli.profile import add_profile_parser
 from servewatch.pipeline.cli.replay import cmd_replay
 from servewatch.pipeline.cli.scrape import cmd_scrape
 from servewatch.pipeline.cli.ship import cmd_ship
@@ -79,6 +82,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
             from servewatch.pipeline.notify.agent import add_notifier
 
             add_notifier(app, topics, settings, load_notify_config(settings.notify_config, "worker"))
+        if settings.watch_changes:  # verifies each change marker: ChangeReports, rollback conditions
+            from servewatch.pipeline.changes.agent import add_change_watcher
+
+            add_change_watcher(app, topics, settings, load_changes_config(settings.changes_config))
         tune_gc()  # again: Faust's app, topics and tables live as long as the process
         serve_metrics(settings, "worker")
         worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
@@ -89,6 +96,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
             print(f"worker: {accounting_line()}", file=sys.stderr)
     return 0
+
+
+#: Change verification in the demo: periods of simulated minutes (its cache-off phase lasts 4),
+#: and a rollback condition on TTFT that the cache-off rollout crosses.
+DEMO_CHANGES_CONFIG = """\
+before: 3m
+after: 3m
+check_every: 1m
+rollback:
+  - {signal: ttft_p95, worse_by: 50%, scope: model, min_requests: 200}
+"""
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -107,8 +125,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print(f"local Slack/PagerDuty/Alertmanager/webhook receiver at {receiver.url}; the worker delivers there "
               f"({receiver.config})", flush=True)  # fmt: skip
         print("starting the servewatch worker ...", flush=True)
+        changes = receiver.config.with_name("changes.yaml")  # the demo's periods: its phases last minutes
+        changes.write_text(DEMO_CHANGES_CONFIG)
         worker = start_worker(settings.bootstrap, {"SERVEWATCH_BROKER_PROFILE": settings.broker_profile,
-                                                   "SERVEWATCH_NOTIFY_CONFIG": str(receiver.config)})  # fmt: skip
+                                                   "SERVEWATCH_NOTIFY_CONFIG": str(receiver.config),
+                                                   "SERVEWATCH_CHANGES_CONFIG": str(changes)})  # fmt: skip
         page_env = {"SERVEWATCH_BROKER": settings.bootstrap, "SERVEWATCH_METRICS_PORT": "0"}
         web, url = start_announcing(["servewatch", "web", "--port", "0"], "triage page: ", page_env)
         print(f"triage page: {url} (live while the demo runs; --stay keeps it up afterwards)", flush=True)
@@ -253,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_notify_parsers(sub)
     add_web_parser(sub)
     add_compare_parser(sub)
+    add_profile_parser(sub)
+    add_loadgen_parser(sub)
+    add_mark_parsers(sub)
 
     p = sub.add_parser("generate", help="write the demo's synthetic workload as JSONL")
     add_out_flag(p, "the workload as JSONL")

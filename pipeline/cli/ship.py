@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
+from typing import Any
 
 import orjson
 
@@ -27,6 +28,7 @@ def cmd_ship(args: argparse.Namespace) -> int:
     from servewatch.pipeline.ingest.ship.shipper import ShipConfig, Shipper, ShipStats
     from servewatch.pipeline.ingest.ship.sources import Source, StreamSource
     from servewatch.pipeline.kafka import KafkaAuth, ensure_topics, producer
+    from servewatch.schemas.change_marker import ChangeMarker
 
     base = settings_from(args)
     line = Progress()
@@ -55,10 +57,17 @@ def cmd_ship(args: argparse.Namespace) -> int:
             return FileFollower(path, state, follow=not args.no_follow, start=args.start,
                                 poll_s=base.ship_poll_s, max_line_bytes=base.max_message_bytes)  # fmt: skip
         if listen is not None:
-            return HttpSource(*listen, max_body_bytes=base.max_message_bytes)
+            return HttpSource(*listen, max_body_bytes=base.max_message_bytes, publish_marker=publish_marker)
         return StreamSource(sys.stdin.buffer.read1, max_line_bytes=base.max_message_bytes)  # type: ignore[union-attr]
 
+    kafka: Any = None  # the producer, once ``ship`` started it
+
+    async def publish_marker(marker: ChangeMarker) -> None:
+        assert kafka is not None
+        await kafka.send_and_wait(topics.CHANGES, key=marker.model.encode(), value=marker.model_dump_json().encode())
+
     async def ship(bootstrap: str, partitions: int) -> ShipStats:
+        nonlocal kafka
         stop = asyncio.Event()
 
         def on_signal(name: str) -> None:
@@ -68,13 +77,14 @@ def cmd_ship(args: argparse.Namespace) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(signum, on_signal, signum.name)
         auth = KafkaAuth.from_settings(base)
-        await ensure_topics(bootstrap, partitions, (topics.REQUESTS, topics.DEADLETTER), auth=auth)
+        await ensure_topics(bootstrap, partitions, (topics.REQUESTS, topics.DEADLETTER, topics.CHANGES), auth=auth)
         kafka = producer(bootstrap, auth=auth)
         await kafka.start()
         shipper = Shipper(source(), adapter, kafka, config)
         if isinstance(shipper.source, HttpSource):
             await shipper.source.start()
-            print(f"accepting request logs: POST {shipper.source.url}", file=sys.stderr, flush=True)
+            print(f"accepting request logs: POST {shipper.source.url} (change markers: POST "
+                  f"{shipper.source.url.removesuffix('/requests')}/changes)", file=sys.stderr, flush=True)  # fmt: skip
 
         async def progress() -> None:
             shown = None

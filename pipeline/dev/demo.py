@@ -24,9 +24,13 @@ import orjson
 
 from servewatch.models.explain.event_text import event_text, group_text
 from servewatch.pipeline import topics
+from servewatch.pipeline.changes.render import render
+from servewatch.pipeline.changes.store import parse_change_record, write_marker
 from servewatch.pipeline.dev.workload import EPOCH, Workload, demo_phases
 from servewatch.pipeline.kafka import PLAINTEXT, KafkaAuth, producer, read_topic
 from servewatch.schemas.anomaly import AnomalyEvent, Status
+from servewatch.schemas.change_marker import ChangeMarker
+from servewatch.schemas.change_report import ChangeReport
 from servewatch.schemas.incident_group import IncidentGroup, parse_anomaly_record
 
 logger = logging.getLogger(__name__)
@@ -38,6 +42,7 @@ class DemoOutcome:
     groups: list[IncidentGroup] = field(default_factory=list)  # the groups' records, as they came
     records: int = 0
     phase_of: dict[str, str] = field(default_factory=dict)  # event id -> phase name
+    reports: list[ChangeReport] = field(default_factory=list)  # the change watcher's, as they came
 
     def paging_in(self, phase: str) -> list[AnomalyEvent]:
         return [e for e in self.events if self.phase_of.get(e.id) == phase and e.pages]
@@ -136,9 +141,14 @@ async def run_demo(
     def phase_at_window(start: float) -> str:
         return workload.phase_at(start - workload.start).name
 
+    marking: list[asyncio.Task[None]] = []
+
     def on_phase(name: str) -> None:
         current_phase["name"] = name
         out(f"--- simulated phase: {name} ---")
+        if name == CHANGED_PHASE:  # the rollout that turned caching off, marked as a deploy pipeline would
+            marking.extend(asyncio.ensure_future(write_marker(bootstrap, marker, auth))
+                           for marker in change_markers(workload))  # fmt: skip
 
     seen: set[str] = set()
 
@@ -157,21 +167,65 @@ async def run_demo(
             out(format_event(event, phase, update=event.fingerprint in seen))
             seen.add(event.fingerprint)
 
-    watcher = asyncio.create_task(watch())
+    async def follow_changes() -> None:
+        async for raw in read_topic(bootstrap, topics.CHANGES, auth=auth):
+            record = parse_change_record(raw)
+            if isinstance(record, ChangeReport):
+                outcome.reports.append(record)
+                if record.final:
+                    out(f">> change verified: {record.model}: {verdict_line(record)}")
+            elif isinstance(record, ChangeMarker):
+                out(f">> change marked on {record.model}: '{record.description}' ({record.id})")
+
+    watchers = [asyncio.create_task(watch()), asyncio.create_task(follow_changes())]
     try:
         outcome.records = await play(bootstrap, workload, speed, on_phase, auth)
+        await asyncio.gather(*marking)
         out(f"--- workload done: {outcome.records:,} request logs sent; waiting for the last windows ---")
         await asyncio.sleep(8.0)  # quiet-partition flush + stage 2's wait
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        for watcher in watchers:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
     return outcome
+
+
+#: The demo's change: the phase whose start is marked as a rollout, and what the marker says.
+CHANGED_PHASE = "cache_off"
+CHANGE_DESCRIPTION = "engine config rollout (enable_prefix_caching=false)"
+
+
+def change_markers(workload: Workload) -> list[ChangeMarker]:
+    """One marker per model at the changed phase's start (event time), with a fixed id per model."""
+    start = workload.start
+    for phase in workload.phases:
+        if phase.name == CHANGED_PHASE:
+            break
+        start += phase.duration_s
+    return [ChangeMarker(id=f"demo-rollout-{model}", at=start, model=model, description=CHANGE_DESCRIPTION,
+                         labels={"deploy": "demo"}, by="servewatch demo") for model in workload.models]  # fmt: skip
+
+
+def verdict_line(report: ChangeReport) -> str:
+    """The report's verdicts that are not "no change", in one line."""
+    moved = [f"{row.signal} {row.verdict}" for row in report.signals if row.verdict not in ("no change",)]
+    return ", ".join(moved) or "no signal moved"
+
+
+def final_reports(outcome: DemoOutcome) -> list[ChangeReport]:
+    """The latest report of each change (final where one came)."""
+    latest: dict[str, ChangeReport] = {}
+    for report in outcome.reports:
+        if report.change and (report.final or not latest.get(report.change, report).final):
+            latest[report.change] = report
+    return list(latest.values())
 
 
 def summarise(outcome: DemoOutcome) -> list[str]:
     paging = [e for e in outcome.events if e.pages]
     groups = outcome.groups_that_paged()
+    rollbacks = [e for e in paging if e.hints and e.hints[0].code == "rollback_condition_met"]
     return [
         f"{len(groups)} incident group{'s' if len(groups) != 1 else ''} paged (one page each), from "
         f"{len({e.fingerprint for e in paging})} incidents and {len(outcome.events)} anomaly events:",
@@ -179,4 +233,10 @@ def summarise(outcome: DemoOutcome) -> list[str]:
         f"surge explained by load, no page: {'yes' if outcome.surge_explained else 'NO'}",
         f"prefix caching off paged a ttft anomaly: {'yes' if outcome.cache_off_paged else 'NO'}",
         f"pages outside the cache-off phase: {sum(1 for e in paging if outcome.phase_of.get(e.id) != 'cache_off')}",
+        f"paging events of the cache-off phase that name its change marker: "
+        f"{sum(1 for e in paging if e.change is not None)} of "
+        f"{sum(1 for e in paging if outcome.phase_of.get(e.id) == 'cache_off')}",
+        f"rollback conditions met (critical, paged): {len(rollbacks)}"
+        + "".join(f"\n  {e.segment.get('model')}: {e.hints[0].message}" for e in rollbacks),
+        *(line for report in final_reports(outcome) for line in ["", *render(report).splitlines()]),
     ]

@@ -4,6 +4,7 @@
 (shaded windows where it was anomalous or an incident was open) while the load panel
 under it, on the same time axis, stays flat. Drawn on the server as plain SVG: no script,
 no chart library, nothing fetched, and printable. Every text (titles, labels) is escaped.
+Changes (deploys, config flips) are vertical lines across both, labelled on the signal's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from servewatch.schemas.series import SeriesPoint
 
 WIDTH, LEFT, RIGHT = 760, 56, 64
 SIGNAL_HEIGHT, LOAD_HEIGHT, TOP, BOTTOM = 236, 146, 26, 24  # the legend sits above the plot
+#: Characters of a change's label on a chart (its tooltip has it all).
+MARK_LABEL = 32
 LOAD_LINES = (("requests_per_s", "requests/s", "load-requests", "left"),
               ("prompt_tokens_per_s", "prompt tokens/s", "load-prompt", "right"),
               ("output_tokens_per_s", "output tokens/s", "load-output", "right"))  # fmt: skip
@@ -41,6 +44,15 @@ def fmt(value: float) -> str:
 def clock(seconds: float, span: float = 0.0) -> str:
     stamp = datetime.fromtimestamp(seconds, UTC)
     return stamp.strftime("%m-%d %H:%M" if span > 86_400 else "%H:%M:%S" if span < 600 else "%H:%M")
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A change drawn on a chart: when (event time), a short label and a tooltip."""
+
+    at: float
+    label: str
+    title: str
 
 
 @dataclass(frozen=True)
@@ -111,6 +123,23 @@ def shade(x: Axis, start: float, end: float, height: int, css: str, title: str) 
             f"<title>{escape(title)}</title></rect>")  # fmt: skip
 
 
+def marks_drawn(x: Axis, marks: Sequence[Mark], height: int, *, labelled: bool) -> list[str]:
+    """A vertical line per change within the time axis, its label (staggered) beside it."""
+    parts = []
+    shown = sorted((m for m in marks if x.low <= m.at <= x.high), key=lambda m: m.at)
+    for i, mark in enumerate(shown):
+        at = x(mark.at)
+        parts.append(f'<g class="change-mark"><title>{escape(mark.title)}</title>'
+                     f'<line class="change-line" x1="{at}" y1="{TOP}" x2="{at}" y2="{height - BOTTOM}"/>')  # fmt: skip
+        if labelled:
+            text = mark.label if len(mark.label) <= MARK_LABEL else mark.label[: MARK_LABEL - 1] + "…"
+            side, shift = ("end", -3) if at > WIDTH - RIGHT - 180 else ("start", 3)
+            parts.append(f'<text class="change-label" x="{at + shift}" y="{TOP + 10 + 11 * (i % 3)}" '
+                         f'text-anchor="{side}">{escape(text)}</text>')  # fmt: skip
+        parts.append("</g>")
+    return parts
+
+
 def signal_chart(
     points: Sequence[SeriesPoint],
     signal: str,
@@ -119,8 +148,9 @@ def signal_chart(
     *,
     label: str,
     incident: tuple[float, float] | None = None,
+    marks: Sequence[Mark] = (),
 ) -> str:
-    """``signal`` of one segment over [t0, t1]: observed, expected, the band, anomalous windows."""
+    """``signal`` of one segment over [t0, t1]: observed, expected, the band, anomalous windows, changes."""
     mine = [p for p in points if signal in p.signals and t0 <= mid(p) <= t1]
     # The axis follows what was seen and expected; the band may widen it to twice that, no
     # more: a young segment's band spans decades and would flatten every line to the floor.
@@ -151,6 +181,7 @@ def signal_chart(
     for run in runs(mine, lambda p: True):
         parts.append(polyline([(x(mid(p)), y(p.signals[signal].expected)) for p in run], "expected"))
         parts.append(polyline([(x(mid(p)), y(p.signals[signal].observed)) for p in run], "observed"))
+    parts += marks_drawn(x, marks, h, labelled=True)
     if not mine:
         parts.append(f'<text class="empty" x="{WIDTH / 2}" y="{h / 2}" text-anchor="middle">no judged windows of '
                      "this segment in range yet</text>")  # fmt: skip
@@ -177,7 +208,13 @@ def legend(items: Sequence[tuple[str, str]], y: int = 6) -> str:
     return "".join(parts)
 
 
-def load_chart(points: Sequence[SeriesPoint], t0: float, t1: float, incident: tuple[float, float] | None = None) -> str:
+def load_chart(
+    points: Sequence[SeriesPoint],
+    t0: float,
+    t1: float,
+    incident: tuple[float, float] | None = None,
+    marks: Sequence[Mark] = (),
+) -> str:
     """Requests/s (left axis) and prompt and output tokens/s (right axis), on the signal chart's time axis."""
     mine = [p for p in points if t0 <= mid(p) <= t1]
     h = LOAD_HEIGHT
@@ -194,6 +231,7 @@ def load_chart(points: Sequence[SeriesPoint], t0: float, t1: float, incident: tu
     for field, _, css, side in LOAD_LINES:
         for run in runs(mine, has_load(field)):
             parts.append(polyline([(x(mid(p)), axes[side](p.load[field])) for p in run], css))
+    parts += marks_drawn(x, marks, h, labelled=False)
     parts.append(legend([(css, f"{text} ({side})") for _, text, css, side in LOAD_LINES]))
     return "".join([*parts, "</svg>"])
 

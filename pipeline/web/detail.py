@@ -1,7 +1,8 @@
 """The detail views: one incident group (its verdicts and incidents) and one incident.
 
-An incident is shown the way on-call reasons about it: the sentence, the likely causes,
-the load, the signal over the last hours against its band with the load beneath, what
+An incident is shown the way on-call reasons about it: the change it followed (if any), the
+sentence, the likely causes, the load, the signal over the last hours against its band with
+the load beneath and the model's changes marked on both, what
 changed in the traffic, and the requests to look up, the anomalous window's beside the
 baseline's, each linked to the user's own log search. Escaping as in ``render``.
 """
@@ -12,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from servewatch.models.explain.event_text import utc
+from servewatch.pipeline.web.changes import ChangeSource, change_note, chart_marks
 from servewatch.pipeline.web.charts import fmt, load_chart, signal_chart
 from servewatch.pipeline.web.links import LinkTemplates
 from servewatch.pipeline.web.render import (
@@ -99,23 +101,32 @@ def evidence_table(rows: Sequence[Mapping[str, Any]], segment: Mapping[str, str]
     return f'<table class="evidence"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 
 
-def anomaly_section(event: AnomalyEvent, series_of: SeriesOf, links: LinkTemplates, latest: AnomalyEvent) -> str:
+def anomaly_section(
+    event: AnomalyEvent,
+    series_of: SeriesOf,
+    links: LinkTemplates,
+    latest: AnomalyEvent,
+    changes: ChangeSource | None = None,
+) -> str:
     """One incident in full; ``latest`` is its current state (``event`` the step with evidence)."""
     key = segment_key(event.segment)
     points = series_of(key)
     t0, t1 = chart_range(points, event)
-    label = f"{event.segment.get('model', '?')} {segment_label(event.segment)}"
+    model = event.segment.get("model", "?")
+    label = f"{model} {segment_label(event.segment)}"
     incident = (event.window_start, latest.window_end if latest.status.value == "resolved" else t1)
-    charts = signal_chart(points, event.signal.value, t0, t1, label=label, incident=incident) + load_chart(
-        points, t0, t1, incident
-    )
+    if event.change is None and latest.change is not None:
+        event = event.model_copy(update={"change": latest.change})
+    marks = chart_marks(changes.markers(model) if changes is not None else [], event.change)
+    charts = signal_chart(points, event.signal.value, t0, t1, label=label, incident=incident,
+                          marks=marks) + load_chart(points, t0, t1, incident, marks)  # fmt: skip
     facts = [("observed", value_text(event.signal.value, event.observed)),
              ("expected", value_text(event.signal.value, event.expected)), ("score", fmt(event.score)),
              ("explained by load", "yes" if event.explained_by_load else "no"),
              ("window", f"{utc(event.window_start)} – {utc(event.window_end)}")]  # fmt: skip
     facts += [(name.replace("_", " "), fmt(value)) for name, value in event.load.items()]
     hints = "".join(f"<li><code>{esc(h.code)}</code> {esc(h.message)}</li>" for h in event.hints)
-    changes = "".join(f"<li>{esc(c)}</li>" for c in (event.facets.changes if event.facets else []))
+    shifts = "".join(f"<li>{esc(c)}</li>" for c in (event.facets.changes if event.facets else []))
     current = [r for r in event.evidence if r.get("sample") != "baseline"]
     baseline = [r for r in event.evidence if r.get("sample") == "baseline"]
     dashboard = links.segment_url(key, event.segment, t1)
@@ -125,11 +136,11 @@ def anomaly_section(event: AnomalyEvent, series_of: SeriesOf, links: LinkTemplat
         f'<article class="anomaly"{attrs(id=f"a-{event.id}", data_fingerprint=event.fingerprint)}>'
         f"<h3><a{attrs(href=anomaly_href(event.id))}>{esc(event.signal.value)} · {esc(label)}</a> "
         f"{badge('sev', event.severity.value)} {badge('st', latest.status.value)}</h3>"
-        f'<p class="summary">{esc(event.summary)}</p>{young}'
+        f'{change_note(event, changes)}<p class="summary">{esc(event.summary)}</p>{young}'
         f'<dl class="facts">{"".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in facts)}</dl>'
         + (f'<h4>Likely causes</h4><ul class="hints">{hints}</ul>' if hints else "")
         + f'<figure class="charts">{charts}</figure>'
-        + (f'<h4>What changed against the baseline</h4><ul class="changes">{changes}</ul>' if changes else "")
+        + (f'<h4>What changed against the baseline</h4><ul class="changes">{shifts}</ul>' if shifts else "")
         + '<div class="evidence-pair"><section><h4>Requests of the anomalous window</h4>'
         + evidence_table(current, event.segment, links)
         + "</section><section><h4>Baseline sample (latest normal window)</h4>"
@@ -166,8 +177,9 @@ def group_page(
     links: LinkTemplates,
     csrf: str,
     user: str | None,
+    changes: ChangeSource | None = None,
 ) -> str:
-    drawn = "".join(anomaly_section(m.detail, series_of, links, m.latest) for m in members[:DRAWN_MEMBERS])
+    drawn = "".join(anomaly_section(m.detail, series_of, links, m.latest, changes) for m in members[:DRAWN_MEMBERS])
     body = (
         f'<p class="crumbs"><a href="/">incidents</a> › group</p><h1 id="group-title">{esc(group.title)}</h1>'
         f'<p class="badges" id="group-state">{badge("st", group.status.value)} {badge("sev", group.severity.value)} '
@@ -183,12 +195,18 @@ def group_page(
 
 
 def anomaly_page(
-    event: AnomalyEvent, latest: AnomalyEvent, *, series_of: SeriesOf, links: LinkTemplates, csrf: str
+    event: AnomalyEvent,
+    latest: AnomalyEvent,
+    *,
+    series_of: SeriesOf,
+    links: LinkTemplates,
+    csrf: str,
+    changes: ChangeSource | None = None,
 ) -> str:
     up = f" › <a{attrs(href=group_href(event.group))}>group</a>" if event.group else ""
     body = (
         f'<p class="crumbs"><a href="/">incidents</a>{up} › incident</p>'
         f"<h1>{esc(event.signal.value)} on {esc(event.segment.get('model', '?'))}</h1>"
-        + anomaly_section(event, series_of, links, latest)
+        + anomaly_section(event, series_of, links, latest, changes)
     )
     return page(f"{event.signal.value} incident", body, csrf=csrf, name="anomaly", group=event.group)

@@ -1,8 +1,9 @@
 """The triage page's Kafka side: the topics it shows, read into the store, and verdicts out.
 
 The web process has no state of its own to lose: on start it reads ``servewatch.anomalies``,
-``servewatch.series`` and ``servewatch.feedback`` from their beginning (no consumer group,
-so any number of web processes can run) and keeps following them. A record it cannot read
+``servewatch.series``, ``servewatch.feedback`` and ``servewatch.changes`` (markers and the
+reports verifying them) from their beginning (no consumer group, so any number of web
+processes can run) and keeps following them. A record it cannot read
 (another version, a bad producer) is skipped with a warning; the page must not stop for one.
 Verdicts are written to ``servewatch.feedback`` keyed by group, so a group's verdicts stay
 in order on one partition.
@@ -14,23 +15,36 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+import orjson
 from aiokafka.errors import KafkaError
 from pydantic import ValidationError
 
 from servewatch.pipeline import topics
 from servewatch.pipeline.kafka import PLAINTEXT, KafkaAuth, producer, read_topic
 from servewatch.pipeline.web.store import Record, TriageStore
+from servewatch.schemas.change_marker import ChangeMarker
+from servewatch.schemas.change_report import ChangeReport
 from servewatch.schemas.feedback import Feedback
 from servewatch.schemas.incident_group import IncidentGroup, parse_anomaly_record
 from servewatch.schemas.series import SeriesPoint
 
 logger = logging.getLogger(__name__)
 
+
+def parse_change(raw: bytes) -> ChangeMarker | ChangeReport:
+    """A record of ``servewatch.changes``: a report by its ``kind``, else a marker (ValueError when neither)."""
+    data = orjson.loads(raw)
+    if isinstance(data, dict) and data.get("kind") == "change_report":
+        return ChangeReport.model_validate(data)
+    return ChangeMarker.model_validate(data)
+
+
 #: How each followed topic's records are read.
 PARSERS: dict[str, Callable[[bytes], Record]] = {
     topics.ANOMALIES: parse_anomaly_record,
     topics.SERIES: SeriesPoint.model_validate_json,
     topics.FEEDBACK: Feedback.model_validate_json,
+    topics.CHANGES: parse_change,
 }
 RETRY_S = 2.0
 

@@ -15,6 +15,8 @@ from pydantic.json_schema import models_json_schema
 
 import servewatch
 from servewatch.schemas.anomaly import AnomalyEvent
+from servewatch.schemas.change_marker import ChangeMarker
+from servewatch.schemas.change_report import ChangeReport
 from servewatch.schemas.feedback import Feedback
 from servewatch.schemas.incident_group import IncidentGroup
 from servewatch.schemas.series import SeriesPoint, SignalPoint
@@ -60,6 +62,11 @@ def _extra_schemas() -> dict[str, Any]:
             "signals": {"type": "object", "additionalProperties": _ref("SignalPoint")},
             "sparklines": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "number"}}},
             "dashboard": {"type": ["string", "null"]}}},
+        "ChangeView": {"type": "object", "properties": {
+            "marker": _ref("ChangeMarker"), "report": {"anyOf": [_ref("ChangeReport"), {"type": "null"}],
+                                                       "description": "the latest report, null until one"},
+            "incidents": {"type": "array", "items": {"type": "string"},
+                          "description": "ids of the incident events held that started soon after it"}}},
         "FeedbackRequest": {"type": "object", "required": ["verdict"], "properties": {
             "verdict": {"enum": ["expected", "not_expected", "acknowledged", "acknowledge"]},
             "comment": {"type": "string", "maxLength": 2000},
@@ -68,7 +75,8 @@ def _extra_schemas() -> dict[str, Any]:
 
 
 def openapi() -> dict[str, Any]:
-    kinds: tuple[type[BaseModel], ...] = (AnomalyEvent, IncidentGroup, SeriesPoint, SignalPoint, Feedback)
+    kinds: tuple[type[BaseModel], ...] = (AnomalyEvent, IncidentGroup, SeriesPoint, SignalPoint, Feedback,
+                                          ChangeMarker, ChangeReport)  # fmt: skip
     models: list[tuple[type[BaseModel], Literal["serialization"]]] = [(m, "serialization") for m in kinds]
     _, defs = models_json_schema(models, ref_template=REF)
     schemas = {**defs.get("$defs", {}), **_extra_schemas()}
@@ -118,9 +126,18 @@ def openapi() -> dict[str, Any]:
                                     "key": {"type": "string"},
                                     "points": {"type": "array", "items": _ref("SeriesPoint")}}}, "the points"),
                                     "400": {"description": "a bad number"}, **UNAUTHORIZED}}},
+        "/api/changes": {"get": {"summary": "Change markers, newest first, each with its latest ChangeReport",
+                                 "parameters": [FILTERS[0]], "responses": {"200": _json({"type": "object",
+                                     "properties": {"changes": {"type": "array", "items": _ref("ChangeView")}}},
+                                     "the changes"), **UNAUTHORIZED}}},
+        "/api/changes/{id}": {"get": {"summary": "One change marker with its latest ChangeReport",
+                                      "parameters": [_path("id", "the marker's id")],
+                                      "responses": {"200": _json(_ref("ChangeView"), "the change"),
+                                                    "404": {"description": "not held"}, **UNAUTHORIZED}}},
         "/api/stream": {"get": {"summary": "Server-sent events: each message one record (its 'kind' says which)",
                                 "parameters": [_query("kinds", "comma-separated kinds: group, incident, feedback, "
-                                                      "series (default: all but series)")],
+                                                      "series, change_marker, change_report (default: group, "
+                                                      "incident, feedback)")],
                                 "responses": {"200": {"description": "an event stream", "content": {
                                     "text/event-stream": {"schema": {"type": "string"}}}}, **UNAUTHORIZED}}},
     }  # fmt: skip

@@ -77,7 +77,7 @@ def page(title: str, body: str, *, csrf: str, name: str, **data: str | None) -> 
         '<link rel="stylesheet" href="/static/app.css"><script src="/static/app.js" defer></script></head>'
         f"<body{attrs(data_page=name, **{f'data_{k}': v for k, v in data.items()})}>"
         '<header><a class="brand" href="/">servewatch</a><nav><a href="/">incidents</a>'
-        '<a href="/segments">segments</a><a href="/openapi.json">API</a></nav>'
+        '<a href="/segments">segments</a><a href="/changes">changes</a><a href="/openapi.json">API</a></nav>'
         '<span id="live" class="live" role="status">static</span></header>'
         f"<main>{body}</main></body></html>"
     )

@@ -22,6 +22,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from servewatch.pipeline.web.auth import CSRF_HEADER, Guard, safe_next, security_headers
+from servewatch.pipeline.web.changes import change_json, change_page, changes_page
 from servewatch.pipeline.web.detail import anomaly_page, group_page
 from servewatch.pipeline.web.links import LinkTemplates
 from servewatch.pipeline.web.openapi import openapi
@@ -33,7 +34,7 @@ from servewatch.schemas.feedback import Feedback
 logger = logging.getLogger(__name__)
 
 STATIC = Path(__file__).with_name("static")
-KINDS = frozenset({"group", "incident", "feedback", "series"})
+KINDS = frozenset({"group", "incident", "feedback", "series", "change_marker", "change_report"})
 ALIASES = {"acknowledge": "acknowledged", "not expected": "not_expected"}
 CHOICES = {"signal": {s.value for s in Signal}, "severity": {s.value for s in Severity},
            "status": {s.value for s in Status}}  # fmt: skip
@@ -96,7 +97,8 @@ class _Routes:
         if group is None:
             return _html(error_page(404, f"No incident group {key} is held (it may have aged out).", csrf), 404)
         return _html(group_page(group, self.store.members(key), self.store.feedback(key), series_of=self.store.series,
-                                links=self.links, csrf=csrf, user=self.guard.user(request)))  # fmt: skip
+                                links=self.links, csrf=csrf, user=self.guard.user(request),
+                                changes=self.store))  # fmt: skip
 
     async def anomaly_page(self, request: web.Request) -> web.Response:
         event = self.store.anomaly(request.match_info["id"])
@@ -104,11 +106,26 @@ class _Routes:
         if event is None:
             return _html(error_page(404, "No such incident event is held (it may have aged out).", csrf), 404)
         latest = self.store.latest(event)
-        return _html(anomaly_page(event, latest, series_of=self.store.series, links=self.links, csrf=csrf))
+        return _html(anomaly_page(event, latest, series_of=self.store.series, links=self.links, csrf=csrf,
+                                  changes=self.store))  # fmt: skip
 
     async def segments_page(self, request: web.Request) -> web.Response:
         overview = self.store.segments(request.query.get("model") or None)
         return _html(segments_page(overview, self.links, self.guard.csrf_token(request)))
+
+    async def changes_page(self, request: web.Request) -> web.Response:
+        model = request.query.get("model") or None
+        models = sorted({m.model for m in self.store.markers()})
+        return _html(changes_page(self.store.changes(model), models, model, self.store.after_change,
+                                  self.guard.csrf_token(request)))  # fmt: skip
+
+    async def change_page(self, request: web.Request) -> web.Response:
+        change_id = request.match_info["id"]
+        change = self.store.change(change_id)
+        csrf = self.guard.csrf_token(request)
+        if change is None:
+            return _html(error_page(404, f"No change {change_id} is held.", csrf), 404)
+        return _html(change_page(change, self.store.after_change(change_id), csrf))
 
     async def login_form(self, request: web.Request) -> web.Response:
         if self.guard.token is None:
@@ -180,6 +197,17 @@ class _Routes:
                 data["signals"] = {signal: data["signals"][signal]}
             out.append(data)
         return _json({"key": key, "points": out})
+
+    async def api_changes(self, request: web.Request) -> web.Response:
+        changes = self.store.changes(request.query.get("model") or None)
+        return _json({"changes": [change_json(c, self.store.after_change(c.marker.id)) for c in changes]})
+
+    async def api_change(self, request: web.Request) -> web.Response:
+        change_id = request.match_info["id"]
+        change = self.store.change(change_id)
+        if change is None:
+            raise _problem(404, "no such change held")
+        return _json(change_json(change, self.store.after_change(change_id)))
 
     async def api_csrf(self, request: web.Request) -> web.Response:
         return _json({"csrf": self.guard.csrf_token(request)})
@@ -278,6 +306,8 @@ def create_web_app(
     add.add_get("/groups/{key}", routes.group_page)
     add.add_get("/anomalies/{id}", routes.anomaly_page)
     add.add_get("/segments", routes.segments_page)
+    add.add_get("/changes", routes.changes_page)
+    add.add_get("/changes/{id}", routes.change_page)
     add.add_get("/login", routes.login_form)
     add.add_post("/login", routes.login)
     add.add_get("/api/groups", routes.api_groups)
@@ -288,6 +318,8 @@ def create_web_app(
     add.add_get("/api/anomalies/{id}", routes.api_anomaly)
     add.add_get("/api/segments", routes.api_segments)
     add.add_get("/api/series", routes.api_series)
+    add.add_get("/api/changes", routes.api_changes)
+    add.add_get("/api/changes/{id}", routes.api_change)
     add.add_get("/api/stream", routes.stream)
     add.add_get("/openapi.json", routes.describe)
     add.add_get("/healthz", routes.healthz)

@@ -1,10 +1,11 @@
-"""What the triage page knows: the anomaly, series and feedback topics folded into bounded memory.
+"""What the triage page knows: the anomaly, series, feedback and changes topics in bounded memory.
 
 The page must answer "what is firing, what just resolved, what did the signal look like"
 without a database, so the web process keeps the recent past itself: the latest record of
-each incident group, recent incident events, a few hours of each segment's judged windows
-and the verdicts given. Everything is capped (the oldest goes first), so a busy fleet or a
-long-lived process cannot grow it without bound. No I/O here: the Kafka feed calls ``add``,
+each incident group, recent incident events, a few hours of each segment's judged windows,
+the verdicts given, and change markers with the latest report verifying each. Everything
+is capped (the oldest goes first), so a busy fleet or a long-lived process cannot grow it
+without bound. No I/O here: the Kafka feed calls ``add``,
 the HTTP handlers query, and live clients get each new record through a bounded queue (a
 client that does not keep up is dropped, never allowed to hold records back for others).
 """
@@ -22,13 +23,15 @@ import orjson
 
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
 from servewatch.schemas.anomaly import AnomalyEvent, Status
+from servewatch.schemas.change_marker import ChangeMarker
+from servewatch.schemas.change_report import ChangeReport
 from servewatch.schemas.feedback import Feedback
 from servewatch.schemas.incident_group import IncidentGroup
 from servewatch.schemas.series import SeriesPoint
 
 logger = logging.getLogger(__name__)
 
-Record = AnomalyEvent | IncidentGroup | SeriesPoint | Feedback
+Record = AnomalyEvent | IncidentGroup | SeriesPoint | Feedback | ChangeMarker | ChangeReport
 #: The record kinds a live client gets unless it asks for others (series points are many).
 DEFAULT_KINDS = frozenset({"group", "incident", "feedback"})
 SPARK_SIGNALS = ("ttft", "itl", "throughput")
@@ -80,6 +83,22 @@ class SegmentOverview:
     sparklines: dict[str, list[float]]
 
 
+@dataclass(frozen=True)
+class Change:
+    """A change marker and the latest report verifying it (None until the worker wrote one)."""
+
+    marker: ChangeMarker
+    report: ChangeReport | None
+
+
+def supersedes(new: ChangeReport, held: ChangeReport | None) -> bool:
+    """Whether ``new`` is a later report of its change than ``held``: a final one over an interim
+    one, else the one whose period after has more requests (a record read again changes nothing)."""
+    if held is None:
+        return True
+    return (new.final, new.after.requests) >= (held.final, held.after.requests) and new != held
+
+
 @dataclass
 class Subscription:
     """One live client: records arrive on ``queue``; ``None`` means it was dropped (too slow)."""
@@ -102,12 +121,15 @@ class TriageStore:
     feedback_per_group: int = 20
     sparkline_points: int = 60
     queue_size: int = 256
+    max_changes: int = 1000
     clock: float = 0.0  # the latest event time seen on the anomaly topic
     _groups: OrderedDict[str, IncidentGroup] = field(default_factory=OrderedDict, repr=False)
     _events: OrderedDict[str, AnomalyEvent] = field(default_factory=OrderedDict, repr=False)
     _by_group: dict[str, dict[str, list[str]]] = field(default_factory=dict, repr=False)
     _series: dict[str, list[SeriesPoint]] = field(default_factory=dict, repr=False)
     _feedback: OrderedDict[str, list[Feedback]] = field(default_factory=OrderedDict, repr=False)
+    _markers: OrderedDict[str, ChangeMarker] = field(default_factory=OrderedDict, repr=False)
+    _reports: OrderedDict[str, ChangeReport] = field(default_factory=OrderedDict, repr=False)
     _subscribers: list[Subscription] = field(default_factory=list, repr=False)
 
     # -- input ---------------------------------------------------------------------------
@@ -119,6 +141,9 @@ class TriageStore:
             self._add_event(record)
         elif isinstance(record, SeriesPoint):
             self._add_point(record)
+        elif isinstance(record, ChangeMarker | ChangeReport):
+            if not self._add_change(record):
+                return  # read again (a reconnect reads the topic from its start): nothing new
         elif not self._add_feedback(record):
             return  # the same verdict again (our own, back from the topic): nothing new to show
         self._publish(record)
@@ -182,6 +207,24 @@ class TriageStore:
         self._feedback.move_to_end(feedback.group)
         while len(self._feedback) > 2 * self.max_groups:
             self._feedback.popitem(last=False)
+        return True
+
+    def _add_change(self, record: ChangeMarker | ChangeReport) -> bool:
+        if isinstance(record, ChangeMarker):
+            if self._markers.get(record.id) == record:
+                return False
+            self._markers[record.id] = record
+            while len(self._markers) > self.max_changes:  # the earliest posted goes, with its report
+                self._reports.pop(self._markers.popitem(last=False)[0], None)
+            return True
+        if record.change is None:  # an offline comparison, of no marker: nothing to show it with
+            return False
+        if not supersedes(record, self._reports.get(record.change)):
+            return False
+        self._reports[record.change] = record
+        self._reports.move_to_end(record.change)
+        while len(self._reports) > self.max_changes:
+            self._reports.popitem(last=False)
         return True
 
     # -- queries ---------------------------------------------------------------------------
@@ -255,6 +298,26 @@ class TriageStore:
         names = {g.model for g in self._groups.values()}
         names |= {points[-1].segment.get("model", "other") for points in self._series.values()}
         return sorted(names)
+
+    def markers(self, model: str | None = None) -> list[ChangeMarker]:
+        """Change markers (of ``model``), oldest first."""
+        return sorted((m for m in self._markers.values() if model is None or m.model == model), key=lambda m: m.at)
+
+    def changes(self, model: str | None = None) -> list[Change]:
+        """Change markers (of ``model``) with their latest report, newest first."""
+        return [Change(m, self._reports.get(m.id)) for m in reversed(self.markers(model))]
+
+    def change(self, change_id: str) -> Change | None:
+        marker = self._markers.get(change_id)
+        return None if marker is None else Change(marker, self._reports.get(change_id))
+
+    def after_change(self, change_id: str) -> list[AnomalyEvent]:
+        """The incidents held that started soon after a change (their latest event each), newest first."""
+        latest: dict[str, AnomalyEvent] = {}
+        for event in self._events.values():
+            if event.change is not None and event.change.id == change_id:
+                latest[event.fingerprint] = event
+        return sorted(latest.values(), key=lambda e: e.window_start, reverse=True)
 
     # -- live clients ----------------------------------------------------------------------
     def subscribe(self, kinds: frozenset[str] = DEFAULT_KINDS) -> Subscription:

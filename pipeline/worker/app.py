@@ -31,6 +31,7 @@ import faust
 import orjson
 
 from servewatch.models.detect.grouping import IncidentGrouper
+from servewatch.models.explain.changes import ChangeBook, mention_change
 from servewatch.models.windows.window import WindowStats
 from servewatch.pipeline import tuning
 from servewatch.pipeline.kafka import BrokerProbe, KafkaAuth, read_topic
@@ -43,6 +44,7 @@ from servewatch.pipeline.worker.evidence import KafkaMessageReader, resolve
 from servewatch.pipeline.worker.stage_one import StageOne, partition_of
 from servewatch.pipeline.worker.stage_two import StageTwo
 from servewatch.schemas.anomaly import AnomalyEvent
+from servewatch.schemas.change_marker import ChangeMarker
 from servewatch.schemas.feedback import Feedback
 
 logger = logging.getLogger(__name__)
@@ -157,8 +159,12 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     segment_key_of = settings.segmenter().key_of_row  # a scan's filter: never registers a segment
     evidence_reader = KafkaMessageReader(settings.bootstrap, topics.requests.get_topic_name(), auth=auth)
 
+    changes = ChangeBook()
+
     async def publish(events: list[AnomalyEvent]) -> None:
         engines.explain(events)
+        for event in events:  # the change a step follows is its first suspect
+            mention_change(event, changes, settings.window_s, settings.change_horizon_windows)
         await resolve(events, evidence_reader.read, evidence_budget, segment_key_of)
         for event in events:
             # By model: every incident of a model reaches the one worker that groups them.
@@ -199,6 +205,25 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
                 raise
             except Exception as exc:
                 logger.warning("feedback reader failed (%s); reading again in 2 s", exc)
+                await asyncio.sleep(2.0)
+
+    @app.task
+    async def follow_changes() -> None:
+        """Change markers, read whole by every worker (no consumer group), so that an incident
+        starting soon after one names it (``models.explain.changes``); reports are skipped."""
+        while True:
+            try:
+                async for raw in read_topic(bootstrap, topics.changes.get_topic_name(), auth=auth):
+                    try:
+                        value = orjson.loads(raw)
+                        if isinstance(value, dict) and value.get("kind") == "change_marker":
+                            changes.add(ChangeMarker.model_validate(value))
+                    except ValueError as exc:
+                        logger.warning("skipped an unreadable change marker: %s", exc)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("change marker reader failed (%s); reading again in 2 s", exc)
                 await asyncio.sleep(2.0)
 
     @app.agent(topics.incidents)

@@ -1,4 +1,5 @@
-"""``servewatch ship --listen``: request logs POSTed to ``/v1/requests`` (one record or a JSON array).
+"""``servewatch ship --listen``: request logs POSTed to ``/v1/requests`` (one record or a JSON array),
+and change markers POSTed to ``/v1/changes`` by a deploy pipeline (issue #21).
 
 An aiohttp server (imported only when HTTP is served) answers each POST once its records
 are in Kafka (``Chunk.on_published``), so a client that got its answer lost nothing.
@@ -8,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator
+import time
+import uuid
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import TYPE_CHECKING, Final
 
 import orjson
@@ -16,7 +19,10 @@ import orjson
 if TYPE_CHECKING:  # aiohttp is imported only when HTTP is served
     from aiohttp import web
 
+from pydantic import ValidationError
+
 from servewatch.pipeline.ingest.ship.sources import Chunk, ChunkResult, Unit, next_or_stop
+from servewatch.schemas.change_marker import ChangeMarker
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +55,15 @@ class HttpSource:
     label = "http"
     MAX_ERRORS: Final = 100
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, max_body_bytes: int = 8 * 1024 * 1024) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_body_bytes: int = 8 * 1024 * 1024,
+        publish_marker: Callable[[ChangeMarker], Awaitable[None]] | None = None,
+    ) -> None:
         self.host, self.port, self.max_body_bytes = host, port, max_body_bytes
+        self.publish_marker = publish_marker  # ``POST /v1/changes`` is served when given
         self._queue: asyncio.Queue[Chunk] = asyncio.Queue(maxsize=64)
         self._closing = False
         self._entering = 0  # handlers about to queue a chunk: the drain waits for them
@@ -77,6 +90,8 @@ class HttpSource:
         app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_post("/v1/requests", self._post)
         app.router.add_get("/healthz", self._health)
+        if self.publish_marker is not None:
+            app.router.add_post("/v1/changes", self._post_change)
         family = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)[0][0]
         sock = socket.create_server((self.host, self.port), family=family)
         self.port = int(sock.getsockname()[1])
@@ -90,6 +105,33 @@ class HttpSource:
         from aiohttp import web
 
         return web.json_response({"status": "closing" if self._closing else "ok"})
+
+    async def _post_change(self, request: web.Request) -> web.Response:
+        """A change marker: ``{"model", "description", "at"?, "id"?, "instance"?, "labels"?, "by"?}``
+        (``at`` defaults to now, ``id`` to a new UUID). 201 with the marker once the broker has
+        it; 400 for a body that is not a JSON object, 422 with the problems for an invalid one."""
+        from aiohttp import web
+
+        assert self.publish_marker is not None
+        if self._closing:
+            return web.json_response({"error": "shutting down"}, status=503)
+        try:
+            value = orjson.loads(await request.read())
+        except orjson.JSONDecodeError as exc:
+            return web.json_response({"error": f"not JSON: {exc}"}, status=400)
+        if not isinstance(value, dict):
+            return web.json_response({"error": "expected one JSON object (a change marker)"}, status=400)
+        value.setdefault("id", str(uuid.uuid4()))
+        value.setdefault("at", time.time())
+        value["source"] = "http"
+        try:
+            marker = ChangeMarker.model_validate(value)
+        except ValidationError as exc:
+            errors = [{"field": ".".join(map(str, e["loc"])), "error": e["msg"]} for e in exc.errors()]
+            return web.json_response({"error": "invalid change marker", "errors": errors}, status=422)
+        await self.publish_marker(marker)
+        logger.info("change marker %s on %s: %s", marker.id, marker.model, marker.description)
+        return web.json_response(marker.model_dump(mode="json"), status=201)
 
     async def _post(self, request: web.Request) -> web.Response:
         from aiohttp import web

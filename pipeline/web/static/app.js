@@ -181,6 +181,30 @@
 
   // -- live updates --------------------------------------------------------------------------------
   const page = body.dataset.page;
+  if ((page === "changes" || page === "change") && window.EventSource) {
+    // a new marker or report: say so (the tables are the server's; a reload shows them)
+    const stream = new EventSource("/api/stream?kinds=change_marker,change_report");
+    const notice = document.getElementById("changes-updated");
+    stream.onopen = () => {
+      live.textContent = "live";
+      body.dataset.live = "open";
+    };
+    stream.onerror = () => {
+      live.textContent = "reconnecting";
+      body.dataset.live = "closed";
+    };
+    stream.onmessage = (message) => {
+      let record;
+      try {
+        record = JSON.parse(message.data);
+      } catch (error) {
+        return;
+      }
+      const id = record.kind === "change_report" ? record.change : record.id;
+      if (page === "change" && id !== body.dataset.change) return;
+      if (notice) notice.hidden = false;
+    };
+  }
   if ((page === "groups" || page === "group") && window.EventSource) {
     const stream = new EventSource("/api/stream");
     stream.onopen = () => {
