@@ -120,3 +120,14 @@ def test_the_command_prints_a_table_and_json_parses_as_change_reports(
     assert "--at" in capsys.readouterr().err
     assert main(["compare", *files, "--model", "nope"]) == 2
     assert "no requests of model 'nope'" in capsys.readouterr().err
+
+
+def test_the_table_warns_when_the_two_periods_ran_at_different_loads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The mix is held fixed, not the load: a surge after the change is said, not hidden."""
+    before = logs(Phase("flat", 120), 17, EPOCH)
+    after = logs(Phase("surge", 120, traffic=3.0), 18, EPOCH + 1000)
+    files = ["--before", write(tmp_path / "b.jsonl", before), "--after", write(tmp_path / "a.jsonl", after)]
+    assert main(["compare", *files, "--resamples", "100"]) == 0
+    assert "load differs:" in capsys.readouterr().out
