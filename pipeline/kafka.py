@@ -98,6 +98,16 @@ def producer(bootstrap: str, max_request_size: int = 16 * 1024 * 1024, auth: Kaf
     )
 
 
+async def send_one(bootstrap: str, topic: str, key: bytes, value: bytes, auth: KafkaAuth = PLAINTEXT) -> None:
+    """Publish one record and return once the broker has it (a CLI's marker, silence...)."""
+    client = producer(bootstrap, auth=auth)
+    await client.start()
+    try:
+        await client.send_and_wait(topic, key=key, value=value)
+    finally:
+        await client.stop()
+
+
 async def read_topic(
     bootstrap: str, topic: str, *, from_beginning: bool = True, poll_ms: int = 200, auth: KafkaAuth = PLAINTEXT
 ) -> AsyncIterator[bytes]:
@@ -158,6 +168,9 @@ async def follow_topic(
     await consumer.start()
     try:
         partitions = await assign_all(consumer, topic)
+        while follow and not partitions:  # not created yet: a follower waits for it
+            await asyncio.sleep(1.0)
+            partitions = await assign_all(consumer, topic)
         await consumer.seek_to_beginning(*partitions)
         ends = await consumer.end_offsets(partitions)
         caught_up = False

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
@@ -18,6 +19,9 @@ from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
 from servewatch.pipeline.dev.demo_sinks import DemoReceiver, start_receiver
 from servewatch.pipeline.kafka import ensure_topics, read_topic
+from servewatch.pipeline.web.server import create_web_app
+from servewatch.pipeline.web.store import TriageStore
+from servewatch.schemas.feedback import Feedback
 
 T = TypeVar("T")
 
@@ -103,3 +107,29 @@ async def lagging_partitions(
     finally:
         await consumer.stop()
         await admin.close()
+
+
+#: Builds a test client of the triage page over a store (``make_client(store, **create_web_app options)``).
+MakeClient = Callable[..., Awaitable[TestClient]]
+
+
+@pytest.fixture
+async def make_client() -> AsyncIterator[MakeClient]:
+    """Triage-page test clients (no token, verdicts dropped unless told), closed after the test."""
+    clients: list[TestClient] = []
+
+    async def make(store: TriageStore, **options: Any) -> TestClient:
+        options.setdefault("token", None)
+        options.setdefault("publish_feedback", _ignore_feedback)
+        client = TestClient(TestServer(create_web_app(store, heartbeat_s=0.2, **options)))
+        await client.start_server()
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        await client.close()
+
+
+async def _ignore_feedback(feedback: Feedback) -> None:
+    return None

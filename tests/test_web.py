@@ -7,27 +7,25 @@ import asyncio
 import base64
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
+from aiohttp.test_utils import TestClient
 from pydantic import SecretStr
 
 from servewatch.pipeline.cli.main import main
 from servewatch.pipeline.web import feed
 from servewatch.pipeline.web.charts import load_chart, signal_chart, sparkline
 from servewatch.pipeline.web.links import GrafanaAnnotator, LinkTemplates
-from servewatch.pipeline.web.server import create_web_app
 from servewatch.pipeline.web.store import Filters, TriageStore
 from servewatch.schemas.feedback import Feedback
+from tests.conftest import MakeClient
 from tests.web_samples import IMG, SCRIPT, WINDOW_S, evidence, incident, incident_group, key_of, segment, series
 
 START = 1767225600.0
 TOKEN = "s3cret-token-for-tests"
-
-MakeClient = Callable[..., Awaitable[TestClient]]
 
 
 def filled(store: TriageStore | None = None) -> TriageStore:
@@ -43,27 +41,6 @@ def filled(store: TriageStore | None = None) -> TriageStore:
     store.add(old)
     store.add(incident_group(old, status="resolved"))
     return store
-
-
-@pytest.fixture
-async def make_client() -> AsyncIterator[MakeClient]:
-    clients: list[TestClient] = []
-
-    async def make(store: TriageStore, **options: Any) -> TestClient:
-        options.setdefault("token", None)
-        options.setdefault("publish_feedback", _ignore)
-        client = TestClient(TestServer(create_web_app(store, heartbeat_s=0.2, **options)))
-        await client.start_server()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        await client.close()
-
-
-async def _ignore(feedback: Feedback) -> None:
-    return None
 
 
 async def csrf_of(client: TestClient, **headers: str) -> str:

@@ -7,44 +7,21 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from aiohttp.test_utils import TestClient, TestServer
 
 from servewatch.pipeline.web import feed
 from servewatch.pipeline.web.changes import change_text
 from servewatch.pipeline.web.charts import Mark, load_chart, signal_chart
-from servewatch.pipeline.web.server import create_web_app
 from servewatch.pipeline.web.store import TriageStore
 from servewatch.schemas.change_marker import ChangeRef
-from servewatch.schemas.feedback import Feedback
+from tests.conftest import MakeClient
 from tests.web_samples import IMG, SCRIPT, WINDOW_S, incident, incident_group, marker, report, segment, series
 
 START = 1767225600.0
 CHANGE_AT = START + 66 * WINDOW_S  # 4 windows before the incident below starts
-
-MakeClient = Callable[[TriageStore], Awaitable[TestClient]]
-
-
-@pytest.fixture
-async def make_client() -> AsyncIterator[MakeClient]:
-    clients: list[TestClient] = []
-
-    async def make(store: TriageStore) -> TestClient:
-        client = TestClient(TestServer(create_web_app(store, token=None, publish_feedback=_ignore, heartbeat_s=0.2)))
-        await client.start_server()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        await client.close()
-
-
-async def _ignore(feedback: Feedback) -> None:
-    return None
 
 
 def after_change(description: str = "enable prefix caching") -> TriageStore:

@@ -11,6 +11,7 @@ segment scope's intervals are widened together (Bonferroni over the segments tes
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -109,17 +110,27 @@ def check(
         ci_low=worst.ci_low,
         ci_high=worst.ci_high,
         detail=f"crossed on {len(found)} of {of} tested ({confidence:.1%} intervals); worst: {worst_key}, "
-        f"{describe_change(worst)}",
+        f"{describe_change(worst.kind, worst.change, worst.ci_low, worst.ci_high)}",
     )
 
 
-def describe_change(row: SignalChange) -> str:
-    """``+34.2 % [+21.0, +48.9]`` or ``+1.20 pt [+0.80, +1.60]``."""
-    if row.change is None or row.ci_low is None or row.ci_high is None:
-        return "no estimate"
-    if row.kind == "points":
-        return f"{row.change:+.2f} pt [{row.ci_low:+.2f}, {row.ci_high:+.2f}]"
-    return f"{100 * (row.change - 1):+.1f} % [{100 * (row.ci_low - 1):+.1f}, {100 * (row.ci_high - 1):+.1f}]"
+def describe_change(
+    kind: str, change: float | None, low: float | None, high: float | None, missing: str = "no estimate"
+) -> str:
+    """A change with its interval, as every report and hint words it (``kind``: ratio or points).
+
+    >>> describe_change("ratio", 1.342, 1.21, 1.489), describe_change("points", 1.2, 0.8, 1.6)
+    ('+34.2 % [+21.0, +48.9]', '+1.20 pt [+0.80, +1.60]')
+    """
+    if change is None or low is None or high is None:
+        return missing
+    if kind == "points":
+        return f"{change:+.2f} pt [{low:+.2f}, {high:+.2f}]"
+
+    def pct(ratio: float) -> str:
+        return f"{100 * (ratio - 1):+.1f}" if math.isfinite(ratio) else "?"
+
+    return f"{pct(change)} % [{pct(low)}, {pct(high)}]"
 
 
 def evidence(condition: RollbackCondition, after: Sequence[Row], where: str | None, count: int = 5) -> list[Row]:

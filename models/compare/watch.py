@@ -47,7 +47,7 @@ from servewatch.models.windows.segments import parse_key
 from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 from servewatch.schemas.change_marker import ChangeMarker, ChangeRef
-from servewatch.schemas.change_report import ChangeReport, Period, RollbackCheck, SignalChange
+from servewatch.schemas.change_report import ChangeReport, Period, RollbackCheck
 
 Row = Mapping[str, Any]
 
@@ -134,6 +134,10 @@ class ChangeWatch:
     def requests(self) -> tuple[int, int]:
         return self._before.seen, self._after.seen
 
+    def observe(self, timestamp: float) -> None:
+        """Event time reached ``timestamp`` (a request of any model finished then)."""
+        self.watermark = max(self.watermark, timestamp)
+
     def add(self, rows: Iterable[Row]) -> int:
         """Take the marker's model's (and instance's) requests of either period; returns how
         many were taken. A request seen before (id and timestamp) is skipped: a replayed message."""
@@ -142,7 +146,7 @@ class ChangeWatch:
             stamp = row.get("timestamp")
             if not isinstance(stamp, int | float):
                 continue
-            self.watermark = max(self.watermark, float(stamp))
+            self.observe(float(stamp))
             if row.get("model") != marker.model or not self.start <= stamp < self.end:
                 continue
             if marker.instance is not None and row.get("instance") != marker.instance:
@@ -249,9 +253,7 @@ class ChangeWatch:
 
 def _described(condition: RollbackCondition, result: RollbackCheck) -> str:
     """``+34.2 % [+21.0, +48.9] on route=chat|...``: the check's change in the report's wording."""
-    spec = condition.spec
-    row = SignalChange(signal=spec.name, kind="points" if spec.points else "ratio",
-                       better="lower" if spec.lower_is_better else "higher", before=None, after=None,
-                       change=result.change, ci_low=result.ci_low, ci_high=result.ci_high, verdict="regressed",
-                       segments_used=0, coverage_before=0.0, coverage_after=0.0)  # fmt: skip
-    return describe_change(row) + (f" on {result.where}" if result.where else "")
+    kind = "points" if condition.spec.points else "ratio"
+    return describe_change(kind, result.change, result.ci_low, result.ci_high) + (
+        f" on {result.where}" if result.where else ""
+    )

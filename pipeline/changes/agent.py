@@ -83,7 +83,13 @@ def add_change_watcher(app: faust.App, topics: Topics, settings: Settings, confi
                 batches = await consumer.getmany(timeout_ms=500)
                 for messages in batches.values():
                     for message in messages:
-                        if watch.add(decode_message(message.value).records):
+                        rows = decode_message(message.value).accepted
+                        if not rows:
+                            continue
+                        # Event time moves with every model's requests; only the marker's
+                        # model's become dicts (most of a fleet's rows are skipped here).
+                        watch.observe(max(row.timestamp for row in rows))
+                        if watch.add([row.to_row() for row in rows if row.model == marker.model]):
                             last_taken = time.monotonic()
                 idle = time.monotonic() - last_taken > config.idle_final
                 if watch.due or idle:

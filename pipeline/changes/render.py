@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 
+from servewatch.models.compare.rollback import describe_change
 from servewatch.schemas.change_report import ChangeReport, Period, SignalChange
 
 #: How each signal's values read in the table: a unit suffix and a scale.
@@ -24,18 +24,6 @@ def _value(row: SignalChange, value: float | None) -> str:
     return f"{value * scale:.{digits}f}{unit}"
 
 
-def _change(row: SignalChange) -> str:
-    if row.change is None or row.ci_low is None or row.ci_high is None:
-        return "-"
-    if row.kind == "points":
-        return f"{row.change:+.2f} pt [{row.ci_low:+.2f}, {row.ci_high:+.2f}]"
-
-    def pct(ratio: float) -> str:
-        return f"{100 * (ratio - 1):+.1f}" if math.isfinite(ratio) else "?"
-
-    return f"{pct(row.change)} % [{pct(row.ci_low)}, {pct(row.ci_high)}]"
-
-
 def render(report: ChangeReport) -> str:
     """A model's report as a table: signal, before, after, change with its CI, verdict."""
     b, a = report.before, report.after
@@ -50,7 +38,8 @@ def render(report: ChangeReport) -> str:
     rows = [("signal", "before", "after", "change [CI]", "verdict", "segments (coverage)")]
     for row in report.signals:
         coverage = f"{row.segments_used} ({row.coverage_before:.0%} / {row.coverage_after:.0%})"
-        rows.append((row.signal, _value(row, row.before), _value(row, row.after), _change(row), row.verdict, coverage))
+        change = describe_change(row.kind, row.change, row.ci_low, row.ci_high, missing="-")
+        rows.append((row.signal, _value(row, row.before), _value(row, row.after), change, row.verdict, coverage))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip() for r in rows]
     warning = load_warning(report)

@@ -8,7 +8,7 @@ import orjson
 from pydantic import ValidationError
 
 from servewatch.pipeline import topics
-from servewatch.pipeline.kafka import PLAINTEXT, KafkaAuth, follow_topic, producer
+from servewatch.pipeline.kafka import PLAINTEXT, KafkaAuth, follow_topic, send_one
 from servewatch.schemas.change_marker import ChangeMarker
 from servewatch.schemas.change_report import ChangeReport
 
@@ -17,12 +17,7 @@ logger = logging.getLogger(__name__)
 
 async def write_marker(bootstrap: str, marker: ChangeMarker, auth: KafkaAuth = PLAINTEXT) -> None:
     """Publish ``marker`` on ``servewatch.changes``, keyed by its model; returns once the broker has it."""
-    client = producer(bootstrap, auth=auth)
-    await client.start()
-    try:
-        await client.send_and_wait(topics.CHANGES, key=marker.model.encode(), value=marker.model_dump_json().encode())
-    finally:
-        await client.stop()
+    await send_one(bootstrap, topics.CHANGES, marker.model.encode(), marker.model_dump_json().encode(), auth)
 
 
 def parse_change_record(raw: bytes | None) -> ChangeMarker | ChangeReport | None:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import difflib
+import getpass
 import logging
 import os
 import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import IO, Any, TextIO
 
 from pydantic import ValidationError
@@ -182,3 +184,25 @@ def read_request_logs(path: str, command: str) -> Iterator[RequestLog]:
         raise CommandError(str(exc), command) from None
     if rejected:
         print(f"servewatch {command}: {path}: {rejected:,} lines rejected (first: {first})", file=sys.stderr)
+
+
+def parse_time(value: str, command: str, flag: str = "--at") -> float:
+    """A time flag: unix seconds or ISO-8601 (``Z`` or an offset; a time without a zone is UTC)."""
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        raise CommandError(f"{flag} {value!r}: give unix seconds or an ISO-8601 time (2026-12-02T22:00Z)",
+                           command) from None  # fmt: skip
+    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+
+
+def login_name() -> str:
+    """Who runs the command, for a record's author ("" where the system cannot say)."""
+    try:
+        return getpass.getuser()
+    except (OSError, KeyError):  # no USER variable and no passwd entry (some containers)
+        return ""

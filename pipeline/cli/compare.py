@@ -8,11 +8,10 @@ verdicts come from ``models.compare``; this module reads the files and renders t
 from __future__ import annotations
 
 import argparse
-from datetime import UTC, datetime
 from typing import IO, Any
 
 from servewatch.pipeline.changes.render import render
-from servewatch.pipeline.cli.common import CommandError, add_out_flag, output, read_request_logs
+from servewatch.pipeline.cli.common import CommandError, add_out_flag, output, parse_time, read_request_logs
 from servewatch.schemas.change_report import ChangeReport
 
 
@@ -40,7 +39,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.input is not None:
         if args.before or args.after or args.at is None:
             raise CommandError("give --in with --at, or --before and --after (not both)", "compare")
-        at = parse_time(args.at)
+        at = parse_time(args.at, "compare")
         records = list(read_request_logs(args.input, "compare"))
         before = [r for r in records if r.timestamp < at]
         after = [r for r in records if r.timestamp >= at]
@@ -65,19 +64,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_time(value: str) -> float:
-    """``--at``: unix seconds or ISO-8601 (a time without a zone is UTC)."""
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    try:
-        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
-    except ValueError:
-        raise CommandError(f"--at {value!r}: not unix seconds or an ISO-8601 time", "compare") from None
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
-
-
 def _write(out: IO[str], reports: list[ChangeReport], form: str) -> None:
     if form == "json":
         for report in reports:
@@ -86,4 +72,4 @@ def _write(out: IO[str], reports: list[ChangeReport], form: str) -> None:
     out.write("\n\n".join(render(report) for report in reports) + "\n")
 
 
-__all__ = ["add_compare_parser", "parse_time", "render"]
+__all__ = ["add_compare_parser", "render"]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import sys
 import time
 import uuid
@@ -16,8 +15,15 @@ from pydantic import ValidationError
 
 if TYPE_CHECKING:  # numpy-backed: loaded when a command needs it
     from servewatch.pipeline.changes.config import ChangesConfig
-from servewatch.pipeline.cli.common import CommandError, add_broker_flags, settings_from, with_broker
-from servewatch.pipeline.cli.compare import parse_time, render
+from servewatch.pipeline.changes.render import render
+from servewatch.pipeline.cli.common import (
+    CommandError,
+    add_broker_flags,
+    login_name,
+    parse_time,
+    settings_from,
+    with_broker,
+)
 
 
 def add_mark_parsers(sub: Any) -> None:
@@ -56,9 +62,10 @@ def cmd_mark(args: argparse.Namespace) -> int:
     from servewatch.schemas.change_marker import ChangeMarker
 
     try:
-        marker = ChangeMarker(id=args.id or str(uuid.uuid4()), at=parse_time(args.at) if args.at else time.time(),
+        at = parse_time(args.at, "mark") if args.at else time.time()
+        marker = ChangeMarker(id=args.id or str(uuid.uuid4()), at=at,
                               model=args.model, instance=args.instance, labels=parse_labels(args.label),
-                              description=args.desc, by=args.by if args.by is not None else _login(),
+                              description=args.desc, by=args.by if args.by is not None else login_name(),
                               source="cli")  # fmt: skip
     except ValidationError as exc:
         raise CommandError("; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors()), "mark") from None
@@ -99,13 +106,6 @@ def cmd_changes(args: argparse.Namespace) -> int:
                   f"{check.detail}")  # fmt: skip
     sys.stdout.flush()
     return 0
-
-
-def _login() -> str:
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):
-        return ""
 
 
 def load_changes_config(path: str | None, command: str = "worker") -> ChangesConfig:

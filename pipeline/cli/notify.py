@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
 import re
 import sys
 import time
@@ -18,6 +17,8 @@ from servewatch.pipeline.cli.common import (
     CommandError,
     add_broker_flags,
     ensure_topics_of,
+    login_name,
+    parse_time,
     serve_metrics,
     settings_from,
     with_broker,
@@ -103,17 +104,7 @@ def parse_matcher(text: str) -> Matcher:
 
 
 def _when(text: str | None, default: float) -> float:
-    if text is None:
-        return default
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(text)
-    except ValueError:
-        raise CommandError(f"{text!r}: give Unix seconds or an ISO time (2026-12-02T22:00Z)", "silence") from None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+    return default if text is None else parse_time(text, "silence", "--start/--end")
 
 
 def _bootstrap(args: argparse.Namespace) -> tuple[str, Settings]:
@@ -148,7 +139,7 @@ def cmd_silence_add(args: argparse.Namespace) -> int:
             raise CommandError(f"--daily/--weekdays: {exc}", "silence") from None
     try:
         silence = Silence(id=args.id or uuid.uuid4().hex[:12], matchers=[parse_matcher(m) for m in args.matcher],
-                          starts_at=start, ends_at=end, recurrence=recurrence, created_by=args.author or _login(),
+                          starts_at=start, ends_at=end, recurrence=recurrence, created_by=args.author or login_name(),
                           comment=args.comment)  # fmt: skip
     except ValueError as exc:
         raise CommandError(str(exc), "silence") from None
@@ -198,13 +189,6 @@ def cmd_silence_expire(args: argparse.Namespace) -> int:
         asyncio.run(write_silence(bootstrap, expired, auth))
         print(f"expired {silence_id}")
     return 0
-
-
-def _login() -> str:
-    try:
-        return getpass.getuser()
-    except (OSError, KeyError):  # no USER variable and no passwd entry (some containers)
-        return ""
 
 
 def _iso(moment: float) -> str:

@@ -25,7 +25,6 @@ import contextlib
 import json
 import logging
 import random
-import signal
 import sys
 import time
 import uuid
@@ -33,10 +32,11 @@ from collections import OrderedDict
 from collections.abc import AsyncGenerator, Hashable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+
+from servewatch.pipeline.dev.loopback import LoopbackServer, serve_until_signalled
 
 logger = logging.getLogger(__name__)
 
@@ -135,7 +135,7 @@ def _sse(payload: dict[str, Any] | str) -> bytes:
 
 
 @dataclass
-class OpenAIServer:
+class OpenAIServer(LoopbackServer):
     """The server on ``127.0.0.1:port`` (0: a free one); ``async with`` starts and stops it."""
 
     config: ServerConfig = field(default_factory=ServerConfig)
@@ -148,38 +148,17 @@ class OpenAIServer:
         self._slots = asyncio.Semaphore(self.config.slots)
         self._random = random.Random(self.config.seed)
         self._active = 0
-        self._runner: web.AppRunner | None = None
+        self.listen_port = self.port
 
     @property
     def url(self) -> str:
         """The API base (``.../v1``), as a client's ``base_url`` takes it."""
-        if self._runner is None:
-            raise RuntimeError("the server is not started")
-        return f"http://127.0.0.1:{self._runner.addresses[0][1]}/v1"
+        return f"{self.address}/v1"
 
-    async def start(self) -> None:
-        app = web.Application()
+    def add_routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._text)
         app.router.add_get("/v1/models", self._models)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-        logger.info("OpenAI-compatible server on %s", self.url)
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> OpenAIServer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.config.model, "object": "model",
@@ -322,17 +301,6 @@ def read_served(path: Path) -> list[Served]:
     return [Served(**json.loads(line)) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-async def _serve(server: OpenAIServer) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    async with server:
-        sys.stdout.write(f"openai server ready: {server.url}\n")  # the line a parent process waits for
-        sys.stdout.flush()
-        await stop.wait()
-
-
 def main(argv: list[str] | None = None) -> int:
     defaults = ServerConfig()
     parser = argparse.ArgumentParser(description="A small OpenAI-compatible streaming server (loopback).")
@@ -351,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     config = ServerConfig(model=args.model, slots=args.slots, prefill_s_per_token=args.prefill_s_per_token,
                           itl_s=args.itl_s, itl_growth=args.itl_growth, error_rate=args.error_rate,
                           seed=args.seed, api_key=args.api_key)  # fmt: skip
-    asyncio.run(_serve(OpenAIServer(config, port=args.port, log_path=args.log)))
+    asyncio.run(serve_until_signalled(OpenAIServer(config, port=args.port, log_path=args.log), "openai server ready: "))
     return 0
 
 

@@ -28,7 +28,6 @@ import asyncio
 import json
 import logging
 import re
-import signal
 import sys
 import time
 import uuid
@@ -36,10 +35,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from aiohttp import web
+
+from servewatch.pipeline.dev.loopback import LoopbackServer, serve_until_signalled
 
 logger = logging.getLogger(__name__)
 
@@ -163,7 +163,7 @@ def alertmanager_errors(alerts: Any) -> list[str]:
     return errors
 
 
-class LocalReceiver:
+class LocalReceiver(LoopbackServer):
     """Every endpoint on one ``127.0.0.1`` port (0: a free one); ``async with`` starts and stops it."""
 
     def __init__(self, log_path: Path | None = None, port: int = 0) -> None:
@@ -174,40 +174,14 @@ class LocalReceiver:
         self.messages: dict[str, dict[str, Any]] = {}  # Slack ts -> the message's latest chat.* body
         self._down_until: dict[str, float] = {}
         self._last_ts_us = 0
-        self._port = port
-        self._runner: web.AppRunner | None = None
-
-    @property
-    def url(self) -> str:
-        if self._runner is None:
-            raise RuntimeError("the receiver is not started")
-        return f"http://127.0.0.1:{self._runner.addresses[0][1]}"
+        self.listen_port = port
 
     def urls(self, name: str = "demo") -> dict[str, str]:
         return endpoint_urls(self.url, name)
 
-    async def start(self) -> None:
-        app = web.Application()
+    def add_routes(self, app: web.Application) -> None:
         for kind, path in _ROUTES.items():
             app.router.add_post(path, self._handler(kind))
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self._port).start()
-        logger.info("local receiver on %s", self.url)
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
-
-    async def __aenter__(self) -> LocalReceiver:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
 
     def inject(self, kind: str, *faults: Fault) -> None:
         """Queue ``faults`` for the next requests of ``kind`` (same as ``faults[kind].extend``)."""
@@ -371,24 +345,13 @@ sinks:
 """
 
 
-async def _serve(log_path: Path | None, port: int) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    async with LocalReceiver(log_path=log_path, port=port) as receiver:
-        sys.stdout.write(f"receiver ready: {receiver.url}\n")  # the line a parent process waits for
-        sys.stdout.flush()
-        await stop.wait()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Serve the local Slack/PagerDuty/Alertmanager/webhook stand-ins.")
     parser.add_argument("--log", type=Path, default=None, help="append each accepted request here (JSON lines)")
     parser.add_argument("--port", type=int, default=0, help="default: a free port")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    asyncio.run(_serve(args.log, args.port))
+    asyncio.run(serve_until_signalled(LocalReceiver(log_path=args.log, port=args.port), "receiver ready: "))
     return 0
 
 

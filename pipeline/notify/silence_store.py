@@ -12,11 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
 from pydantic import ValidationError
 
 from servewatch.pipeline import topics
-from servewatch.pipeline.kafka import PLAINTEXT, KafkaAuth, producer
+from servewatch.pipeline.kafka import PLAINTEXT, KafkaAuth, follow_topic, send_one
 from servewatch.pipeline.notify.silences import SilenceBook
 from servewatch.schemas.silence import Silence
 
@@ -32,26 +31,11 @@ class SilenceFeed:
 
     async def run(self, follow: bool = True) -> None:
         """Read every silence, set ``ready`` at the end the topic had at start, then keep following."""
-        consumer = AIOKafkaConsumer(bootstrap_servers=self.bootstrap, group_id=None, enable_auto_commit=False,
-                                    **self.auth.client_options())  # fmt: skip
-        await consumer.start()
-        try:
-            numbers = consumer.partitions_for_topic(topics.SILENCES) or await _partitions(consumer)
-            partitions = [TopicPartition(topics.SILENCES, p) for p in numbers]
-            consumer.assign(partitions)
-            await consumer.seek_to_beginning(*partitions)
-            ends = await consumer.end_offsets(partitions)
-            while True:
-                for messages in (await consumer.getmany(timeout_ms=200)).values():
-                    for message in messages:
-                        self._apply(message.value)
-                if not self.ready.is_set() and await _caught_up(consumer, ends):
-                    logger.info("silences read: %d known", len(self.book.all()))
-                    self.ready.set()
-                    if not follow:
-                        return
-        finally:
-            await consumer.stop()
+        async for record in follow_topic(self.bootstrap, topics.SILENCES, follow=follow, auth=self.auth):
+            self._apply(record.value)
+            if record.caught_up and not self.ready.is_set():
+                logger.info("silences read: %d known", len(self.book.all()))
+                self.ready.set()
 
     async def run_forever(self, retry_s: float = 2.0) -> None:
         """``run``, started again after a failure (the broker away, a rebalance of metadata):
@@ -74,16 +58,6 @@ class SilenceFeed:
             logger.warning("skipped an unreadable silence record: %s", exc.errors()[0]["msg"])
 
 
-async def _caught_up(consumer: AIOKafkaConsumer, ends: dict[TopicPartition, int]) -> bool:
-    positions = [await consumer.position(tp) for tp in ends]
-    return all(position >= end for position, end in zip(positions, ends.values(), strict=True))
-
-
-async def _partitions(consumer: AIOKafkaConsumer) -> set[int]:
-    await consumer.topics()  # refreshes metadata
-    return consumer.partitions_for_topic(topics.SILENCES) or {0}
-
-
 async def read_silences(bootstrap: str, auth: KafkaAuth = PLAINTEXT) -> list[Silence]:
     """Every silence's latest record, as the notifiers see them."""
     book = SilenceBook()
@@ -92,9 +66,4 @@ async def read_silences(bootstrap: str, auth: KafkaAuth = PLAINTEXT) -> list[Sil
 
 
 async def write_silence(bootstrap: str, silence: Silence, auth: KafkaAuth = PLAINTEXT) -> None:
-    client = producer(bootstrap, auth=auth)
-    await client.start()
-    try:
-        await client.send_and_wait(topics.SILENCES, key=silence.id.encode(), value=silence.model_dump_json().encode())
-    finally:
-        await client.stop()
+    await send_one(bootstrap, topics.SILENCES, silence.id.encode(), silence.model_dump_json().encode(), auth)

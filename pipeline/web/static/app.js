@@ -181,10 +181,10 @@
 
   // -- live updates --------------------------------------------------------------------------------
   const page = body.dataset.page;
-  if ((page === "changes" || page === "change") && window.EventSource) {
-    // a new marker or report: say so (the tables are the server's; a reload shows them)
-    const stream = new EventSource("/api/stream?kinds=change_marker,change_report");
-    const notice = document.getElementById("changes-updated");
+
+  // One server-sent event stream: the live badge follows its state, each record goes to onRecord.
+  function follow(url, onRecord) {
+    const stream = new EventSource(url);
     stream.onopen = () => {
       live.textContent = "live";
       body.dataset.live = "open";
@@ -200,28 +200,21 @@
       } catch (error) {
         return;
       }
+      onRecord(record);
+    };
+  }
+
+  if ((page === "changes" || page === "change") && window.EventSource) {
+    // a new marker or report: say so (the tables are the server's; a reload shows them)
+    const notice = document.getElementById("changes-updated");
+    follow("/api/stream?kinds=change_marker,change_report", (record) => {
       const id = record.kind === "change_report" ? record.change : record.id;
       if (page === "change" && id !== body.dataset.change) return;
       if (notice) notice.hidden = false;
-    };
+    });
   }
   if ((page === "groups" || page === "group") && window.EventSource) {
-    const stream = new EventSource("/api/stream");
-    stream.onopen = () => {
-      live.textContent = "live";
-      body.dataset.live = "open";
-    };
-    stream.onerror = () => {
-      live.textContent = "reconnecting";
-      body.dataset.live = "closed";
-    };
-    stream.onmessage = (message) => {
-      let record;
-      try {
-        record = JSON.parse(message.data);
-      } catch (error) {
-        return;
-      }
+    follow("/api/stream", (record) => {
       if (page === "groups") {
         if (record.kind === "group") showGroup(record);
         if (record.kind === "feedback") showVerdictInList(record);
@@ -230,6 +223,6 @@
       if (record.kind === "group" && record.group === body.dataset.group) updateGroupState(record);
       if (record.kind === "feedback" && record.group === body.dataset.group) addFeedback(record);
       if (record.kind === "incident" && record.group === body.dataset.group) updateMember(record);
-    };
+    });
   }
 })();
