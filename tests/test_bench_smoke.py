@@ -25,6 +25,14 @@ def test_scale_benchmark_runs_and_the_cap_holds() -> None:
     assert "capped" in rows[-1] and "RSS per live segment" in out
 
 
+def test_compare_on_the_real_gpu_runs_reads_the_degradation_and_says_when_load_differs() -> None:
+    out = run("-m", "bench.compare_real", "--resamples", "200")
+    degraded = next(line for line in out.splitlines() if "across the real degradation" in line).split()
+    rates = next(i for i, token in enumerate(degraded) if ">" in token)
+    assert degraded[rates + 1] == "regressed"  # TTFT p50, after the real fault
+    assert "load differs: 4.9 req/s before, 1.5 after" in out  # the healthy halves ran at other loads
+
+
 @pytest.mark.integration
 def test_throughput_benchmark_runs() -> None:
     out = run("-m", "bench.throughput", "--records", "3000", "--single", "300", "--repeat", "1")
