@@ -44,7 +44,10 @@ class IncidentGroup(BaseModel):
     transition: Literal["firing", "update", "resolved"]
     cause: str = Field(description="The hint code the members share (their likely cause).")
     model: str
-    severity: Severity = Field(description="The highest severity among members still open.")
+    severity: Severity = Field(
+        description="The highest severity among members still open (down only after it has held a while); always "
+        "'info' for a group explained by load."
+    )
     window_start: float = Field(description="Unix seconds: when the group's first incident started.")
     window_end: float = Field(description="Unix seconds: the end of the window that moved the group.")
     members: list[GroupMember] = Field(description="Every incident the group has held, its latest state.")
@@ -53,6 +56,11 @@ class IncidentGroup(BaseModel):
     title: str = Field(description="One line: the cause, the model, how many segments, which signals.")
     summary: str
     feedback: Feedback | None = Field(default=None, description="On-call's latest verdict on the group.")
+    explained_by_load: bool = Field(
+        default=False,
+        description="The model's load group: incidents a burst or surge of demand explains (a queue, what it "
+        "lengthens), told together and never paging.",
+    )
 
     @property
     def pages(self) -> bool:

@@ -44,12 +44,13 @@ def test_prefix_caching_off_is_one_group_per_model_however_many_incidents(
 
 
 def event(fp: str, route: str, *, status: Status = Status.FIRING, transition: str = "firing", end: float = 10.0,
-          severity: Severity = Severity.WARNING, hint: str = "capacity_lost") -> AnomalyEvent:  # fmt: skip
+          severity: Severity = Severity.WARNING, hint: str = "capacity_lost", demand: float = 1.0,
+          explained: bool = False, signal: Signal = Signal.TTFT) -> AnomalyEvent:  # fmt: skip
     return AnomalyEvent(
         id=f"{fp}-{transition}-{end}", fingerprint=fp, status=status, transition=transition,  # type: ignore[arg-type]
-        signal=Signal.TTFT, segment={"model": "m", "route": route}, window_start=end - 10, window_end=end,
-        observed=2.0, expected=1.0, score=6.0, severity=severity, load={}, explained_by_load=False,
-        hints=[Hint(code=hint, message="")], summary="",
+        signal=signal, segment={"model": "m", "route": route}, window_start=end - 10, window_end=end,
+        observed=2.0, expected=1.0, score=6.0, severity=severity, load={"demand_vs_usual": demand},
+        explained_by_load=explained, hints=[Hint(code=hint, message="")], summary="",
     )  # fmt: skip
 
 
@@ -66,3 +67,40 @@ def test_updates_of_members_move_nothing_a_step_up_does_and_the_last_resolve_end
     assert [g.transition for g in told] == ["resolved"] and len(grouper) == 1
     again, told = grouper.add(event("c", "rag", end=300.0))  # the cause again, later: a new group
     assert again.group not in (key, other.group) and told[0].transition == "firing"
+
+
+def test_one_burst_is_one_group_explained_by_load_that_never_pages() -> None:
+    """Incidents a burst of demand causes join one group whatever each one's hint, and the group
+    is info throughout, even when a member's window crosses the paging or critical bound."""
+    grouper = IncidentGrouper()
+    first, told = grouper.add(event("a", "chat", hint="queue_building", demand=1.6))
+    assert told[0].transition == "firing" and told[0].explained_by_load and not told[0].pages
+    second, told = grouper.add(event("b", "rag", hint="latency_rise", demand=1.5, end=20.0))
+    third, _ = grouper.add(event("c", "code", hint="capacity_lost", demand=2.4, end=30.0, severity=Severity.CRITICAL))
+    fourth, told = grouper.add(event("d", "chat", hint="capacity_saturated", explained=True, severity=Severity.INFO,
+                                     end=40.0))  # fmt: skip
+    assert first.group == second.group == third.group == fourth.group
+    assert told[0].cause == "capacity_saturated" and told[0].severity is Severity.INFO and not told[0].pages
+    # A fault load cannot cause, during the same surge, is its own group and pages.
+    cache, told = grouper.add(event("e", "chat", hint="prefix_cache_ineffective", demand=2.0, end=50.0,
+                                    signal=Signal.CACHE_HIT_RATE))  # fmt: skip
+    assert cache.group != first.group and told[0].pages
+
+
+def test_a_queue_at_usual_demand_is_not_the_load_story_and_pages() -> None:
+    _, told = IncidentGrouper().add(event("a", "chat", hint="capacity_lost", demand=1.0))
+    assert told[0].pages and not told[0].explained_by_load and told[0].cause == "capacity_lost"
+
+
+def test_a_groups_severity_steps_up_at_once_and_down_only_after_it_held_a_while() -> None:
+    grouper = IncidentGrouper(step_down_after_s=60.0)
+    grouper.add(event("a", "chat"))
+    _, told = grouper.add(event("b", "rag", end=20.0, severity=Severity.CRITICAL))
+    assert told[0].severity is Severity.CRITICAL
+    # The critical member resolves: the group stays critical for a minute of event time ...
+    grouper.add(event("b", "rag", status=Status.RESOLVED, transition="resolved", end=30.0))
+    _, told = grouper.add(event("c", "code", end=60.0))
+    assert told[0].severity is Severity.CRITICAL
+    # ... then steps down with the next record after it.
+    _, told = grouper.add(event("d", "agent", end=100.0))
+    assert told[0].severity is Severity.WARNING

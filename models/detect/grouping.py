@@ -7,6 +7,23 @@ group has an open member, every incident of the same model and cause that fires 
 when its last member resolves, the group resolves, and the next such incident starts a new
 group. Pure logic: no clock but the events' own windows.
 
+**One burst, one group.** A burst of demand slows a model everywhere at once, and each
+segment's incident names what it saw of it first: a queue building, a latency rise, slots
+that look lost, the engines saturated. Those are one story, told by the load: an incident
+whose cause load can produce (``LOAD_PLAUSIBLE``) and that fired while its model's demand
+was well above usual or its engines flat out with a queue (``under_load``) joins the
+model's open *load group*, whatever its hint. The load group's cause is the strongest
+explanation among its members (``capacity_saturated`` over ``queueing`` over the rest), and
+it never pages (severity ``info``: routed to a channel, not a pager): a queue that demand
+built is capacity to plan, not a fault to wake someone for. Causes load cannot produce (the
+cache failing, truncations, errors, slower decode) keep their own groups and page, surge or
+not; so does a queue at usual demand with fewer slots busy than usual (``capacity_lost``
+without the load story).
+
+**Stable severity.** A group's severity steps up at once (an ``update`` record), and steps
+down only once its open members have been below it for ``step_down_after_s`` of event time:
+a member that crosses the critical bound and back every window does not flap the group.
+
 ``IncidentGrouper.add`` takes each incident event in order and returns it with its
 ``group`` set, and the group's own records (``IncidentGroup``) when the group moves:
 ``firing`` with its first member, ``update`` when a member joins or the group's severity
@@ -53,11 +70,56 @@ _FEEDBACK_KEPT = 10_000
 #: different diagnoses stay apart, and the change is on every member (``AnomalyEvent.change``).
 CONTEXT_HINTS = frozenset({"change_marker"})
 
+#: Causes that mean "the load did it", strongest first: a group holding one is explained by load.
+LOAD_CAUSES = ("capacity_saturated", "queueing")
+#: Causes a burst of demand can produce on its own (a queue and what it lengthens); an incident
+#: with one of these, fired under load, is part of the load's story. The rest (cache, decode,
+#: truncation, errors, leaks, KV exhaustion) are faults whatever the load.
+LOAD_PLAUSIBLE = frozenset(
+    {*LOAD_CAUSES, "queue_building", "capacity_lost", "latency_rise", "latency_drift", "traffic_shift",
+     "prefill_bound", "kv_cache_pressure", "new_segment"}
+    | {f"signal:{s.value}" for s in (Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E, Signal.PREFILL_TIME,
+                                     Signal.PREFILL_PER_TOKEN, Signal.THROUGHPUT, Signal.ITL)}
+)  # fmt: skip
+#: Demand (arrivals against the model's usual) from which a rise of a queue-sensitive signal is
+#: read as the load's doing: the capacity model's surge ratio (``models.stats.capacity``).
+DEMAND_SURGE = 1.3
+#: Slots busy against the most the model's engines have kept busy, from which a queue means
+#: the engines were full (``models.detect.signal_detector.MOMENTARY_BUSY``).
+FLAT_OUT = 0.7
+#: The key under which a model's load group is kept open (one per model at a time).
+_LOAD_KEY = "load"
+
 
 def cause_of(event: AnomalyEvent) -> str:
     """An incident's likely cause, for grouping: its top diagnostic hint, else its signal."""
     codes = [hint.code for hint in event.hints if hint.code not in CONTEXT_HINTS]
     return codes[0] if codes else f"signal:{event.signal.value}"
+
+
+def under_load(event: AnomalyEvent) -> bool:
+    """Whether ``event`` fired as part of a load story: load explained it, or its model's
+    demand was well above usual, or the engines were flat out while requests queued."""
+    if event.explained_by_load or any(h.code in LOAD_CAUSES for h in event.hints):
+        return True
+    load = event.load
+    if load.get("demand_vs_usual", 1.0) >= DEMAND_SURGE or load.get("saturated", 0.0) > 0:
+        return True
+    return load.get("running_vs_most", 0.0) >= FLAT_OUT and load.get("queue_s", 0.0) > 0
+
+
+def load_story(event: AnomalyEvent) -> bool:
+    """Whether ``event`` belongs in its model's load group: a cause load can produce, under load."""
+    return cause_of(event) in LOAD_PLAUSIBLE and under_load(event)
+
+
+def strongest_cause(causes: list[str]) -> str:
+    """A load group's cause: the strongest explanation among its members' (load first), else
+    the first member's."""
+    for cause in LOAD_CAUSES:
+        if cause in causes:
+            return cause
+    return causes[0]
 
 
 def group_title(cause: str, model: str, segments: int, signals: list[Signal]) -> str:
@@ -78,20 +140,40 @@ class _Group:
     start: float
     members: dict[str, GroupMember] = field(default_factory=dict)  # by fingerprint, in order of joining
     severity: Severity = Severity.INFO
+    load: bool = False  # the model's load group: explained by load, never pages
+    causes: list[str] = field(default_factory=list)  # the members' own causes (a load group's)
+    lower_since: float | None = None  # event time from which the open members were below ``severity``
 
     @property
     def open_members(self) -> list[GroupMember]:
         return [m for m in self.members.values() if m.status is Status.FIRING]
 
-    def current_severity(self) -> Severity:
+    def members_severity(self) -> Severity:
         open_ = self.open_members or list(self.members.values())
         return max((m.severity for m in open_), key=SEVERITY_RANK.__getitem__, default=Severity.INFO)
+
+    def settle_severity(self, now: float, step_down_after_s: float) -> bool:
+        """Move the group's severity to its members' as of ``now``: up at once, down only once
+        they have been lower for ``step_down_after_s``; a load group stays ``info``. Whether it
+        stepped up."""
+        target = Severity.INFO if self.load else self.members_severity()
+        rank, held = SEVERITY_RANK[target], SEVERITY_RANK[self.severity]
+        if rank >= held:
+            self.lower_since = None
+            self.severity = target
+            return rank > held
+        if self.lower_since is None:
+            self.lower_since = now
+        if now - self.lower_since >= step_down_after_s:
+            self.severity, self.lower_since = target, None
+        return False
 
 
 class IncidentGrouper:
     """Open groups by (model, cause), and which group each open incident is in."""
 
-    def __init__(self) -> None:
+    def __init__(self, step_down_after_s: float = 60.0) -> None:
+        self.step_down_after_s = step_down_after_s
         self._open: dict[tuple[str, str], _Group] = {}
         self._member_of: dict[str, _Group] = {}  # fingerprint -> its group, while the group is open
         self._feedback: dict[str, Feedback] = {}  # group key -> on-call's latest verdict
@@ -114,11 +196,7 @@ class IncidentGrouper:
         if group is None:
             if event.status is Status.RESOLVED:
                 return event, []  # an incident from before this grouper (a restart): alone
-            model, cause = event.segment.get("model", "other"), cause_of(event)
-            group = self._open.get((model, cause))
-            if group is None:
-                group = _Group(group_key(model, cause, event.window_start), model, cause, event.window_start)
-                self._open[(model, cause)] = group
+            group = self._group_for(event)
             self._member_of[event.fingerprint] = group
             joined = True
         new = not group.members
@@ -127,11 +205,12 @@ class IncidentGrouper:
             severity=event.severity,
         )  # fmt: skip
         event = event.model_copy(update={"group": group.key, "feedback": self._feedback.get(group.key)})
-        severity = group.current_severity()
-        stepped_up = SEVERITY_RANK[severity] > SEVERITY_RANK[group.severity]
-        group.severity = severity
+        if joined and group.load:
+            group.causes.append(cause_of(event))
+            group.cause = strongest_cause(group.causes)
+        stepped_up = group.settle_severity(event.window_end, self.step_down_after_s)
         if not group.open_members:  # the last member resolved: so does the group
-            del self._open[(group.model, group.cause)]
+            del self._open[(group.model, _LOAD_KEY if group.load else group.cause)]
             for fingerprint in group.members:
                 self._member_of.pop(fingerprint, None)
             return event, [self._record(group, event, "resolved")]
@@ -140,6 +219,19 @@ class IncidentGrouper:
         if joined or stepped_up:
             return event, [self._record(group, event, "update")]
         return event, []
+
+    def _group_for(self, event: AnomalyEvent) -> _Group:
+        """The open group ``event`` joins: its model's load group if it is part of the load's
+        story, else its model's group of its cause; a new one if there is none."""
+        model, cause = event.segment.get("model", "other"), cause_of(event)
+        load = load_story(event)
+        slot = (model, _LOAD_KEY if load else cause)
+        group = self._open.get(slot)
+        if group is None:
+            key = group_key(model, _LOAD_KEY if load else cause, event.window_start)
+            group = _Group(key, model, cause, event.window_start, load=load)
+            self._open[slot] = group
+        return group
 
     def _record(
         self, group: _Group, event: AnomalyEvent, transition: Literal["firing", "update", "resolved"]
@@ -169,7 +261,8 @@ class IncidentGrouper:
             title=title,
             summary=summary,
             feedback=self._feedback.get(group.key),
+            explained_by_load=group.load,
         )
 
 
-__all__ = ["IncidentGrouper", "cause_of", "group_key"]
+__all__ = ["IncidentGrouper", "cause_of", "group_key", "load_story"]
