@@ -13,7 +13,8 @@ that look lost, the engines saturated. Those are one story, told by the load: an
 whose cause load can produce (``LOAD_PLAUSIBLE``) and that fired while its model's demand
 was well above usual or its engines flat out with a queue (``under_load``) joins the
 model's open *load group*, whatever its hint. The load group's cause is the strongest
-explanation among its members (``capacity_saturated`` over ``queueing`` over the rest), and
+explanation among its members (``capacity_saturated`` over ``queueing`` over ``traffic_shift``, a mix moved to
+longer prompts: load in tokens), and
 it never pages (severity ``info``: routed to a channel, not a pager): a queue that demand
 built is capacity to plan, not a fault to wake someone for. Causes load cannot produce (the
 cache failing, truncations, errors, slower decode) keep their own groups and page, surge or
@@ -71,13 +72,14 @@ _FEEDBACK_KEPT = 10_000
 CONTEXT_HINTS = frozenset({"change_marker"})
 
 #: Causes that mean "the load did it", strongest first: a group holding one is explained by load.
-LOAD_CAUSES = ("capacity_saturated", "queueing")
+#: A mix moved to longer prompts or outputs is load too, counted in tokens rather than requests.
+LOAD_CAUSES = ("capacity_saturated", "queueing", "traffic_shift")
 #: Causes a burst of demand can produce on its own (a queue and what it lengthens); an incident
 #: with one of these, fired under load, is part of the load's story. The rest (cache, decode,
 #: truncation, errors, leaks, KV exhaustion) are faults whatever the load.
 LOAD_PLAUSIBLE = frozenset(
-    {*LOAD_CAUSES, "queue_building", "capacity_lost", "latency_rise", "latency_drift", "traffic_shift",
-     "prefill_bound", "kv_cache_pressure", "new_segment"}
+    {*LOAD_CAUSES, "queue_building", "capacity_lost", "latency_rise", "latency_drift", "prefill_bound",
+     "kv_cache_pressure", "new_segment"}
     | {f"signal:{s.value}" for s in (Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E, Signal.PREFILL_TIME,
                                      Signal.PREFILL_PER_TOKEN, Signal.THROUGHPUT, Signal.ITL)}
 )  # fmt: skip
@@ -100,7 +102,9 @@ def cause_of(event: AnomalyEvent) -> str:
 def under_load(event: AnomalyEvent) -> bool:
     """Whether ``event`` fired as part of a load story: load explained it, or its model's
     demand was well above usual, or the engines were flat out while requests queued."""
-    if event.explained_by_load or any(h.code in LOAD_CAUSES for h in event.hints):
+    # Saturation and queueing explain wherever they rank; a mix shift only as the top cause (as a
+    # lesser hint beside, say, slower prefill per token, it is context, not the explanation).
+    if event.explained_by_load or cause_of(event) in LOAD_CAUSES or any(h.code in LOAD_CAUSES[:2] for h in event.hints):
         return True
     load = event.load
     if load.get("demand_vs_usual", 1.0) >= DEMAND_SURGE or load.get("saturated", 0.0) > 0:

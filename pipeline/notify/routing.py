@@ -30,8 +30,11 @@ def open_members(members: Iterable[AnomalyEvent]) -> list[AnomalyEvent]:
     return [m for m in members if m.status is Status.FIRING]
 
 
-def explained_by_load(members: Iterable[AnomalyEvent]) -> bool:
-    """A group is explained by load when every open member is (every member, once all resolved)."""
+def explained_by_load(members: Iterable[AnomalyEvent], group: IncidentGroup | None = None) -> bool:
+    """A group is explained by load when the grouper says so (its model's load group), or when
+    every open member is (every member, once all resolved)."""
+    if group is not None and group.explained_by_load:
+        return True
     members = list(members)
     judged = open_members(members) or members
     return bool(judged) and all(m.explained_by_load for m in judged)
@@ -47,7 +50,7 @@ def labels_of(group: IncidentGroup, members: Iterable[AnomalyEvent]) -> dict[str
         "severity": {group.severity.value},
         "status": {group.status.value},
         "signal": {s.value for s in group.signals} | {m.signal.value for m in members},
-        "explained_by_load": {str(explained_by_load(members)).lower()},
+        "explained_by_load": {str(explained_by_load(members, group)).lower()},
     }
     for segment in [*(m.segment for m in group.members), *(m.segment for m in members)]:
         for name, value in segment.items():
@@ -71,7 +74,7 @@ def wants(route: Route, group: IncidentGroup, members: Iterable[AnomalyEvent]) -
     members = list(members)
     if SEVERITY_RANK[group.severity] < SEVERITY_RANK[route.min_severity]:
         return False
-    if route.explained_by_load is not None and explained_by_load(members) != route.explained_by_load:
+    if route.explained_by_load is not None and explained_by_load(members, group) != route.explained_by_load:
         return False
     labels = labels_of(group, members)
     conditions = [
