@@ -7,6 +7,7 @@
 from servewatch.models.stats.cache_hits import CacheHitRate
 from servewatch.models.stats.latency import LoadConditionedLatency
 from servewatch.models.stats.rates import BetaBinomialRate
+from servewatch.models.stats.series_level import SeriesLevel
 from servewatch.models.stats.share import ShareLevel
 from servewatch.models.stats.traffic import TrafficModel
 
@@ -16,6 +17,15 @@ REGISTRY: dict[str, type] = {
     "share_level": ShareLevel,
     "cache_hit_rate": CacheHitRate,
     "traffic": TrafficModel,
+    "series_level": SeriesLevel,
 }
 
-__all__ = ["REGISTRY", "BetaBinomialRate", "CacheHitRate", "LoadConditionedLatency", "ShareLevel", "TrafficModel"]
+__all__ = [
+    "REGISTRY",
+    "BetaBinomialRate",
+    "CacheHitRate",
+    "LoadConditionedLatency",
+    "SeriesLevel",
+    "ShareLevel",
+    "TrafficModel",
+]

@@ -142,3 +142,71 @@ def test_an_incident_resolves_only_once_back_near_the_baseline_not_merely_short_
     assert {p.status for p in scored[151:175]} == {"firing"}, [p.status for p in scored[151:176]]
     assert "resolved" in {p.status for p in scored[175:185]}
     assert sum(p.is_anomaly for p in scored) == 1  # one page, not one per flare
+
+
+# -- a series without load columns: its own recent level (``SeriesLevel``, issue #28) ----------
+
+
+def pages_of(values: list[float], **kwargs: object) -> list[int]:
+    points = [{"timestamp": i, "value": v} for i, v in enumerate(values)]
+    return [i for i, p in enumerate(score_series(points, **kwargs)) if p.is_anomaly]  # type: ignore[arg-type]
+
+
+def test_a_short_spike_and_a_level_shift_are_flagged_and_a_noisy_flat_series_is_not() -> None:
+    rng = random.Random(11)
+    noisy = [45.0 * math.exp(rng.gauss(0, 0.05)) for _ in range(3000)]  # 5 % noise, like ec2 latency
+    assert pages_of(noisy) == []
+    spike = [*noisy[:1000], 120.0, 95.0, 110.0, *noisy[1003:]]  # three points at 2-3x
+    assert pages_of(spike) == [1001]
+    shift = [*noisy[:2000], *[1.3 * v for v in noisy[2000:2050]], *noisy[2050:]]  # +30 %: 5 sds, held
+    scored = list(score_series([{"timestamp": i, "value": v} for i, v in enumerate(shift)]))
+    pages = [i for i, p in enumerate(scored) if p.is_anomaly]
+    # It fires within a few points and holds to the end of the shift (later pages are steps up
+    # in severity, warning to critical, as the live detector sends them), then resolves.
+    assert 2000 < pages[0] <= 2004 and all(i < 2050 for i in pages)
+    assert {p.status for p in scored[pages[0] : 2050]} == {"firing"}
+    assert "resolved" in {p.status for p in scored[2050:2060]}
+
+
+def test_a_lone_wild_point_is_anomalous_but_pages_only_with_a_second() -> None:
+    """The lifecycle is the live detector's: 2 anomalous points of 3 fire an incident."""
+    values = [0.5 * math.exp(random.Random(i).gauss(0, 0.05)) for i in range(300)]
+    values[200] = 2.0
+    scored = list(score_series([{"timestamp": i, "value": v} for i, v in enumerate(values)]))
+    assert scored[200].anomaly_score >= 4 and scored[200].status == "pending"
+    assert not any(p.is_anomaly for p in scored)
+
+
+def test_the_scale_follows_the_series_within_hours_not_days() -> None:
+    """A wild start (a deploy's warm-up, log sd 0.5) must not blind the model to a 2x rise
+    once the series has settled to 5 % noise (NAB's network series did that to the
+    load-conditioned model, whose noise forgets over hundreds of windows)."""
+    rng = random.Random(4)
+    values = [math.exp(rng.gauss(0, 0.5)) for _ in range(100)] + [math.exp(rng.gauss(0, 0.05)) for _ in range(400)]
+    values[450:460] = [2 * v for v in values[450:460]]
+    assert pages_of(values) == [451]
+
+
+def test_load_columns_choose_the_load_conditioned_model(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    values = ttft_series(seed=6)
+    plain = [{"timestamp": i, "value": v} for i, v in enumerate(values)]
+    loaded = [{**p, "requests_per_s": 10.0} for p in plain]
+    assert list(score_series(plain)) == list(score_series(plain, model="series"))
+    assert list(score_series(loaded)) == list(score_series(loaded, model="load"))
+    assert list(score_series(plain, model="series")) != list(score_series(plain, model="load"))
+    write_series(tmp_path / "in.csv", values)
+    assert main(["backtest-series", "--in", str(tmp_path / "in.csv"), "--out", str(tmp_path / "out.csv")]) == 0
+    assert "against its own recent level" in capsys.readouterr().err
+    write_series(tmp_path / "loaded.csv", values, load=[10.0] * len(values))
+    assert main(["backtest-series", "--in", str(tmp_path / "loaded.csv"), "--out", str(tmp_path / "out.csv")]) == 0
+    assert "conditioned on its load columns" in capsys.readouterr().err
+
+
+def test_a_throughput_series_pages_on_a_drop() -> None:
+    """The series model keeps the signal's tail: lower decode throughput is the fault."""
+    rng = random.Random(8)
+    values = [40.0 * math.exp(rng.gauss(0, 0.05)) for _ in range(400)]
+    values[300:310] = [v / 2 for v in values[300:310]]
+    assert pages_of(values, signal=Signal.THROUGHPUT) == [301]
+    values[300:310] = [v * 4 for v in values[300:310]]  # faster than usual: no fault
+    assert pages_of(values, signal=Signal.THROUGHPUT) == []

@@ -57,6 +57,12 @@ def traffic_stream(seed: int, n: int) -> list[tuple[dict[str, Any], float]]:
     return [({"hour": (i // 360) % 24}, float(rng.randint(30, 70))) for i in range(n)]
 
 
+def series_stream(seed: int, n: int) -> list[tuple[dict[str, Any], float]]:
+    """An exported series without load columns: latency around 0.5 s whose level wanders."""
+    rng = random.Random(seed)
+    return [({}, 0.5 * (1 + 0.3 * math.sin(i / 40)) * math.exp(rng.gauss(0, 0.1))) for i in range(n)]
+
+
 #: How each registered model is fed: a new model must say what its windows look like.
 STREAMS = {
     "load_conditioned_latency": latency_stream,
@@ -64,6 +70,7 @@ STREAMS = {
     "share_level": share_stream,
     "cache_hit_rate": cache_stream,
     "traffic": traffic_stream,
+    "series_level": series_stream,
 }
 
 

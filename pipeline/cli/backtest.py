@@ -6,6 +6,7 @@ import argparse
 import math
 import sys
 from collections.abc import Iterator
+from typing import Literal
 
 from servewatch.pipeline.cli.common import output, settings_from
 
@@ -91,6 +92,14 @@ def _as_counts(points: list[dict[str, float]], kind: str, trials: int | None, pa
                 point["trials"] = n
 
 
+def judged_by_load(points: list[dict[str, float]]) -> bool:
+    """Whether the export has load columns (on any row): they condition latency on demand;
+    without them a series is judged by its own recent level (``SeriesLevel``)."""
+    from servewatch.models.detect.series import LOAD_COLUMNS
+
+    return any(name in point for point in points for name in LOAD_COLUMNS)
+
+
 def cmd_backtest_series(args: argparse.Namespace) -> int:
     """Score one exported series with a signal's model and its incident lifecycle, no look-ahead."""
     import csv
@@ -112,14 +121,19 @@ def cmd_backtest_series(args: argparse.Namespace) -> int:
         print(f"servewatch backtest-series: {exc}", file=sys.stderr)
         return 2
     points.sort(key=lambda p: p["timestamp"])
+    loaded = judged_by_load(points)
+    model: Literal["load", "series"] = "load" if loaded else "series"
     pages = 0
     with output(args.out, "w") as out:
         writer = csv.writer(out)
         writer.writerow(["timestamp", "value", "anomaly_score", "is_anomaly", "status", "explained_by_load"])
-        for p in score_series(points, signal, settings.threshold, settings.grace_windows):
+        for p in score_series(points, signal, settings.threshold, settings.grace_windows, model=model):
             writer.writerow([f"{p.timestamp:.3f}", p.value, p.anomaly_score, str(p.is_anomaly).lower(), p.status,
                              str(p.explained_by_load).lower()])  # fmt: skip
             pages += p.is_anomaly
-    print(f"scored {len(points):,} points with the {signal.value} model: {pages:,} pages (incidents starting or "
-          f"stepping up; threshold {settings.threshold})", file=sys.stderr)  # fmt: skip
+    how = ""
+    if BY_SIGNAL[signal].kind == "latency":
+        how = " (conditioned on its load columns)" if loaded else " (against its own recent level: no load columns)"
+    print(f"scored {len(points):,} points with the {signal.value} model{how}: {pages:,} pages (incidents starting "
+          f"or stepping up; threshold {settings.threshold})", file=sys.stderr)  # fmt: skip
     return 0
