@@ -7,12 +7,27 @@ Runs ``pipeline.dev.scenarios`` through ``Replay`` (the worker's code without a 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
-from servewatch.pipeline.dev.scenarios import BY_NAME, SCENARIOS, ScenarioResult, run_scenario
-from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status
+from servewatch.pipeline.dev.scenarios import (
+    BY_NAME,
+    ERROR_BURST_COUNT,
+    ERROR_BURST_S,
+    FAMILIES,
+    PAGER_FAULT_AT_S,
+    PAGER_SCENARIOS,
+    PAGER_WEEK,
+    SCENARIOS,
+    ScenarioResult,
+    run_scenario,
+)
+from servewatch.pipeline.dev.workload import EPOCH
+from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
+
+PAGER_BY_NAME = {s.name: s for s in PAGER_SCENARIOS}
 
 _results: dict[str, ScenarioResult] = {}
 
@@ -187,3 +202,83 @@ def test_the_slowest_requests_of_each_latency_case_show_its_fault_against_the_ba
     slowest, baseline = _sampled(event, "slowest"), _sampled(event, "baseline")
     assert len(slowest) == 3 and len(baseline) == 3
     assert _median([figure(r) for r in slowest]) >= factor * _median([figure(r) for r in baseline])
+
+
+# -- issue #28: the pager day family, counted as a pager receives it ------------------------
+
+
+def _incident(fp: str, signal: Signal, hint: str, severity: Severity, end: float, status: str = "firing",
+              transition: str = "firing") -> AnomalyEvent:  # fmt: skip
+    return AnomalyEvent(
+        id=f"{fp}{transition}{end}", fingerprint=fp, status=status, transition=transition, signal=signal,
+        segment={"model": "m", "route": "chat"}, window_start=end - 10, window_end=end, observed=2.0, expected=1.0,
+        score=6.0, severity=severity, load={}, explained_by_load=False, hints=[Hint(code=hint, message=hint)],
+        summary=f"{signal.value} {severity.value}",
+    )  # fmt: skip
+
+
+def test_group_pages_count_a_group_once_when_it_first_pages() -> None:
+    """One group opening as info and stepping up to warning, then critical, is one page (at the
+    step to warning); a member joining a paging group is none; an info-only group is none; a
+    group of the same cause opening again after the first resolved is a second page."""
+    scenario = dataclasses.replace(PAGER_BY_NAME["pager_three_hours"], judged_from_s=0.0)
+    info, warning, critical = Severity.INFO, Severity.WARNING, Severity.CRITICAL
+    events = [
+        _incident("a", Signal.TTFT, "queue_building", info, 20.0),
+        _incident("a", Signal.TTFT, "queue_building", warning, 30.0, transition="update"),  # steps up: page 1
+        _incident("b", Signal.QUEUE_TIME, "queue_building", critical, 40.0),  # joins, steps up: no page
+        _incident("c", Signal.E2E, "queueing", info, 40.0),  # info only: no page
+        _incident("a", Signal.TTFT, "queue_building", info, 80.0, "resolved", "resolved"),
+        _incident("b", Signal.QUEUE_TIME, "queue_building", info, 80.0, "resolved", "resolved"),
+        _incident("d", Signal.ERROR_RATE, "error_burst", warning, 100.0),  # page 2 (in the fault below)
+        _incident("e", Signal.TTFT, "queue_building", warning, 200.0),  # the cause again, a new group: page 3
+        _incident("f", Signal.TTFT, "capacity_lost", warning, 1e6),  # after the stream's end: the drain
+    ]
+    r = ScenarioResult(scenario, events, 90.0, 95.0, 10_000.0, 0, 1.0)
+    assert [(p.record.cause, p.record.severity, p.event.fingerprint) for p in r.group_pages] == [
+        ("queue_building", warning, "a"), ("error_burst", warning, "d"), ("queue_building", warning, "e"),
+    ]  # fmt: skip
+    assert not any(p.in_fault for p in r.group_pages)  # a run that must page nothing has no fault
+    assert len(r.false_group_pages) == 3
+    fault = dataclasses.replace(PAGER_BY_NAME["pager_error_burst"], judged_from_s=0.0)
+    fault_run = ScenarioResult(fault, events, 90.0, 95.0, 10_000.0, 0, 1.0)
+    assert [p.event.fingerprint for p in fault_run.false_group_pages] == ["a"]  # e is the fault's aftermath
+    # Groups that started paging in the detector's history are not pages on-call counts.
+    later = dataclasses.replace(scenario, judged_from_s=150.0)
+    assert [p.event.fingerprint for p in ScenarioResult(later, events, 90.0, 95.0, 10_000.0, 0, 1.0).group_pages] == [
+        "e"
+    ]
+
+
+def test_the_pager_day_family_is_in_the_bench_not_in_the_asserted_suite() -> None:
+    """Its runs record false pages still to fix (issue #28): the bench reports them; the suite
+    whose every case must pass does not hold them."""
+    assert "pager day" in FAMILIES
+    names = {s.name for s in PAGER_SCENARIOS} | {PAGER_WEEK.name}
+    assert not names & {s.name for s in SCENARIOS}
+    assert all(s.family == "pager day" for s in (*PAGER_SCENARIOS, PAGER_WEEK))
+    assert {s.name for s in PAGER_SCENARIOS if s.must_page} == {"pager_error_burst", "pager_capacity_halved"}
+
+
+def test_the_pager_day_faults_share_the_normal_runs_traffic() -> None:
+    """The fault runs are the three normal hours with one phase changed: the same requests
+    arrive, and until the fault every one is served as in the normal run (after it, the
+    failed requests' freed slots shift the others a little)."""
+    start, end = PAGER_FAULT_AT_S, PAGER_FAULT_AT_S + ERROR_BURST_S
+
+    def by_id(name: str) -> dict[str, dict[str, Any]]:
+        records = PAGER_BY_NAME[name].build(3).records()
+        return {r["request_id"]: r for r in records if r["timestamp"] < EPOCH + end + 1800}
+
+    def arrival(r: dict[str, Any]) -> float:
+        return float(r["timestamp"] - r["e2e_s"] - EPOCH)
+
+    plain, burst = by_id("pager_three_hours"), by_id("pager_error_burst")
+    assert plain.keys() == burst.keys()
+    assert all(plain[k] == burst[k] for k in plain if arrival(plain[k]) < start - 60)
+    assert all(plain[k]["prompt_tokens"] == burst[k]["prompt_tokens"] for k in plain)
+    failed = [r for k, r in burst.items() if r["finish_reason"] == "error" != plain[k]["finish_reason"]]
+    assert len(failed) == ERROR_BURST_COUNT
+    for r in failed:
+        assert start - 1e-3 <= arrival(r) < end
+        assert 1000 <= r["prompt_tokens"] < 3000  # inside the <4k band, away from its edge

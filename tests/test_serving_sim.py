@@ -12,14 +12,18 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from servewatch.pipeline.dev import real_runs, serving_sim
 from servewatch.pipeline.dev.real_runs import HEALTHY_S, RUN_NAMES, Injection, RealRunWorkload, run_columns
 from servewatch.pipeline.dev.serving_sim import (
     CHAT_MODEL,
+    CODE_MODEL,
     DEFAULT_FLEET,
     LOW_VOLUME_MODEL,
+    PAGER_CHAT_MODEL,
+    PAGER_FLEET,
     TRACES,
     SimPhase,
     TraceWorkload,
@@ -27,6 +31,7 @@ from servewatch.pipeline.dev.serving_sim import (
     read_sample,
     scenario_phases,
 )
+from servewatch.pipeline.dev.traffic_cycles import DAY_S, cycle_phases, diurnal_multiplier
 from servewatch.pipeline.dev.workload import EPOCH
 from servewatch.schemas.request_log import RequestLog
 
@@ -223,3 +228,119 @@ def test_real_run_truncation_cuts_a_share_of_the_stretch() -> None:
     assert 0.03 < len(cut) / inside < 0.07
     assert all(injection.start_s <= launch[int(r["request_id"].rsplit("-", 1)[1])] < injection.end_s for r in cut)
     assert all(r["completion_tokens"] == r["max_tokens"] == 1 for r in cut)
+
+
+# -- issue #28: KV budget, background errors and cut answers, daily cycles ----------------
+
+
+def _held_peak(records: list[dict[str, Any]], instance: str) -> int:
+    """The most KV tokens (prompt + answer) the engine's running requests held at once."""
+    spans = []
+    for r in records:
+        if r["instance"] == instance:
+            begin = _arrival(r) + r["queue_s"]
+            spans += [(begin, r["prompt_tokens"] + r["completion_tokens"]),
+                      (_arrival(r) + r["e2e_s"] - 1e-3, -(r["prompt_tokens"] + r["completion_tokens"]))]  # fmt: skip
+    held = peak = 0
+    for _, tokens in sorted(spans):
+        held += tokens
+        peak = max(peak, held)
+    return peak
+
+
+def test_a_kv_budget_makes_long_prompts_wait_with_slots_free() -> None:
+    """The same arrivals through engines that also hold prompt + answer tokens: long prompts
+    wait for room while slots are free, the budget is never exceeded, short prompts barely care."""
+    phases = (SimPhase("normal", 900),)
+    tight = dataclasses.replace(CHAT_MODEL, kv_tokens=240_000)
+    plain = {r["request_id"]: r for r in TraceWorkload(phases, models=(CHAT_MODEL,), seed=6).records()}
+    workload = TraceWorkload(phases, models=(tight,), seed=6)
+    budgeted = {r["request_id"]: r for r in workload.records()}
+    assert plain.keys() == budgeted.keys()  # the same requests: the budget changes only when they run
+
+    def mean_queue(records: dict[str, dict[str, Any]], long: bool) -> float:
+        return statistics.mean(r["queue_s"] for r in records.values() if (r["prompt_tokens"] > 32_768) == long)
+
+    assert mean_queue(budgeted, long=True) > 3 * mean_queue(plain, long=True) + 0.1
+    assert mean_queue(budgeted, long=True) > mean_queue(budgeted, long=False)
+    records = list(budgeted.values())
+    for instance in {r["instance"] for r in records}:
+        assert _held_peak(records, instance) <= tight.kv_tokens
+    occupancy = workload.occupancy(tight.name)
+    assert occupancy.kv_tokens == 4 * 240_000 and 0.2 < occupancy.kv_share() < 0.9
+    free_slots_waiting = (occupancy.waiting > 0) & (occupancy.busy < occupancy.slots - 4)
+    assert free_slots_waiting.mean() > 0.01  # waits that no slot count explains
+
+
+def test_the_pager_fleet_is_calibrated_like_the_plain_one() -> None:
+    """With their KV budgets, the pager fleet's engines still run at ~60 % of the slots (chat),
+    waits stay occasional, and the KV budget binds now and then."""
+    workload = TraceWorkload((SimPhase("normal", 1800),), models=(PAGER_CHAT_MODEL,), seed=7)
+    list(workload.records())
+    occupancy = workload.occupancy(PAGER_CHAT_MODEL.name)
+    assert 0.5 < occupancy.share() < 0.7
+    assert 0.01 < occupancy.saturated_share() < 0.2
+    assert 0.3 < occupancy.kv_share() < 0.6
+
+
+def test_background_errors_and_cut_answers_appear_at_their_share() -> None:
+    spec = dataclasses.replace(CHAT_MODEL, error_rate=0.01, truncation_rate=0.02)
+    phases = (SimPhase("normal", 1200),)
+    records = list(TraceWorkload(phases, models=(spec,), seed=8).records())
+    clean = {r["request_id"]: r for r in TraceWorkload(phases, models=(CHAT_MODEL,), seed=8).records()}
+    n = len(records)
+    assert n > 3000 and {r["request_id"] for r in records} == clean.keys()
+    errors = [r for r in records if r["finish_reason"] == "error"]
+    cut = [r for r in records if r["finish_reason"] == "length"]
+    assert abs(len(errors) / n - 0.01) < 4 * (0.01 / n) ** 0.5
+    assert abs(len(cut) / n - 0.02) < 4 * (0.02 / n) ** 0.5
+    assert all(r["status_code"] == 500 and r["completion_tokens"] == 0 for r in errors)
+    for r in cut:  # cut at 20-90 % of the answer the request would have written
+        wanted = clean[r["request_id"]]["completion_tokens"]
+        assert r["completion_tokens"] == r["max_tokens"] < wanted
+        assert 0.2 * wanted - 1 <= r["completion_tokens"] <= 0.9 * wanted
+    assert {r["finish_reason"] for r in clean.values()} == {"stop"}  # none without the background
+
+
+def test_an_error_burst_fails_exactly_its_count_in_its_prompt_range() -> None:
+    burst = SimPhase("burst", 60, error_count=10, error_prompt_tokens=(1000, 3000), models=(CHAT_MODEL.name,))
+    records = list(TraceWorkload((SimPhase("normal", 120), burst, SimPhase("normal", 60)), seed=4).records())
+    errors = [r for r in records if r["finish_reason"] == "error"]
+    assert len(errors) == 10
+    assert all(r["model"] == CHAT_MODEL.name and 1000 <= r["prompt_tokens"] < 3000 for r in errors)
+    arrivals = sorted(_arrival(r) for r in errors)
+    assert arrivals[0] >= 120 - 1e-3 and arrivals[-1] < 180
+    assert arrivals[-1] - arrivals[0] > 30  # spread over the minute, not its first seconds
+
+
+def test_the_pager_fleet_is_deterministic_per_seed() -> None:
+    phases = cycle_phases(1800.0, start_s=14 * 3600.0)
+    first = list(TraceWorkload(phases, models=PAGER_FLEET, seed=21).records())
+    assert first == list(TraceWorkload(phases, models=PAGER_FLEET, seed=21).records())
+    assert first != list(TraceWorkload(phases, models=PAGER_FLEET, seed=22).records())
+
+
+def test_the_daily_cycle_peaks_in_the_afternoon_and_dips_at_weekends() -> None:
+    hours = np.arange(0, 24 * 7) * 3600.0
+    level = diurnal_multiplier(hours, depth=0.6, peak_hour=15.0, weekend_dip=0.3)
+    thursday = level[:24]
+    assert int(np.argmax(thursday)) == 15 and int(np.argmin(thursday)) == 3
+    assert thursday.max() == pytest.approx(1.0) and thursday.min() == pytest.approx(0.4)
+    assert thursday[15 - 4] == pytest.approx(thursday[15 + 4])  # a cosine: as steep before the peak as after
+    saturday, sunday, monday = level[48:72], level[72:96], level[96:120]  # EPOCH is a Thursday
+    assert saturday == pytest.approx(0.7 * thursday) and sunday == pytest.approx(0.7 * thursday)
+    assert monday == pytest.approx(thursday)
+    phases = cycle_phases(DAY_S, step_s=600.0)
+    assert len(phases) == 144 and sum(p.duration_s for p in phases) == DAY_S
+    assert phases[0].name == "normal@d0 00:00" and phases[90].name == "normal@d0 15:00"
+    assert max(p.traffic for p in phases) == pytest.approx(1.0, abs=1e-3)
+
+
+def test_a_daily_cycle_moves_the_arrivals_with_it() -> None:
+    """Traffic follows the curve (the trace's own bursts aside): the busy hour has about 2.5x
+    the requests of the quiet one."""
+    workload = TraceWorkload(cycle_phases(DAY_S, step_s=1800.0), models=(CODE_MODEL,), seed=5)
+    arrivals = np.array([_arrival(r) for r in workload.records()])
+    quiet = np.sum((arrivals >= 2 * 3600) & (arrivals < 4 * 3600))
+    busy = np.sum((arrivals >= 14 * 3600) & (arrivals < 16 * 3600))
+    assert 1.8 < busy / quiet < 3.3

@@ -12,6 +12,16 @@ Three families, so that the simulator servewatch was built with is one voice amo
 * ``real GPU runs``: real per-request latencies of load tests on a real server
   (``pipeline.dev.real_runs``), healthy, with TTFT x4 and the prefix cache gone injected in the
   middle third at the same concurrency, and one run's own real degradation late on.
+* ``pager day``: what on-call lives with (issue #28). Both models on their real traces through
+  engines with a KV-cache budget (``serving_sim.PAGER_FLEET``), with the background of failed
+  and cut requests every real fleet has: a simulated day with its daily cycle, three busy
+  hours of it (judged after three hours of history: a deployed detector has some), the same
+  hours with a 20-minute 2.5x surge, none of which may page; and two faults on the same
+  traffic that must (an error burst in one segment, half the slots lost). A week
+  with its daily and weekly cycle is there too (``PAGER_WEEK``), not in the default suite:
+  it is slow. Not in ``SCENARIOS`` (whose cases the tests assert pass): this family is the
+  bench's record of the false pages still to fix, counted as a pager receives them
+  (``ScenarioResult.group_pages``: incident groups starting to page).
 
 Each ``Scenario`` is a workload (normal traffic, then one injected condition, then normal
 traffic again) with the signals that must page during the injected phase and the likely
@@ -23,6 +33,7 @@ cause each must name first. ``run_scenario`` replays it through the code the wor
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -30,12 +41,22 @@ from typing import Any
 
 import orjson
 
+from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.pipeline.dev.real_runs import HEALTHY_S, Injection, RealRunWorkload
-from servewatch.pipeline.dev.serving_sim import CHAT_MODEL, LOW_VOLUME_MODEL, SimPhase, TraceWorkload
+from servewatch.pipeline.dev.serving_sim import (
+    CHAT_MODEL,
+    LOW_VOLUME_MODEL,
+    PAGER_CHAT_MODEL,
+    PAGER_FLEET,
+    SimPhase,
+    TraceWorkload,
+)
+from servewatch.pipeline.dev.traffic_cycles import DAY_S, WEEK_S, cycle_phases, splice
 from servewatch.pipeline.dev.workload import Phase, Workload
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.pipeline.settings import Settings
-from servewatch.schemas.anomaly import AnomalyEvent, Signal
+from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status
+from servewatch.schemas.incident_group import IncidentGroup
 
 #: Normal traffic before each injected condition: enough windows for every baseline.
 WARMUP_S = 600.0
@@ -52,7 +73,7 @@ TRACE_AFTERMATH_S = 300.0
 TRACE_WARMUP_S = 1800.0
 TRACE_RECOVERY_S = 1200.0
 
-FAMILIES = ("synthetic", "real arrivals", "real GPU runs")
+FAMILIES = ("synthetic", "real arrivals", "real GPU runs", "pager day")
 
 
 @dataclass(frozen=True)
@@ -71,6 +92,10 @@ class Scenario:
     #: Signals that may page outside the injected phase (a run's own real degradation).
     after_fault: bool = False
     aftermath_s: float = AFTERMATH_S
+    #: Seconds from the start that are the detector's history, not judged: a deployed detector
+    #: has run for hours before any stretch on-call counts pages in (its rate models have
+    #: learned a background error rate of 0.05 %, not their 0.5 % prior).
+    judged_from_s: float = 0.0
 
     def build(self, seed: int = 7) -> Any:
         if self.make is not None:
@@ -251,7 +276,108 @@ SCENARIOS: tuple[Scenario, ...] = (
     _real_degradation(),
 )
 
-BY_NAME = {scenario.name: scenario for scenario in SCENARIOS}
+
+# -- the pager day: normal traffic as on-call lives with it (issue #28) ---------------------
+
+#: Three normal hours are the busy afternoon (13:00-16:00) of the daily cycle, judged after
+#: three hours of the morning's ramp (from 10:00) that are the detector's history; the
+#: faults and the surge sit in them, on the same traffic.
+PAGER_FROM_S = 10 * 3600.0  # time of day the hours' runs start
+PAGER_HISTORY_S = 3 * 3600.0
+PAGER_HOURS_S = 3 * 3600.0
+PAGER_FAULT_AT_S = PAGER_HISTORY_S + 5400.0  # 14:30
+PAGER_SURGE_AT_S = PAGER_HISTORY_S + 4800.0  # 14:20-14:40
+PAGER_SURGE_S = 1200.0
+#: The error burst: 10 failed requests in one minute, all in one segment (the chat model's
+#: prompts of 1,000-3,000 tokens, ~35 a minute: inside the <4k band, answers under 1k).
+ERROR_BURST_S = 60.0
+ERROR_BURST_COUNT = 10
+ERROR_BURST_PROMPTS = (1000, 3000)
+#: The day's first hour: the baselines' fixed threshold learns there (servewatch judges it too).
+PAGER_LEARN_S = 3600.0
+
+
+def _pager(
+    name: str, phases: Callable[[], tuple[SimPhase, ...]], description: str, *,
+    must_page: frozenset[Signal] = frozenset(), fault_at_s: float = PAGER_HISTORY_S, fault_s: float = 0.0,
+    top_hint: tuple[tuple[Signal, str], ...] = (), judged_from_s: float = PAGER_HISTORY_S,
+) -> Scenario:  # fmt: skip
+    """A pager-day run: the pager fleet (both models, KV budgets, background errors and cut
+    answers) on ``phases``, built when the run is (so importing the suite reads no trace); the
+    injected phase is the one that starts at ``fault_at_s``, where there is one."""
+
+    def make(seed: int) -> TraceWorkload:
+        built = phases()
+        starts = [round(sum(p.duration_s for p in built[:k]), 3) for k in range(len(built))]
+        fault = starts.index(round(fault_at_s, 3)) if fault_s else 1
+        return TraceWorkload(built, models=PAGER_FLEET, seed=seed, fault_phase=fault)
+
+    return Scenario(
+        name, None, must_page, warmup_s=fault_at_s, description=description, family="pager day", make=make,
+        injected_s=fault_s, top_hint=top_hint, aftermath_s=TRACE_AFTERMATH_S, judged_from_s=judged_from_s,
+    )  # fmt: skip
+
+
+def _afternoon(injected: SimPhase | None = None, at_s: float = PAGER_FAULT_AT_S) -> tuple[SimPhase, ...]:
+    """10:00-16:00 of the daily cycle (the first three hours the detector's history), with
+    ``injected`` in force from ``at_s`` seconds after 10:00."""
+    phases = cycle_phases(PAGER_HISTORY_S + PAGER_HOURS_S, start_s=PAGER_FROM_S)
+    return phases if injected is None else splice(phases, injected, at_s)
+
+
+PAGER_SCENARIOS: tuple[Scenario, ...] = (
+    _pager(
+        "pager_day", lambda: cycle_phases(DAY_S),
+        "a day from midnight: traffic 40 % of the busy hour at 03:00, 100 % at 15:00, nothing wrong",
+        fault_at_s=PAGER_LEARN_S, judged_from_s=0.0,
+    ),
+    _pager(
+        "pager_three_hours", _afternoon,
+        "three busy hours (13:00-16:00, after three hours of history), nothing wrong",
+    ),
+    _pager(
+        "pager_surge", lambda: _afternoon(SimPhase("surge", PAGER_SURGE_S, traffic=2.5), PAGER_SURGE_AT_S),
+        "the same three hours with a 20-minute 2.5x surge at 14:20: load, not a fault",
+    ),
+    _pager(
+        "pager_error_burst",
+        lambda: _afternoon(SimPhase("error_burst", ERROR_BURST_S, error_count=ERROR_BURST_COUNT,
+                                    error_prompt_tokens=ERROR_BURST_PROMPTS, models=(PAGER_CHAT_MODEL.name,))),
+        f"{ERROR_BURST_COUNT} failed requests in one minute in one chat segment (prompts 1k-3k tokens), at 14:30",
+        must_page=frozenset({Signal.ERROR_RATE}), fault_at_s=PAGER_FAULT_AT_S, fault_s=ERROR_BURST_S,
+        top_hint=((Signal.ERROR_RATE, "error_burst"),),
+    ),
+    _pager(
+        "pager_capacity_halved",
+        lambda: _afternoon(SimPhase("half_slots", INJECTED_S, capacity_factor=0.5, models=(PAGER_CHAT_MODEL.name,))),
+        "half of the chat model's slots (and KV memory) lost at usual demand, at 14:30",
+        must_page=frozenset({Signal.TTFT, Signal.QUEUE_TIME}), fault_at_s=PAGER_FAULT_AT_S, fault_s=INJECTED_S,
+        top_hint=((Signal.QUEUE_TIME, "capacity_lost"), (Signal.TTFT, "capacity_lost")),
+    ),
+)  # fmt: skip
+#: A week from Thursday midnight with its daily cycle and quieter weekends (30 % less):
+#: ~2.5 M requests, tens of minutes to replay, so only on request (``bench.detection --week``).
+PAGER_WEEK = _pager(
+    "pager_week",
+    lambda: cycle_phases(WEEK_S, weekend_dip=0.3),
+    "seven days with the daily cycle and weekends 30 % quieter, nothing wrong",
+    fault_at_s=PAGER_LEARN_S,
+    judged_from_s=0.0,
+)
+
+BY_NAME = {scenario.name: scenario for scenario in (*SCENARIOS, *PAGER_SCENARIOS, PAGER_WEEK)}
+
+
+@dataclass(frozen=True)
+class GroupPage:
+    """An incident group starting to page, as a pager receives it: its first record whose
+    severity is above ``info`` (a group that opens as info and steps up to warning pages once,
+    when it steps up). On-call counts these, not incidents: one cause on a model is one page,
+    however many segments and signals it spans."""
+
+    record: IncidentGroup  # the group record that paged
+    event: AnomalyEvent  # the incident event that made the group page
+    in_fault: bool  # started paging in the injected fault (or its aftermath)
 
 
 @dataclass
@@ -276,8 +402,13 @@ class ScenarioResult:
         return max(self.injected_at, self.onset) if self.onset is not None else self.injected_at
 
     @property
+    def judged_from(self) -> float:
+        """Event time from which pages count: before it, the detector's history."""
+        return self.stream_start + self.scenario.judged_from_s
+
+    @property
     def pages(self) -> list[AnomalyEvent]:
-        return [e for e in self.events if e.pages and e.window_end <= self.stream_end]
+        return [e for e in self.events if e.pages and self.judged_from < e.window_end <= self.stream_end]
 
     def _in_fault(self, event: AnomalyEvent) -> bool:
         if not self.scenario.must_page:
@@ -296,6 +427,30 @@ class ScenarioResult:
         for event in self.pages:
             began.setdefault(event.fingerprint, event)
         return [e for e in self.pages if not self._in_fault(began[e.fingerprint])]
+
+    @functools.cached_property
+    def group_pages(self) -> list[GroupPage]:
+        """The run's events through ``IncidentGrouper`` (as the worker's grouping agent and
+        ``servewatch replay`` feed it), and each group's start of paging, in order. Records of
+        windows after the generated traffic (the drain) are left out, as in ``pages``, and so
+        are groups that started paging in the detector's history (``judged_from``)."""
+        grouper, paged, pages = IncidentGrouper(), set(), []
+        for event in self.events:
+            event, told = grouper.add(event)
+            for record in told:
+                if record.status is Status.RESOLVED or record.severity is Severity.INFO or record.group in paged:
+                    continue
+                if record.window_end > self.stream_end:
+                    continue
+                paged.add(record.group)
+                if record.window_end > self.judged_from:
+                    pages.append(GroupPage(record, event, self._in_fault(event)))
+        return pages
+
+    @property
+    def false_group_pages(self) -> list[GroupPage]:
+        """Groups that started paging outside the injected fault and its aftermath."""
+        return [page for page in self.group_pages if not page.in_fault]
 
     @property
     def paged_signals(self) -> frozenset[Signal]:
@@ -328,7 +483,7 @@ class ScenarioResult:
         fault = self.stream_end - self.injected_at if self.scenario.after_fault else 0.0
         if self.scenario.must_page and not self.scenario.after_fault:
             fault = self.injected_end + self.scenario.aftermath_s - self.injected_at
-        return max(self.stream_end - self.stream_start - fault, 0.0)
+        return max(self.stream_end - self.judged_from - fault, 0.0)
 
 
 def run_scenario(scenario: Scenario, seed: int = 7, settings: Settings | None = None) -> ScenarioResult:

@@ -14,7 +14,10 @@ saturation in normal traffic, a surge that overloads the fleet, lost capacity.
 The physics, per model (its own trace, ``instances`` engines of ``max_num_seqs`` slots):
 
 * an arrival goes to the engine with the fewest requests in the system (ties in turn)
-  and waits there, FIFO, until a slot is free: ``queue_s``;
+  and waits there, FIFO, until a slot is free and, where the engine has a KV-cache budget
+  (``ModelSpec.kv_tokens``), until its prompt and answer tokens fit in it: ``queue_s``. A
+  burst of long prompts thus fills the engine with fewer busy slots than ``max_num_seqs``,
+  as a real engine's KV cache does (what a detector estimating busy slots from logs sees);
 * prefill costs time per *uncached* prompt token (plus an overhead, log-normal jitter,
   and a contention factor: a busy engine interleaves prefill with everyone's decode);
 * decode costs ``itl * (output - 1)``, the inter-token latency growing with the number of
@@ -22,11 +25,15 @@ The physics, per model (its own trace, ``instances`` engines of ``max_num_seqs``
 * the prefix cache serves the reusable prefix: Mooncake's own ``reused_prefix_tokens``
   (what an unbounded cache shared by the engines would hit, as in Mooncake's KV store),
   or for the Azure traces, which have no prefix information, a shared system prompt for a
-  share of the requests; in 16-token blocks, and nothing when the phase turns caching off.
+  share of the requests; in 16-token blocks, and nothing when the phase turns caching off;
+* normal traffic is not spotless: a model's clients see a background of failed requests
+  (``ModelSpec.error_rate``) and of answers cut by a ``max_tokens`` set too low
+  (``ModelSpec.truncation_rate``), as any real fleet's logs show.
 
 Traffic is scaled by playing the trace on its own clock: at ``rate_scale`` 2 the trace
 plays twice as fast (and loops when it runs out), so bursts keep their shape and the mix
-of prompts is the trace's own; a phase's ``traffic`` speeds that clock up further.
+of prompts is the trace's own; a phase's ``traffic`` speeds that clock up further (a daily
+cycle is a list of phases: ``pipeline/dev/traffic_cycles.py``).
 ``ModelSpec.utilisation`` picks the scale from a target slot occupancy instead.
 
 Deterministic for a seed (which also picks where in the trace each model starts). An hour
@@ -44,7 +51,7 @@ import io
 import math
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
@@ -169,6 +176,14 @@ class ModelSpec:
     system_prompt_share: float = 0.8
     engine_version: str = "0.11.0"
     trace_offset_s: float | None = None  # where in the trace to start; None: picked by the seed
+    #: KV-cache tokens per engine: a running request holds its prompt and answer tokens, and a
+    #: waiting one starts only when they fit. None: the slots are the only limit.
+    kv_tokens: int | None = None
+    #: Background share of requests that fail (HTTP 500) in normal traffic, on every phase.
+    error_rate: float = 0.0
+    #: Background share of requests whose client set ``max_tokens`` below what the answer
+    #: needed (cut at 20-90 % of it, ``finish_reason=length``), on every phase.
+    truncation_rate: float = 0.0
 
     def cacheable_tokens(self, prompt: np.ndarray, reusable: np.ndarray) -> np.ndarray:
         """The part of each prompt a prefix cache can serve: whole blocks of the reusable
@@ -222,6 +237,25 @@ LOW_VOLUME_MODEL = ModelSpec(
     prefill_s_per_token=4e-5, itl_s=0.01, system_prompt_tokens=384, system_prompt_share=0.8,
 )  # fmt: skip
 DEFAULT_FLEET = (CHAT_MODEL, CODE_MODEL)
+#: Background failures and cut answers of a healthy fleet's logs: ~0.05 % of requests fail
+#: (timeouts, client disconnects, the odd engine error), ~0.15 % are cut by a ``max_tokens``
+#: their client set too low. Enough that a day holds a few hundred of each per model.
+BACKGROUND_ERROR_RATE = 5e-4
+BACKGROUND_TRUNCATION_RATE = 1.5e-3
+#: The same two models as a pager sees them: what real engines and clients add to the plain
+#: specs. The chat model's engines hold 360k KV tokens each (a 70B model in bf16 on four
+#: 80 GB GPUs): normal traffic fills 40 % of it on average, but a burst of long prompts fills
+#: it with slots still free, and then requests wait (2.5 % of them, against 1.8 % on slots
+#: alone; 6 % of seconds see one waiting, against 3 %). The code model's 48k tokens per
+#: engine bind only in its largest bursts. The default specs have no KV budget and no
+#: background, so the scenarios measured on them keep their numbers.
+PAGER_CHAT_MODEL = replace(
+    CHAT_MODEL, kv_tokens=360_000, error_rate=BACKGROUND_ERROR_RATE, truncation_rate=BACKGROUND_TRUNCATION_RATE
+)
+PAGER_CODE_MODEL = replace(
+    CODE_MODEL, kv_tokens=48_000, error_rate=BACKGROUND_ERROR_RATE, truncation_rate=BACKGROUND_TRUNCATION_RATE
+)
+PAGER_FLEET = (PAGER_CHAT_MODEL, PAGER_CODE_MODEL)
 
 
 @dataclass(frozen=True)
@@ -243,7 +277,13 @@ class SimPhase:
     decode_slowdown: float = 1.0
     capacity_factor: float = 1.0  # share of each engine's slots usable (0.5: half the KV memory)
     max_tokens: int = 4096  # longer answers are cut (finish_reason "length")
-    error_rate: float = 0.0  # share of requests that fail (HTTP 500) after their prefill
+    error_rate: float = 0.0  # share of requests that fail (HTTP 500) after their prefill, beyond the model's background
+    #: Besides ``error_rate``: this many requests arriving in the phase fail, spread evenly
+    #: over its arrivals (an error burst of a known size, whatever the trace's bursts do).
+    error_count: int = 0
+    #: Prompt lengths [low, high) the phase's errors hit; None: every prompt. Keeps an error
+    #: burst inside one segment (away from the prompt-band edges 4096 and 32768).
+    error_prompt_tokens: tuple[int, int] | None = None
     leak_rate: float = 0.0  # share of answers with "</think>" in the text (with ``log_content``)
     ttft_factor: float = 1.0  # prefill slower by this factor for every prompt
     models: tuple[str, ...] | None = None  # the models the phase's conditions apply to; None: all
@@ -262,6 +302,13 @@ class Occupancy:
     slots: int  # nominal slots over all engines
     busy: np.ndarray
     waiting: np.ndarray
+    kv_tokens: int | None = None  # nominal KV-cache tokens over all engines; None: no budget
+    kv_held: np.ndarray | None = None  # time-averaged KV tokens held per second
+
+    def kv_share(self, first_s: float = 0.0, last_s: float | None = None) -> float:
+        """Mean KV tokens held over the nominal budget, for the seconds in [first_s, last_s)."""
+        assert self.kv_tokens is not None and self.kv_held is not None, "the model has no KV budget"
+        return float(np.mean(self.kv_held[int(first_s) : None if last_s is None else int(last_s)])) / self.kv_tokens
 
     def share(self, first_s: float = 0.0, last_s: float | None = None) -> float:
         """Mean busy slots over nominal slots, for the seconds in [first_s, last_s)."""
@@ -272,19 +319,25 @@ class Occupancy:
         return float(np.mean(self.waiting[int(first_s) : None if last_s is None else int(last_s)] > 0))
 
 
-def _integral_per_second(starts: np.ndarray, ends: np.ndarray, seconds: int) -> np.ndarray:
-    """For intervals [start, end), the time they cover within each second [k, k + 1), summed.
+def _integral_per_second(
+    starts: np.ndarray, ends: np.ndarray, seconds: int, weights: np.ndarray | None = None
+) -> np.ndarray:
+    """For intervals [start, end), the time they cover within each second [k, k + 1), summed
+    (each interval counted ``weights`` times: tokens held, say).
 
-    The covered time up to x is sum(x - start over starts < x) - sum(x - end over ends < x):
-    two sorted prefix sums, no loop over intervals.
+    The covered time up to x is sum(w (x - start) over starts < x) - sum(w (x - end) over
+    ends < x): two sorted prefix sums, no loop over intervals.
     """
     grid = np.arange(seconds + 1, dtype=np.float64)
+    w = np.ones(len(starts)) if weights is None else weights.astype(np.float64)
 
     def covered(points: np.ndarray) -> np.ndarray:
-        ordered = np.sort(points)
-        prefix = np.concatenate([[0.0], np.cumsum(ordered)])
+        order = np.argsort(points, kind="stable")
+        ordered, weight = points[order], w[order]
+        prefix = np.concatenate([[0.0], np.cumsum(ordered * weight)])
+        mass = np.concatenate([[0.0], np.cumsum(weight)])
         count = np.searchsorted(ordered, grid, side="left")
-        return count * grid - prefix[count]
+        return mass[count] * grid - prefix[count]
 
     total = covered(starts) - covered(ends)
     return np.diff(total)
@@ -307,6 +360,7 @@ class _ModelRun:
     finish: list[str]
     prefix_hash: list[str]
     leaked: np.ndarray
+    kv_held: np.ndarray  # KV tokens each request held while it ran
 
 
 @dataclass
@@ -322,6 +376,7 @@ class TraceWorkload:
     models: tuple[ModelSpec, ...] = DEFAULT_FLEET
     log_content: bool = False  # add answer and reasoning text (a reasoning model's logs)
     seed: int = 42
+    fault_phase: int = 1  # the index of a scenario's injected phase (``first_faulty_log_s``)
     start: float = EPOCH
     _runs: dict[str, _ModelRun] = field(init=False, repr=False, default_factory=dict)
     _records: list[dict[str, Any]] | None = field(init=False, repr=False, default=None)
@@ -344,13 +399,14 @@ class TraceWorkload:
 
     @property
     def first_faulty_log_s(self) -> float | None:
-        """When (event time) the first request touched by the second phase (a scenario's
-        injected one) was logged: served from its start on, or arrived in it. A detector
-        cannot know of a fault before: a slower decode of a long answer is logged late."""
-        if len(self.phases) < 2:
+        """When (event time) the first request touched by the injected phase (``fault_phase``,
+        the second by default) was logged: served from its start on, or arrived in it. A
+        detector cannot know of a fault before: a slower decode of a long answer is logged late."""
+        if len(self.phases) <= self.fault_phase:
             return None
         self._simulated()
-        first, last = self.phases[0].duration_s, self.phases[0].duration_s + self.phases[1].duration_s
+        first = sum(p.duration_s for p in self.phases[: self.fault_phase])
+        last = first + self.phases[self.fault_phase].duration_s
         ends = []
         for run in self._runs.values():
             touched = ((run.start >= first) & (run.start < last)) | ((run.arrival >= first) & (run.arrival < last))
@@ -364,10 +420,13 @@ class TraceWorkload:
         run = self._runs[model]
         seconds = math.ceil(float(np.max(run.start + run.prefill + run.decode, initial=self.duration_s)))
         end = run.start + run.prefill + run.decode
+        kv = run.spec.kv_tokens
         return Occupancy(
             run.spec.instances * run.spec.max_num_seqs,
             _integral_per_second(run.start, end, seconds),
             _integral_per_second(run.arrival, run.start, seconds),
+            None if kv is None else kv * run.spec.instances,
+            None if kv is None else _integral_per_second(run.start, end, seconds, run.kv_held),
         )
 
     def rate_scale(self, model: str) -> float:
@@ -427,6 +486,9 @@ class TraceWorkload:
         itl_jitter = rng.lognormal(0.0, 0.05, n)
         fails = rng.random(n)
         leaks = rng.random(n)
+        # (drawn after the others, so adding them left every earlier draw as it was)
+        cuts = rng.random(n)
+        cut_at = rng.uniform(0.2, 0.9, n)
 
         if trace.reused_prefix_tokens is not None:
             cacheable = spec.cacheable_tokens(prompt, trace.reused_prefix_tokens[row])
@@ -448,32 +510,52 @@ class TraceWorkload:
         def phase_at(t: float) -> SimPhase:
             return phases[min(bisect.bisect_right(bounds, t), len(phases) - 1)]
 
+        output, max_tokens, finish = self._client_side(
+            spec, phases, bounds, arrival, prompt, wanted, fails, cuts, cut_at
+        )
+        leak_rate = np.array([p.leak_rate for p in phases])[self._phase_index(bounds, arrival)]
+        leaked = leaks < leak_rate
+
         start = np.zeros(n)
         prefill = np.zeros(n)
         decode = np.zeros(n)
         instance = np.zeros(n, dtype=np.int64)
         cached = np.zeros(n, dtype=np.int64)
-        output = np.zeros(n, dtype=np.int64)
-        max_tokens = np.zeros(n, dtype=np.int64)
-        finish = ["stop"] * n
-        leaked = np.zeros(n, dtype=bool)
 
         engines = spec.instances
         slots = spec.max_num_seqs
+        kv_budget = spec.kv_tokens
+        # What a running request holds in the KV cache: its prompt and the answer it will write.
+        needs = prompt + output
+        kv_held = np.zeros(n, dtype=np.int64)
         busy = [0] * engines
+        held = [0] * engines
         queues: list[deque[int]] = [deque() for _ in range(engines)]
-        # Departures (time, engine) and capacity changes at phase boundaries (time, -1).
-        events: list[tuple[float, int]] = [(b, -1) for b in bounds[:-1]]
+        # Departures (time, engine, KV tokens freed) and capacity changes at phase boundaries (time, -1, 0).
+        events: list[tuple[float, int, int]] = [(b, -1, 0) for b in bounds[:-1]]
         heapq.heapify(events)
         next_engine = 0
 
         def limit(t: float) -> int:
             return max(1, int(slots * phase_at(t).capacity_factor))
 
+        def kv_limit(t: float) -> float:
+            """The engine's KV tokens usable at ``t`` (lost capacity is lost KV memory too)."""
+            return math.inf if kv_budget is None else max(1, int(kv_budget * phase_at(t).capacity_factor))
+
+        def fits(i: int, engine: int, now: float) -> bool:
+            """A free slot, and room for the request's tokens (one too large for the whole cache runs alone)."""
+            if busy[engine] >= limit(now):
+                return False
+            room = kv_limit(now)
+            return held[engine] + min(int(needs[i]), room) <= room
+
         def begin(i: int, engine: int, now: float) -> None:
             busy[engine] += 1
+            tokens = int(min(needs[i], kv_limit(now)))
+            held[engine] += tokens
             load = busy[engine] / slots  # the batch this request joins, itself included
-            engine_phase, client_phase = phase_at(now), phase_at(arrival[i])
+            engine_phase = phase_at(now)
             hit = int(cacheable[i]) if engine_phase.prefix_caching else 0
             p = (spec.prefill_overhead_s + (prompt[i] - hit) * spec.prefill_s_per_token * prefill_jitter[i]) * (
                 1.0 + spec.prefill_contention * load
@@ -481,32 +563,27 @@ class TraceWorkload:
             p *= engine_phase.ttft_factor
             if prompt[i] > engine_phase.slow_prompt_tokens:
                 p *= engine_phase.prefill_slowdown
-            out = min(int(wanted[i]), client_phase.max_tokens)
-            if wanted[i] > client_phase.max_tokens:
-                finish[i] = "length"
-            if fails[i] < client_phase.error_rate:
-                finish[i], out = "error", 0
             itl = spec.itl_s * engine_phase.decode_slowdown * (1.0 + spec.batch_factor * load) * itl_jitter[i]
-            d = itl * max(out - 1, 0)
+            d = itl * max(int(output[i]) - 1, 0)
             start[i], prefill[i], decode[i], instance[i] = now, p, d, engine
-            cached[i], output[i], max_tokens[i] = hit, out, client_phase.max_tokens
-            leaked[i] = leaks[i] < client_phase.leak_rate
-            heapq.heappush(events, (now + p + d, engine))
+            cached[i], kv_held[i] = hit, tokens
+            heapq.heappush(events, (now + p + d, engine, tokens))
 
         def fill(engine: int, now: float) -> None:
-            queue, cap = queues[engine], limit(now)
-            while queue and busy[engine] < cap:
+            queue = queues[engine]
+            while queue and fits(queue[0], engine, now):
                 begin(queue.popleft(), engine, now)
 
         def advance(until: float) -> None:
             """Process every departure and phase change up to ``until``, in time order."""
             while events and events[0][0] <= until:
-                now, engine = heapq.heappop(events)
+                now, engine, tokens = heapq.heappop(events)
                 if engine < 0:  # a phase boundary: capacity may have come back
                     for e in range(engines):
                         fill(e, now)
                 else:
                     busy[engine] -= 1
+                    held[engine] -= tokens
                     fill(engine, now)
 
         for i in range(n):
@@ -518,7 +595,7 @@ class TraceWorkload:
                 key=lambda e: busy[e] + len(queues[e]),
             )
             next_engine = (best + 1) % engines
-            if queues[best] or busy[best] >= limit(now):
+            if queues[best] or not fits(i, best, now):
                 queues[best].append(i)
             else:
                 begin(i, best, now)
@@ -526,8 +603,42 @@ class TraceWorkload:
 
         return _ModelRun(
             spec, arrival, start, prefill, decode, instance, prompt, cached, output, max_tokens, finish,
-            prefix_hash, leaked,
+            prefix_hash, leaked, kv_held,
         )  # fmt: skip
+
+    @staticmethod
+    def _phase_index(bounds: list[float], t: np.ndarray) -> np.ndarray:
+        """The phase each time falls in (the last one after the end), as ``phase_at`` says."""
+        return np.minimum(np.searchsorted(np.asarray(bounds), t, side="right"), len(bounds) - 1)
+
+    def _client_side(
+        self, spec: ModelSpec, phases: list[SimPhase], bounds: list[float], arrival: np.ndarray, prompt: np.ndarray,
+        wanted: np.ndarray, fails: np.ndarray, cuts: np.ndarray, cut_at: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray, list[str]]:  # fmt: skip
+        """(answer tokens, ``max_tokens``, finish reason) of each request: decided by the client
+        when it sends the request (the phase it arrives in), before any engine sees it, so an
+        engine knows the tokens a request will hold."""
+        phase = self._phase_index(bounds, arrival)
+        limit = np.array([p.max_tokens for p in phases], dtype=np.int64)[phase]
+        # A background share of clients asks for less than the answer needs.
+        cut = (cuts < spec.truncation_rate) & (wanted >= 2)
+        limit = np.where(cut, np.minimum(limit, np.maximum(1, (wanted * cut_at).astype(np.int64))), limit)
+        output = np.minimum(wanted, limit)
+        length = wanted > limit
+        error_rate = np.full(len(arrival), spec.error_rate)
+        counted = np.zeros(len(arrival), dtype=bool)
+        for k, p in enumerate(phases):
+            if p.error_rate or p.error_count:
+                low, high = p.error_prompt_tokens or (0, math.inf)
+                hit = (phase == k) & (prompt >= low) & (prompt < high)
+                error_rate[hit] += p.error_rate
+                candidates = np.flatnonzero(hit)
+                if p.error_count and len(candidates):
+                    counted[candidates[np.linspace(0, len(candidates) - 1, p.error_count).round().astype(int)]] = True
+        error = (fails < error_rate) | counted
+        output = np.where(error, 0, output)
+        finish = ["error" if e else "length" if cut_ else "stop" for e, cut_ in zip(error, length, strict=True)]
+        return output.astype(np.int64), limit, finish
 
     def _to_records(self, index: int, run: _ModelRun) -> Iterator[dict[str, Any]]:
         spec = run.spec
