@@ -17,7 +17,9 @@ change sooner, on average, than ``h`` over the Kullback-Leibler divergence of on
 at the raised rate from one at the usual. ``h`` is the CUSUM's threshold in nats (the
 surprise threshold of 4 plus the log10(2) two looks cost, times ln 10); an incident fires
 on the CUSUM's first crossing (its evidence spans windows already), or on 2 windows of 3
-anomalous alone. Last, a simulated day of the usual rate alone
+anomalous alone, and in either case only once the evidence holds a handful of bad requests
+(``MIN_BAD_TO_PAGE``; a crossing at these volumes holds that many already, so the delays
+are the CUSUM's). Last, a simulated day of the usual rate alone
 per volume: incidents (none is the promise).
 """
 
@@ -67,9 +69,10 @@ def run_stream(
     config = DetectorConfig()
     detector = SignalDetector(spec, spec.build(config.grace_windows))
     tracker = config.tracker()
-    transitions, open_after = [], []
+    transitions: list[Transition | None] = []
+    open_after: list[bool] = []
     for k in bad:
-        reading = Reading(float(k) / n, n, {"trials": n}, bad=int(k))
+        reading = Reading(float(k) / n, n, {"trials": n, "seconds": 10.0}, bad=int(k))
         detector.tracker = tracker
         verdict = detector.judge(reading, config)
         detector.learn_if_normal(reading, verdict)

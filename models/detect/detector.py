@@ -52,7 +52,11 @@ LOAD_MEMORY = 2
 
 #: Version of ``SegmentDetectors.state()``; ``load_state`` refuses others (start fresh).
 #: 2: arrivals and capacity (``models.stats.capacity``); latency models with tails, drift, floors.
-STATE_VERSION = 3
+#: 4: rate models keep their prior apart (``BetaBinomialRate.borrow``).
+STATE_VERSION = 4
+#: Versions ``load_state`` reads: a rate model of 3 takes the generic prior (its model's at
+#: the next window), everything else is as in 4.
+READABLE_VERSIONS = (3, STATE_VERSION)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,14 +155,19 @@ class SegmentDetectors:
         time the signal shows data."""
         at = self.layout.offset(spec.signal)
         if at is not None:
-            return _template(spec.signal, self.config.grace_windows, self.config.source).view(self.numbers, at)
-        fresh = spec.build(self.config.grace_windows)
-        if borrow is not None and isinstance(fresh, BetaBinomialRate) and borrow.n_learned >= fresh.grace_windows:
-            # Cold start: a new segment starts from its model's rate, not a generic prior.
-            fresh.borrow(borrow.expected_rate, min(borrow.alpha + borrow.beta, 200.0))
-        at = fresh.append_to(self.numbers)
-        self.layout = self.layout.extended(spec.signal, fresh.STATE_SIZE)
-        return fresh.view(self.numbers, at)
+            model = _template(spec.signal, self.config.grace_windows, self.config.source).view(self.numbers, at)
+        else:
+            fresh = spec.build(self.config.grace_windows)
+            at = fresh.append_to(self.numbers)
+            self.layout = self.layout.extended(spec.signal, fresh.STATE_SIZE)
+            model = fresh.view(self.numbers, at)
+        if borrow is not None and borrow.n_learned >= self.config.grace_windows:
+            # A segment's rate is judged with its model's beside its own (a prior that stays,
+            # ``BetaBinomialRate.borrow``): a new segment starts from it, not a generic prior,
+            # and one that never saw a bad request is not sure it never will. Taken again every
+            # window: it follows the model's rate as that moves.
+            model.borrow(borrow.expected_rate, borrow.strength)
+        return model
 
     def detector(self, spec: SignalSpec, borrow: BetaBinomialRate | None = None) -> SignalDetector:
         """The signal in judgement: its active state if it has one, else a fresh, idle one."""
@@ -445,8 +454,8 @@ class SegmentDetectors:
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
-        if state.get("v") != STATE_VERSION:
-            raise ValueError(f"detector state version {state.get('v')!r}, this build reads {STATE_VERSION}")
+        if state.get("v") not in READABLE_VERSIONS:
+            raise ValueError(f"detector state version {state.get('v')!r}, this build reads {READABLE_VERSIONS}")
         end = state["last_window_end"]
         self.last_window_end = -math.inf if end is None else float(end)
         self.usual.load_state(state["usual"])

@@ -69,6 +69,8 @@ class Verdict:
     # waiting for a second one, a normal one inside an incident resolves it without waiting
     # for more (either would count the same evidence twice).
     sustained: bool = False
+    # Rates: the evidence hurts users enough for a critical page (``CRITICAL_BAD_PER_MINUTE``).
+    severe: bool = True
     # A latency model's prediction at this load, for ``band`` (kept, not drawn: drawing it
     # costs special functions, paid only where judged windows are kept for charts).
     prediction: Prediction | None = None
@@ -104,9 +106,30 @@ def rate_band(expected: float, n: int, threshold: float) -> float | None:
     return min(bad, n) / n
 
 
+#: Bad requests the evidence of a rate must hold before a window pages (``Impact.bad``: over
+#: the windows the evidence spans). Surprise alone says the rate moved; a page also says bad
+#: requests keep coming. Were they a one-off, at most one expected over those windows, four
+#: or more would come under 2 % of the time (Poisson: P(K >= 4 | 1) = 1.9 %, against 8 % for
+#: three), however low the usual rate is believed to be, so the count holds even where the
+#: usual rate was learned too low. And one user's failing request is up to three failed ones
+#: in the log: OpenAI's client libraries retry twice by default. The count spans windows, so
+#: it costs a large share little at any traffic: a segment whose every request fails pages
+#: once four have, and a slow fault's CUSUM holds more than four by the time it crosses.
+MIN_BAD_TO_PAGE = 4
+#: A rate's page is critical only when it hurts many users, not merely surprises: this many
+#: bad requests a minute beyond the usual rate (one every two seconds: an hour's wait, all a
+#: warning may get, would fail 1,800), or this share of the segment's requests beyond it
+#: (most of them fail: the segment is down, whatever its traffic).
+CRITICAL_BAD_PER_MINUTE = 30.0
+CRITICAL_SHARE = 0.5
+
+
 #: Signals a queue in front of the engines lengthens: saturation explains their rise.
 #: (Prefill per token is TTFT less queue time where the logs do not split them.)
-QUEUE_SENSITIVE = frozenset({Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E, Signal.PREFILL_PER_TOKEN})
+#: (An engine's waiting requests are the queue itself, as its metrics measure it.)
+QUEUE_SENSITIVE = frozenset(
+    {Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E, Signal.PREFILL_PER_TOKEN, Signal.WAITING_REQUESTS}
+)
 #: Slots kept busy over a window, as a share of the most ever: the engines were full for much
 #: of it (a burst of seconds straddles windows, so its average is below the most).
 MOMENTARY_BUSY = 0.7
@@ -164,18 +187,22 @@ class SignalDetector:
             looks = model.looks(reading.x, reading.bad, config.threshold)
             score, sustained = max(looks.alone, looks.together), looks.sustained
             model.step(reading.x, reading.bad, incident=incident)
+            impact = model.impact(reading.x, reading.bad)
             # An incident lasts until the evidence favours the usual rate over its own (a 5 %
             # rate over 20 requests gives many windows with 0 or 1 bad ones), and then ends at
             # once: that evidence spans windows already.
             if incident:
                 pages = not model.recovered
                 sustained = not pages
-            else:
-                pages = score >= config.threshold
-            # As for latency: a window within a decade of paging is not the usual rate.
+            else:  # evidence and impact: a handful of bad requests, not one (``MIN_BAD_TO_PAGE``)
+                pages = score >= config.threshold and impact.bad >= MIN_BAD_TO_PAGE
+                sustained = sustained and pages
+            severe = impact.per_minute >= CRITICAL_BAD_PER_MINUTE or impact.excess_share >= CRITICAL_SHARE
+            # As for latency: a window within a decade of paging is not the usual rate (nor is
+            # one held back for want of bad requests: learned, it would hide the next ones).
             learnable = not incident and score < config.threshold - 1.0
             return Verdict(score, model.expected_rate, pages, False, model.expected_rate, learnable=learnable,
-                           sustained=sustained)  # fmt: skip
+                           sustained=sustained, severe=severe)  # fmt: skip
         score, expected = model.score_one(reading.x, reading.value), model.expected
         if self.spec.signal is Signal.CACHE_HIT_RATE:
             structural, floor = structural_cache_surprise(reading)
@@ -189,12 +216,19 @@ class SignalDetector:
         Inside a paging incident a window counts as normal only once it is back near the
         baseline (below half the threshold), not merely short of paging: a fault at the edge
         of significance would otherwise resolve and fire again. Rates have their own test
-        (``BetaBinomialRate.recovered``)."""
+        (``BetaBinomialRate.recovered``).
+
+        A page is critical when its surprise reaches ``critical``; a rate's also needs many
+        users hurt (``verdict.severe``): ``CRITICAL_BAD_PER_MINUTE`` bad requests a minute
+        beyond the usual rate, at the rate its evidence shows and the segment's traffic now,
+        or ``CRITICAL_SHARE`` of its requests. Ten failures a minute in a segment of 240 is
+        a warning however sure; half a segment's requests failing, or one every two seconds,
+        is critical."""
         holding = (
             self.spec.kind != "rate" and self.paging and not verdict.pages and verdict.score >= config.threshold / 2
         )
         if verdict.pages:
-            severity = "critical" if verdict.score >= config.critical else "warning"
+            severity = "critical" if verdict.score >= config.critical and verdict.severe else "warning"
         else:
             severity = "warning" if holding else "info"
         return verdict.pages or verdict.explained or holding, severity

@@ -111,7 +111,8 @@ def _rate(numerator: str, denominator: str) -> Callable[[WindowStats, dict[str, 
         trials = int(getattr(window, denominator))
         if trials <= 0:
             return None
-        return Reading(bad / trials, trials, {"trials": trials}, bad)
+        # The window's seconds: how many bad requests a minute, for a page's severity.
+        return Reading(bad / trials, trials, {"trials": trials, "seconds": window.length}, bad)
 
     return read
 

@@ -16,7 +16,7 @@ constructor arguments of a template (``models.stats.params``).
 >>> view = alone.view(shared, alone.append_to(shared))
 >>> view.learn_one({"trials": 100}, 3)
 >>> shared[0], view.n_learned, round(view.expected_rate, 3), alone.n_learned
-(7.0, 1, 0.027, 0)
+(7.0, 1, 0.023, 0)
 """
 
 from __future__ import annotations

@@ -24,6 +24,17 @@ usual rate learned a little low does not add up to a page.
 Inside an incident nothing is learned, and the incident lasts until the evidence favours the
 usual rate over the incident's own (a second CUSUM, the other way round), not merely until
 a few windows with 0 or 1 bad requests, which a 5 % rate over 20 requests often gives.
+
+The usual rate is no surer than the requests seen allow. It is a Beta of two parts: the
+segment's own windows (discounted, as above) and a prior that is never discounted, at the
+rate of the segment's model (``borrow``: the model's segments pooled) or, before the model
+has one, at ``prior_rate``. The prior holds at least half a bad request (Jeffreys' Beta(1/2,
+1/2) in the count of bad ones), so a segment that has served thousands of requests without
+one keeps a usual rate of about half a bad request over the requests it has seen, never ~0:
+a Beta whose bad pseudo-count is near 0 puts nearly all its weight on a rate of 0, and then
+one bad request looks like thousands of times the usual. ``impact`` says how many bad
+requests the evidence rests on, and how many a minute beyond the usual rate: the detector
+pages on a handful, not on one (``models.detect.signal_detector``).
 """
 
 from __future__ import annotations
@@ -91,9 +102,41 @@ class Looks(NamedTuple):
     sustained: bool  # the evidence spans windows: no single one counts for more than half
 
 
+class Impact(NamedTuple):
+    """What a rate's evidence rests on (``BetaBinomialRate.impact``)."""
+
+    bad: int  # bad requests in the windows the evidence spans
+    excess_share: float  # their share of those windows' requests, less the usual rate
+    per_minute: float  # bad requests a minute beyond the usual rate, at the window's traffic
+
+
+#: The least bad pseudo-count a prior holds: Jeffreys' prior for a rate, Beta(1/2, 1/2), in
+#: the count of bad requests. Below it a Beta piles its weight on a rate of 0.
+JEFFREYS_BAD = 0.5
+#: Seconds a window spans when its reading does not say (``x["seconds"]``).
+WINDOW_S = 10.0
+
+
+def prior_counts(rate: float, least: float, most: float) -> tuple[float, float]:
+    """(bad, good) pseudo-counts of a prior at ``rate``: worth as few requests as still hold
+    ``JEFFREYS_BAD`` bad ones, but ``least`` at least and ``most`` at most. Capped, it holds
+    half a bad request all the same (its mean is then above ``rate``: the safe side).
+
+    >>> prior_counts(0.05, 20.0, 200.0)          # half a bad request in 10: 20 at least
+    (1.0, 19.0)
+    >>> prior_counts(0.005, 20.0, 200.0)         # half a bad request in 100
+    (0.5, 99.5)
+    >>> prior_counts(0.0001, 20.0, 200.0)        # 5,000 would be needed: 200, with half of one
+    (0.5, 199.98)
+    """
+    strength = min(max(JEFFREYS_BAD / rate, least), most)
+    return max(rate * strength, JEFFREYS_BAD), (1.0 - rate) * strength
+
+
 class _RateParams(NamedTuple):
     prior_rate: float
     prior_strength: float
+    max_prior_strength: float
     halflife: float
     max_strength: float
     grace_windows: int
@@ -114,10 +157,17 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
     Parameters
     ----------
     prior_rate
-        The rate a new segment is assumed to have until it has its own (the detector bank
-        replaces it with the model-level rate when one is known).
+        The rate a new segment is assumed to have until its model's is known (``borrow``).
+        The prior stays, undiscounted, beside the segment's own windows.
     prior_strength
-        How many requests that prior is worth.
+        The fewest requests a prior is worth. It is worth more where half a bad request at
+        its rate takes more (``JEFFREYS_BAD``), up to ``max_prior_strength``.
+    max_prior_strength
+        Cap on the requests a prior is worth: the model's rate is a guess about this
+        segment, and segments of one model differ (answers of 1,000 tokens and more hit the
+        length limit far more often than the model's average), so the segment's own windows
+        must outweigh it within a minute or two at a few requests a second. Capped, it still
+        holds half a bad request: its mean is then above the model's rate, the safe side.
     halflife
         Windows over which old windows' counts (and the overdispersion) lose half their weight.
     max_strength
@@ -158,11 +208,11 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
     [1.4, 1.4, 2.5, 3.7, 4.9]
     """
 
-    # Learned state: eight doubles, alone or in a segment's buffer (``models.stats.compact``);
+    # Learned state: ten doubles, alone or in a segment's buffer (``models.stats.compact``);
     # constructor arguments shared (``models.stats.params``).
     __slots__ = ()
-    STATE_SIZE = 8
-    alpha = number(0)
+    STATE_SIZE = 10
+    alpha = number(0)  # the segment's own windows' bad and good requests (discounted)
     beta = number(1)
     n_learned = count(2)
     icc = number(3)  # intra-class correlation of the bad outcomes within a window (overdispersion)
@@ -170,8 +220,11 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
     run_bad = number(5)  # bad outcomes and requests of those windows: the raised rate's estimate
     run_trials = number(6)
     recovery_evidence = number(7)  # inside an incident: nats of evidence for the usual rate
+    prior_alpha = number(8)  # the prior's bad and good pseudo-requests (never discounted)
+    prior_beta = number(9)
     prior_rate = param("prior_rate")
     prior_strength = param("prior_strength")
+    max_prior_strength = param("max_prior_strength")
     halflife = param("halflife")
     max_strength = param("max_strength")
     grace_windows = param("grace_windows")
@@ -184,6 +237,7 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
         self,
         prior_rate: float = 0.005,
         prior_strength: float = 20.0,
+        max_prior_strength: float = 200.0,
         halflife: float = 360.0,
         max_strength: float = 100_000.0,
         grace_windows: int = 6,
@@ -196,15 +250,23 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
             raise ValueError("prior_rate must be in (0, 1)")
         if min_ratio <= 1.0 or prior_ratio < min_ratio:
             raise ValueError("need 1 < min_ratio <= prior_ratio: the CUSUM looks for a raised rate")
+        if prior_strength <= 0.0 or max_prior_strength < prior_strength:
+            raise ValueError("need 0 < prior_strength <= max_prior_strength")
         self._params = shared(
-            _RateParams, prior_rate, prior_strength, halflife, max_strength, grace_windows, min_ratio, prior_ratio,
-            prior_weight, recovery,
+            _RateParams, prior_rate, prior_strength, max_prior_strength, halflife, max_strength, grace_windows,
+            min_ratio, prior_ratio, prior_weight, recovery,
         )  # fmt: skip
-        self._own([prior_rate * prior_strength, (1.0 - prior_rate) * prior_strength, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+        self._own([0.0] * 8 + list(prior_counts(prior_rate, prior_strength, max_prior_strength)))
 
     @property
     def expected_rate(self) -> float:
-        return self.alpha / (self.alpha + self.beta)
+        """The usual rate: the segment's own windows and the prior, together."""
+        return (self.alpha + self.prior_alpha) / (self.alpha + self.beta + self.prior_alpha + self.prior_beta)
+
+    @property
+    def strength(self) -> float:
+        """Requests behind the usual rate: the own windows' (discounted) and the prior's."""
+        return self.alpha + self.beta + self.prior_alpha + self.prior_beta
 
     def _hypotheses(self, n: int) -> tuple[float, float]:
         """The usual rate and the raised one the CUSUM weighs a window of ``n`` between.
@@ -214,7 +276,7 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
         count for less where windows of ``n`` wander: overdispersion). The raised rate is
         what the windows since the CUSUM last stood at 0 showed, with ``prior_weight``
         requests' worth of ``prior_ratio`` times the usual."""
-        p, strength = self.expected_rate, (self.alpha + self.beta) / self._inflation(n)
+        p, strength = self.expected_rate, self.strength / self._inflation(n)
         usual = min(p + math.sqrt(p * (1.0 - p) / (strength + 1.0)), 0.5)
         guess = (self.run_bad + self.prior_ratio * usual * self.prior_weight) / (self.run_trials + self.prior_weight)
         return usual, min(max(guess, self.min_ratio * usual), 0.5 + 0.5 * usual)
@@ -233,9 +295,24 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
         return 1.0 + max(n - 1, 0) * self.icc
 
     def borrow(self, rate: float, strength: float) -> None:
-        """Start from another baseline (the model-level rate) while this one is young."""
-        if self.n_learned == 0 and 0.0 < rate < 1.0:
-            self.alpha, self.beta = rate * strength, (1.0 - rate) * strength
+        """Take the prior from another baseline (the model's segments pooled) known from
+        ``strength`` requests. It is worth as few requests as still hold half a bad request
+        at ``rate`` (the model's rate is a guess about this segment), at least
+        ``prior_strength``, and no more than the lender knows nor ``max_prior_strength``.
+        The segment's own windows are kept: the prior sits beside them, so borrowing again
+        (the model's rate moved) changes the usual rate only as much as the prior weighs.
+
+        >>> young = BetaBinomialRate()
+        >>> young.borrow(0.01, 50_000.0)         # a model that fails 1 request in 100
+        >>> young.prior_alpha, young.prior_beta, round(young.expected_rate, 4)
+        (0.5, 49.5, 0.01)
+        >>> young.borrow(0.0005, 50_000.0)       # 1 in 2,000: capped, and on the safe side
+        >>> young.prior_alpha, round(young.prior_beta, 1), round(young.expected_rate, 4)
+        (0.5, 199.9, 0.0025)
+        """
+        if 0.0 < rate < 1.0:
+            most = min(strength, self.max_prior_strength)
+            self.prior_alpha, self.prior_beta = prior_counts(rate, self.prior_strength, most)
 
     def learn_one(self, x: dict[Hashable, Any], y: base.typing.Target) -> None:
         n, k = int(x["trials"]), int(y)
@@ -258,7 +335,7 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
     def _window_belief(self) -> tuple[float, float]:
         """The Beta a window's rate is drawn from: the usual rate, as sure as the windows
         learned make it, but no surer than the rate's own wander from window to window."""
-        strength = self.alpha + self.beta
+        strength = self.strength
         if self.icc > 0:
             strength = min(strength, max(1.0 / self.icc - 1.0, 10.0))
         p = self.expected_rate
@@ -302,6 +379,28 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
         else:
             self._set_numbers(4, [cusum, self.run_bad + k, self.run_trials + n])
 
+    def impact(self, x: dict[Hashable, Any], y: base.typing.Target) -> Impact:
+        """What the evidence rests on once ``step`` has taken this window: the windows since
+        the CUSUM last stood at 0 (this one among them), or this window alone when the CUSUM
+        stands at 0. Per minute is the evidence's share beyond the usual rate at this
+        window's traffic (``x["seconds"]`` long): the users it hurts, not one window's luck.
+
+        >>> model = BetaBinomialRate(grace_windows=0)
+        >>> for _ in range(10):
+        ...     model.learn_one({"trials": 1000}, 1)
+        >>> for bad in (3, 4):
+        ...     model.step({"trials": 100, "seconds": 10.0}, bad)
+        >>> bad, share, per_minute = model.impact({"trials": 100, "seconds": 10.0}, 4)
+        >>> bad, round(share, 3), round(per_minute, 1)        # 7 in 200 against 0.1 %, 600 a minute
+        (7, 0.034, 20.4)
+        """
+        n, k = int(x["trials"]), int(y)
+        bad, trials = (int(self.run_bad), self.run_trials) if self.cusum > 0.0 else (k, n)
+        if trials <= 0:
+            return Impact(bad, 0.0, 0.0)
+        excess = max(bad / trials - self.expected_rate, 0.0)
+        return Impact(bad, excess, excess * n * 60.0 / float(x.get("seconds", WINDOW_S)))
+
     def incident_over(self) -> None:
         """The incident resolved: its evidence goes with it (the next one starts afresh)."""
         if self.recovery_evidence > 0.0:
@@ -318,9 +417,15 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
         return {
             "alpha": self.alpha, "beta": self.beta, "n_learned": self.n_learned, "icc": self.icc,
             "cusum": [self.cusum, self.run_bad, self.run_trials, self.recovery_evidence],
+            "prior": [self.prior_alpha, self.prior_beta],
         }  # fmt: skip
 
     def load_state(self, state: dict[str, Any]) -> None:
         learned = [float(state["alpha"]), float(state["beta"]), float(int(state["n_learned"]))]
         sequential = [float(v) for v in state.get("cusum", [0.0] * 4)]
-        self._set_numbers(0, [*learned, float(state.get("icc", 0.0)), *sequential])
+        # A state from before the prior was kept apart has it inside alpha and beta, discounted
+        # with the windows: it takes the generic prior beside them (the bank borrows the
+        # model's at the next window).
+        generic = prior_counts(self.prior_rate, self.prior_strength, self.max_prior_strength)
+        prior = [float(v) for v in state.get("prior", generic)]
+        self._set_numbers(0, [*learned, float(state.get("icc", 0.0)), *sequential, *prior])
