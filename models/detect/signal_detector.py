@@ -152,7 +152,8 @@ class SignalDetector:
     def judge(self, reading: Reading, config: DetectorConfig) -> Verdict:
         model, kind = self.model, self.spec.kind
         if kind == "latency":
-            prediction, conditioned, level, drifting, at_most_usual = model.judge(reading.x, reading.value)
+            judged = model.judge(reading.x, reading.value)
+            prediction, conditioned, level, drifting, at_most_usual = judged[:5]
             # A model still in its grace windows has no band worth drawing (nor judges anything).
             kept = prediction if model.warm else None
             worse = (math.log(reading.value) - prediction.level) * (1 if model.tail == "upper" else -1) > 0
@@ -175,9 +176,15 @@ class SignalDetector:
             # A window within a decade of paging is not learned either: a fault's first windows
             # often fall just short, and learning them would teach the model the fault.
             learnable = conditioned < config.threshold - 1.0
+            # Two windows in a row, each within a decade of paging on its own (as near as a fault's
+            # first windows come) and together beyond it (``pair_surprise``), are the two anomalous
+            # windows an incident asks for: the incident fires on them, as on a rate's CUSUM, rather
+            # than wait for a third window that would count the same evidence again. A burst's
+            # ordinary window followed by a wild one does not qualify: that needs a second look.
+            sustained = pages and judged.paired >= config.threshold and judged.weaker >= config.threshold - 1.0
             return Verdict(score, expected, pages, explained, math.exp(prediction.level),
                            "drift" if drifting and pages else None, learnable=learnable,
-                           drifting=drifting, prediction=kept)  # fmt: skip
+                           drifting=drifting, sustained=sustained, prediction=kept)  # fmt: skip
         if kind == "rate":
             # Judged alone and with the windows before it (``BetaBinomialRate``); this moves
             # the sequential evidence on, so ``judge`` is called once per window.

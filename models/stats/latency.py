@@ -116,6 +116,13 @@ class Judgement(NamedTuple):
     #: Demand at or below the usual, engines not saturated: load explains no rise (latency does
     #: not fall as demand rises, so what is high at less than the usual demand is high).
     at_most_usual: bool = True
+    #: Surprise of this window together with the one before (``pair_surprise``, less two looks):
+    #: evidence that spans two windows, which one wild window cannot give.
+    paired: float = 0.0
+    #: Surprise of the less surprising of the two alone (less two looks): how far each of them
+    #: goes on its own, so that a pair of one ordinary window and one wild one tells apart
+    #: from two high ones.
+    weaker: float = 0.0
 
 
 def _dot(a: Sequence[float], b: Sequence[float]) -> float:
@@ -574,7 +581,11 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         # Against the usual level with Gaussian tails, this score only ever says "explained by
         # load" (an info event), never pages, so it may be as quick to speak as the level is sure.
         level = upper_tail_surprise(level_z)
-        return Judgement(prediction, max(window, drift, 0.0), level, drift > window, at_most_usual)
+        weaker = student_surprise(min(z, sign * last_z), nu) - TWO_LOOKS if paired > 0 else 0.0
+        return Judgement(
+            prediction, max(window, drift, 0.0), level, drift > window, at_most_usual,
+            max(paired - TWO_LOOKS, 0.0), max(weaker, 0.0),
+        )  # fmt: skip
 
     def borrow(self, other: LoadConditionedLatency) -> None:
         """Cold start: take a warm model's response to load (reference demand, slopes, noise,
