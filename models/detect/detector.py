@@ -35,7 +35,7 @@ from servewatch.models.detect.summary import window_summary
 from servewatch.models.detect.tolerance import Tolerances
 from servewatch.models.detect.traffic_watch import TrafficWatch
 from servewatch.models.explain.faulty_requests import FAULT_SIGNALS, SLOWNESS
-from servewatch.models.explain.hints import fallback_hint, latency_hints, signal_hints
+from servewatch.models.explain.hints import PREFILL_SIGNALS, fallback_hint, latency_hints, signal_hints
 from servewatch.models.explain.wording import describe, segment_phrase
 from servewatch.models.stats.baseline import Baseline
 from servewatch.models.stats.capacity import Capacity
@@ -104,6 +104,28 @@ _NO_MODELS = Layout(size=len(_FRESH))
 def _template(signal: Signal, grace_windows: int, source: str = "requests") -> Any:
     """A model of ``signal`` whose constructor arguments every segment's views share."""
     return SPEC_SETS[source][signal].build(grace_windows)
+
+
+@functools.cache
+def _judging_order(signals: tuple[str, ...]) -> tuple[str, ...]:
+    """The signals in the order a window judges them: the prefix-cache hit rate first, so that
+    the latencies that include prefill know whether the cache is failing (``_corroborate``)."""
+    return tuple(sorted(signals, key=lambda name: name != Signal.CACHE_HIT_RATE.value))
+
+
+def _corroborate(verdict: Verdict, reading: Reading, config: DetectorConfig) -> None:
+    """A prefill latency judged while the segment's prefix cache is failing.
+
+    The cache's own test already holds evidence at the paging bar (1 in 10,000) that prompts
+    are recomputed; a rise of TTFT or prefill time in the same window is the effect that
+    evidence predicts. So the latency needs only to be unusual on its own (half the
+    threshold: 1 in 100, the bar a rise under saturation is reported at), not a second
+    1-in-10,000 surprise, and its incident fires at once, as a rate's CUSUM does: the
+    evidence spans the cache's windows already. A rise load explains stays explained."""
+    if verdict.explained or reading.value <= verdict.expected or verdict.score < config.threshold / 2:
+        return
+    verdict.pages, verdict.sustained, verdict.learnable = True, True, False
+    verdict.cause = "cache"  # its hints lead with the cache (``models.explain.hints.latency_hints``)
 
 
 @dataclass(slots=True)
@@ -219,7 +241,8 @@ class SegmentDetectors:
         usual_requests = usual.requests_per_s * window.length
         sparse = usual.windows >= config.grace_windows and window.requests < config.min_share_of_usual * usual_requests
         specs = SPEC_SETS[config.source]
-        for name in config.signals:
+        cache_failing = False  # the segment's prefix cache pages (this window, or its incident does)
+        for name in _judging_order(config.signals):
             spec = specs[Signal(name)]
             if sparse and spec.kind == "latency":
                 continue
@@ -232,6 +255,10 @@ class SegmentDetectors:
             widened = (tolerances.config_for(model_name, spec.signal.value, config, window.end)
                        if tolerances is not None and tolerances.until else None)  # fmt: skip
             verdict = detector.judge(reading, widened or config)
+            if spec.signal is Signal.CACHE_HIT_RATE:
+                cache_failing = verdict.pages or detector.paging
+            elif cache_failing and spec.signal in PREFILL_SIGNALS:
+                _corroborate(verdict, reading, widened or config)
             any_page |= verdict.pages
             if spec.signal is Signal.TTFT and detector.model.n_learned:
                 demand_ratio = math.exp(detector.model.demand_index(reading.x))

@@ -130,6 +130,11 @@ def _cache_hit_rate(window: WindowStats, load: dict[str, float]) -> Reading | No
         return None
     n = window.requests
     hashed = window.prefix_reported
+    if hashed >= n > 0 and not window.prefix_shared:
+        # Every request says what its prompt starts with and none starts as one seen before:
+        # there was nothing for the cache to serve, so its hit rate says nothing of it (a few
+        # one-off prompts in a quiet window of a segment that usually shares a system prompt).
+        return None
     shared = window.prefix_shared / hashed if hashed else 0.0
     x = {"trials": n, "prefix_shared_share": shared}
     if window.prefix_shared:

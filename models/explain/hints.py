@@ -137,10 +137,15 @@ def latency_hints(
             "(capacity, not a fault)",
         )
     ranked.sort(key=lambda item: item[0], reverse=True)
-    return [hint for _, hint in ranked]
+    best: dict[str, Hint] = {}
+    for _, hint in ranked:
+        best.setdefault(hint.code, hint)  # a cause named twice: its best-ranked reading
+    return list(best.values())
 
 
 def _saturated(load: dict[str, float]) -> str:
+    if load.get("running_measured", 0.0) > 0:
+        return _engine_saturated(load)
     served, capacity = load.get("model_requests_per_s", math.nan), load.get("capacity_requests_per_s", math.nan)
     surge = load.get("arrivals_vs_usual", math.nan)
     return (
