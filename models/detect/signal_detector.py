@@ -259,12 +259,24 @@ class SignalDetector:
         slows service shows in its own signals (prefill per token, inter-token latency), which
         still page; one that loses slots keeps fewer busy, and pages here."""
         x = reading.x
+        if x.get("preempted", 0.0) > 0:
+            # An engine whose metrics show preemptions admitted more than its KV cache holds: its
+            # queue holds requests thrown back for want of blocks, which no demand explains.
+            return False
+        flat_out = x.get("running_vs_most", 0.0) >= MOMENTARY_BUSY
+        if x.get("running_measured", 0.0) > 0:
+            # An engine's gauges say whether it was full when its queue formed: running as many
+            # requests as it ever does, or a KV cache with no room for one more context. Full,
+            # the queue is load (a surge, a burst); with slots idle it is slots lost, whatever
+            # the demand (served throughput, which saturation reads, cannot tell the two apart).
+            flat_out = flat_out or x.get("kv_full", 0.0) > 0
+            if not flat_out:
+                return False
         if x.get("saturated", 0.0) > 0:
             return True
-        flat_out = x.get("running_vs_most", 0.0) >= MOMENTARY_BUSY
         queue = x.get("queue_s", math.nan)
         # End-to-end time also grows with a full batch (every token decodes slower), queue or not.
-        queued = self.spec.signal in (Signal.QUEUE_TIME, Signal.E2E) or (
+        queued = self.spec.signal in (Signal.QUEUE_TIME, Signal.E2E, Signal.WAITING_REQUESTS) or (
             queue == queue and queue >= QUEUE_SHARE * reading.value
         )
         return flat_out and queued

@@ -220,24 +220,45 @@ SPECS: tuple[SignalSpec, ...] = (
 KV_USAGE_FLOOR = 0.02
 #: A queue of none and a queue of one are both "no queue" to a log-scale model.
 WAITING_FLOOR = 1.0
+#: The squared coefficient of variation of one request's context (prompt plus answer tokens):
+#: 0.7-1.6 in the public serving traces (Mooncake conversation 1.6, Azure code 0.9, Azure chat
+#: 0.7). The KV cache holds the running requests' contexts, so its usage over ``k`` of them
+#: varies by about this over ``k`` (log scale) from which requests happen to run.
+CONTEXT_CV2 = 1.0
+#: KV usage is judged at the tokens the engine's running requests hold at the recent mix
+#: (``EngineWindow.load``: running x tokens per request): the cache fills in proportion to it
+#: at the same memory, whether more requests run (a surge, a slower engine holding them
+#: longer) or longer ones (a burst of long prompts).
+KV_DEMAND = ("kv_demand_tokens", "kv_demand_tokens")
 
 
 def _kv_usage(window: Any, load: dict[str, float]) -> Reading | None:
-    usage = window.kv_cache_usage
-    if usage is None or window.requests + window.running <= 0:
-        return None  # an idle engine's cache says nothing about its capacity
-    n = max(round(window.requests + window.running), 1)
-    # A gauge read once per scrape: its sampling noise is the engine's own churn, learned
-    # by the model as noise, not a count of requests.
-    return Reading(max(usage, KV_USAGE_FLOOR), n, {**load, "sampling_var": 0.0})
+    """KV usage at the tokens the running requests hold (``KV_DEMAND``): a cache that fills
+    because more requests run, or longer ones, is load; one fuller at the same tokens (less
+    memory after a restart, blocks not freed) is not.
+
+    Its noise: the model learns the engine's churn where it usually runs; a reading over fewer
+    contexts varies more, by the sums' variance over ``n`` contexts against over the most it
+    runs (``CONTEXT_CV2``): two long prompts fill a quarter of an otherwise idle code engine's
+    cache, which says nothing of its memory."""
+    usage, running = window.kv_cache_usage, window.running
+    if usage is None or running <= 0 or not load.get("kv_demand_tokens", math.nan) > 0:
+        return None  # an idle engine's cache says nothing about its capacity, nor one whose mix is unknown
+    n = max(round(running), 1)  # contexts behind the reading: few running, no verdict (min_requests)
+    most = getattr(window, "most_running", math.nan)
+    extra = CONTEXT_CV2 * max(1.0 / n - (1.0 / most if most >= 1 else 0.0), 0.0)
+    return Reading(max(usage, KV_USAGE_FLOOR), n, {**load, "sampling_var": extra})
 
 
 def _waiting(window: Any, load: dict[str, float]) -> Reading | None:
+    """The requests waiting at the scrape: a count, whose log has a sampling variance of
+    about one over the count (Poisson), so 2 waiting against a usual 1 is no news while 40
+    is; the ``+ 1`` keeps a queue of none or one as uncertain as it is."""
     waiting = window.waiting
     if waiting is None or window.requests + window.running <= 0:
         return None
     n = max(round(window.requests + window.running), 1)
-    return Reading(max(waiting, WAITING_FLOOR), n, {**load, "sampling_var": 0.0})
+    return Reading(max(waiting, WAITING_FLOOR), n, {**load, "sampling_var": 1.0 / (max(waiting, 0.0) + 1.0)})
 
 
 def _engine_latency(name: str, floor_s: float) -> Callable[[Any, dict[str, float]], Reading | None]:
@@ -260,8 +281,12 @@ def _engine_latency(name: str, floor_s: float) -> Callable[[Any, dict[str, float
 
 
 def _engine_hit_rate(window: Any, load: dict[str, float]) -> Reading | None:
-    """Cached over looked-up prompt tokens in the interval, from the engine's own counters."""
-    rate, n = window.cache_hit_rate, round(window.requests)
+    """Cached over looked-up prompt tokens in the interval, from the engine's own counters,
+    over the requests that looked the cache up (scheduled in the interval, where the gauges
+    say it; else finished): a token-weighted share of ten requests is ten requests' worth
+    of evidence, not thousands of tokens' (a request's blocks hit or miss together)."""
+    scheduled = getattr(window, "scheduled", math.nan)
+    rate, n = window.cache_hit_rate, round(window.requests if math.isnan(scheduled) else scheduled)
     if math.isnan(rate) or n <= 0:
         return None
     return Reading(rate, n, {"trials": n, "prefix_shared_share": 0.0})
@@ -281,7 +306,10 @@ ENGINE_SPECS: tuple[SignalSpec, ...] = (
                what="mean prefill time"),
     SignalSpec(Signal.ITL, "latency", _engine_latency("itl", 0.001), _latency(DECODE_DEMAND, elasticity=0.1),
                what="mean inter-token latency"),
-    SignalSpec(Signal.KV_CACHE_USAGE, "latency", _kv_usage, _latency(elasticity=0.5), unit="",
+    # Proportional to the running requests (elasticity 1, no hinge: each holds one context),
+    # learned within a physical range (a burst of long prompts runs fewer, fuller contexts).
+    SignalSpec(Signal.KV_CACHE_USAGE, "latency", _kv_usage,
+               _latency(KV_DEMAND, elasticity=1.0, elasticity_sd=0.3, surge_elasticity=0.0), unit="",
                what="KV-cache usage"),
     SignalSpec(Signal.WAITING_REQUESTS, "latency", _waiting,
                _latency(**_QUEUE_LIKE), unit="requests",

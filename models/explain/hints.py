@@ -59,7 +59,10 @@ def _ratio(now: float, usual: float) -> float:
 #: Signals whose time includes prefill: only for these can the prefix cache be the cause.
 PREFILL_SIGNALS = frozenset({Signal.TTFT, Signal.PREFILL_TIME, Signal.E2E, Signal.PREFILL_PER_TOKEN})
 #: Signals whose time includes waiting for a slot.
-QUEUE_SIGNALS = frozenset({Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E})
+QUEUE_SIGNALS = frozenset({Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E, Signal.WAITING_REQUESTS})
+#: Slots busy, as a share of the most, at which an engine counts as full: the detectors' figure
+#: (``models.detect.signal_detector.MOMENTARY_BUSY``; explainers do not import detectors).
+MOMENTARY_BUSY = 0.7
 #: Served throughput below this share of capacity while requests queue: capacity was lost.
 CAPACITY_LOST_SHARE = 0.75
 #: Queue time (or prefill time per token) this many times the usual is a cause worth naming.
@@ -98,8 +101,18 @@ def latency_hints(
     prompt_ratio = _ratio(prompt_now, usual.prompt_tokens_per_request)
     output_ratio = _ratio(output_now, usual.output_tokens_per_request)
     traffic_ratio = _ratio(requests_per_s, usual.requests_per_s)
-    if cause == "saturated" or (explained_by_load and load.get("saturated", 0.0) > 0 and signal in QUEUE_SIGNALS):
+    saturated = load.get("saturated", 0.0) > 0 and not _engine_slots_idle(load)
+    if cause == "saturated" or (explained_by_load and saturated and signal in QUEUE_SIGNALS):
         rank(9.0, "capacity_saturated", _saturated(load))
+    if cause == "cache" and signal in PREFILL_SIGNALS:
+        # Judged beside the segment's failing prefix cache (``models.detect.detector``): the rise
+        # is what that failure predicts, whatever the hit rate's dip in this window alone.
+        hit_now = load.get("cache_hit_rate", math.nan)
+        seen = f" ({hit_now:.0%} of prompt tokens cached against a usual {usual.cache_hit_rate:.0%})" if (
+            not math.isnan(hit_now)) else ""  # fmt: skip
+        failing = f"the segment's prefix-cache hit rate is failing{seen}{_reuse_missed(load)}"
+        rank(12.0, "prefix_cache_ineffective", f"{failing}: prompts are computed again; check that prefix "
+             "caching is enabled (enable_prefix_caching) on the serving instances")  # fmt: skip
     if signal in PREFILL_SIGNALS:
         _prefill_hints(load, usual, prompt_ratio, per_request("uncached_prompt_tokens_per_s"), rank)
     longer = [
@@ -152,6 +165,32 @@ def _saturated(load: dict[str, float]) -> str:
         f"requests arrive at {surge:.1f}x their usual rate while the model's engines serve "
         f"{served:.1f} req/s, as much as they have ever served ({capacity:.1f}): requests queue for "
         "a slot; capacity, not a fault (add engines or raise max_num_seqs if memory allows)"
+    )
+
+
+def _engine_slots_idle(load: dict[str, float]) -> bool:
+    """An engine's gauges say it ran well below the most it has (its KV cache not full) when
+    its queue formed: whatever demand did, that queue is not saturation
+    (``SignalDetector._saturated``)."""
+    if not load.get("running_measured", 0.0):
+        return False
+    return load.get("running_vs_most", 0.0) < MOMENTARY_BUSY and not load.get("kv_full", 0.0) > 0
+
+
+def _engine_saturated(load: dict[str, float]) -> str:
+    """An engine's own figures (``EngineWindow.load``): what arrived, what it served, and the
+    slots it ran when its queue formed against the most it has run."""
+    arrived, served = load.get("arrived_per_s", math.nan), load.get("model_requests_per_s", math.nan)
+    running, most = load.get("model_running", math.nan), load.get("most_running", math.nan)
+    full = " with its KV cache full" if load.get("kv_full", 0.0) > 0 else ""
+    arrivals = f"{arrived:.1f} req/s arrive" if not math.isnan(arrived) else "requests arrive"
+    surge = load.get("arrivals_vs_usual", math.nan)
+    if surge > 0:
+        arrivals += f" (up to {surge:.1f}x the usual in the last windows)"
+    return (
+        f"{arrivals} against {served:.1f} req/s served while the engine runs {running:.0f} requests, as many "
+        f"as it ever has ({most:.0f}){full}: requests queue for a slot; capacity, not a fault (add engines, or raise "
+        "max_num_seqs if memory allows)"
     )
 
 

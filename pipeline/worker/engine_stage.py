@@ -23,7 +23,7 @@ from servewatch.models.detect.detector import DetectorBank
 from servewatch.models.detect.headroom import HeadroomWatch
 from servewatch.models.detect.signals import ENGINE_SPECS
 from servewatch.models.explain.hints import mention_engine_config
-from servewatch.models.windows.engine_window import EngineWindow
+from servewatch.models.windows.engine_window import EngineMemory, engine_key
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker import metrics
 from servewatch.pipeline.worker.decode import Source, dead_letter, describe
@@ -47,6 +47,10 @@ class JudgeEngines:
     replayed: int = 0  # judged before (at-least-once delivery, a scraper restarted on old records)
     # Per model, per instance: enable_prefix_caching as the engine's cache_config_info says it.
     prefix_caching: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Per engine, its recent scrapes: arrivals, busy slots and pooled per-request figures
+    # (``EngineMemory``). Not stored with the detectors' state: a successor rebuilds it
+    # within a few intervals, judging meanwhile on what was served, as without it.
+    memory: dict[str, EngineMemory] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         config = replace(self.settings.detector_config(), signals=ENGINE_SIGNALS, source="engines")
@@ -80,12 +84,14 @@ class JudgeEngines:
         caching = interval.cache_config.get("enable_prefix_caching")
         if caching is not None:
             self.prefix_caching.setdefault(interval.model, {})[interval.instance] = caching
-        window = EngineWindow.from_interval(interval)
+        key = engine_key(interval.instance, interval.model)
+        says = interval.end > interval.start and not interval.counter_reset
+        if says and interval.end <= self.bank.segment(key).last_window_end:
+            self.replayed += 1  # before the memory sees it: a replayed interval must not count twice
+            return []
+        window = self.memory.setdefault(key, EngineMemory()).window(interval)
         if window is None:
             self.skipped += 1
-            return []
-        if window.end <= self.bank.segment(window.key).last_window_end:
-            self.replayed += 1
             return []
         self.intervals += 1
         events = self.bank.observe(window)  # type: ignore[arg-type]  # EngineWindow reads as WindowStats here
