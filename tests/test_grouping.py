@@ -49,7 +49,8 @@ def event(fp: str, route: str, *, status: Status = Status.FIRING, transition: st
     return AnomalyEvent(
         id=f"{fp}-{transition}-{end}", fingerprint=fp, status=status, transition=transition,  # type: ignore[arg-type]
         signal=signal, segment={"model": "m", "route": route}, window_start=end - 10, window_end=end,
-        observed=2.0, expected=1.0, score=6.0, severity=severity, load={"demand_vs_usual": demand},
+        observed=2.0, expected=1.0, score=6.0, severity=severity,
+        load={"demand_vs_usual": demand, "arrivals_vs_usual": demand},
         explained_by_load=explained, hints=[Hint(code=hint, message="")], summary="",
     )  # fmt: skip
 
@@ -104,3 +105,12 @@ def test_a_groups_severity_steps_up_at_once_and_down_only_after_it_held_a_while(
     # ... then steps down with the next record after it.
     _, told = grouper.add(event("d", "agent", end=100.0))
     assert told[0].severity is Severity.WARNING
+
+
+def test_a_queue_whose_demand_only_the_latency_index_reads_high_is_not_the_load_story() -> None:
+    """A few long prompts lift one window's demand index; the arrivals were as usual."""
+    lost = event("a", "chat", hint="capacity_lost").model_copy(
+        update={"load": {"demand_vs_usual": 1.36, "arrivals_vs_usual": 1.05, "running_vs_most": 0.58, "queue_s": 9.3}}
+    )
+    _, told = IncidentGrouper().add(lost)
+    assert told[0].pages and told[0].cause == "capacity_lost"

@@ -9,17 +9,17 @@ group. Pure logic: no clock but the events' own windows.
 
 **One burst, one group.** A burst of demand slows a model everywhere at once, and each
 segment's incident names what it saw of it first: a queue building, a latency rise, slots
-that look lost, the engines saturated. Those are one story, told by the load: an incident
-whose cause load can produce (``LOAD_PLAUSIBLE``) and that fired while its model's demand
-was well above usual or its engines flat out with a queue (``under_load``) joins the
-model's open *load group*, whatever its hint. The load group's cause is the strongest
-explanation among its members (``capacity_saturated`` over ``queueing`` over ``traffic_shift``, a mix moved to
-longer prompts: load in tokens), and
-it never pages (severity ``info``: routed to a channel, not a pager): a queue that demand
-built is capacity to plan, not a fault to wake someone for. Causes load cannot produce (the
-cache failing, truncations, errors, slower decode) keep their own groups and page, surge or
-not; so does a queue at usual demand with fewer slots busy than usual (``capacity_lost``
-without the load story).
+that look lost, bigger batches decoding slower, the engines saturated. Those are one story,
+told by the load: an incident whose cause load can produce (``LOAD_PLAUSIBLE``) and that
+fired while its model's demand was well above usual or its engines flat out with a queue
+(``under_load``) joins the model's open *load group*, whatever its hint. The load group's
+cause is the strongest explanation among its members (``capacity_saturated`` over
+``queueing`` over ``traffic_shift``, a mix moved to longer prompts: load in tokens), and it
+never pages (severity ``info``: routed to a channel, not a pager): a queue that demand built
+is capacity to plan, not a fault to wake someone for. Causes load cannot produce (the cache
+failing, truncations, errors, leaks, KV exhaustion) keep their own groups and page, surge or
+not; so do a queue and a slower decode at usual demand (``capacity_lost`` and
+``decode_slowdown`` without the load story).
 
 **Stable severity.** A group's severity steps up at once (an ``update`` record), and steps
 down only once its open members have been below it for ``step_down_after_s`` of event time:
@@ -74,12 +74,14 @@ CONTEXT_HINTS = frozenset({"change_marker"})
 #: Causes that mean "the load did it", strongest first: a group holding one is explained by load.
 #: A mix moved to longer prompts or outputs is load too, counted in tokens rather than requests.
 LOAD_CAUSES = ("capacity_saturated", "queueing", "traffic_shift")
-#: Causes a burst of demand can produce on its own (a queue and what it lengthens); an incident
-#: with one of these, fired under load, is part of the load's story. The rest (cache, decode,
-#: truncation, errors, leaks, KV exhaustion) are faults whatever the load.
+#: Causes a burst of demand can produce on its own (a queue and what it lengthens, bigger
+#: batches decoding slower per token); an incident with one of these, fired under load, is
+#: part of the load's story. The rest (the cache, truncation, errors, leaks, KV exhaustion)
+#: are faults whatever the load. A decode slowdown at the usual arrivals still pages: demand
+#: is read from arrivals, which a slower engine does not raise.
 LOAD_PLAUSIBLE = frozenset(
     {*LOAD_CAUSES, "queue_building", "capacity_lost", "latency_rise", "latency_drift", "prefill_bound",
-     "kv_cache_pressure", "new_segment"}
+     "decode_slowdown", "kv_cache_pressure", "new_segment"}
     | {f"signal:{s.value}" for s in (Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E, Signal.PREFILL_TIME,
                                      Signal.PREFILL_PER_TOKEN, Signal.THROUGHPUT, Signal.ITL)}
 )  # fmt: skip
@@ -107,7 +109,13 @@ def under_load(event: AnomalyEvent) -> bool:
     if event.explained_by_load or cause_of(event) in LOAD_CAUSES or any(h.code in LOAD_CAUSES[:2] for h in event.hints):
         return True
     load = event.load
-    if load.get("demand_vs_usual", 1.0) >= DEMAND_SURGE or load.get("saturated", 0.0) > 0:
+    if load.get("saturated", 0.0) > 0:
+        return True
+    # Demand read two ways must both be well above usual: the latency model's index (arrivals
+    # and their prompt tokens against the segment's reference) swings with a few long prompts
+    # in one window; the capacity model's arrivals against their usual rate do not.
+    readings = [load[name] for name in ("demand_vs_usual", "arrivals_vs_usual") if load.get(name, 0.0) > 0]
+    if readings and min(readings) >= DEMAND_SURGE:
         return True
     return load.get("running_vs_most", 0.0) >= FLAT_OUT and load.get("queue_s", 0.0) > 0
 
