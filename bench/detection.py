@@ -1,6 +1,6 @@
 """Detection: the scenario suite as tables (what paged, how fast, what paged by mistake), per family.
 
-    python -m bench.detection [--seeds 7 8 9] [--only NAME ...] [--family "pager day"] [--week]
+    python -m bench.detection [--seeds 7 8 9] [--only NAME ...] [--family "pager day"] [--week] [--scrapes]
 
 Each scenario (``pipeline/dev/scenarios.py``) is normal traffic, one injected condition (or none)
 and normal traffic again, replayed through the worker's code (windows, detectors, lifecycle;
@@ -27,6 +27,10 @@ opens as info and steps up to warning pages once). Every false group page is lis
 end with its cause, signals, severity and the line a person reads. In the pager day's
 three-hour runs the first three hours are the detector's history and are not judged, by any
 detector (``Scenario.judged_from_s``): on-call's detector has been running for a while.
+
+``--scrapes`` replays each pager-day run a second time as a fleet with only ``/metrics``
+sees it (``bench/scrape_pages.py``: the same engines as recorded vLLM scrapes), and prints
+its paging groups beside the request logs' and a ``scrapes only (groups)`` row.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from bench.baselines import (
     rolling_z_incidents,
     ttft_p95_series,
 )
+from bench.scrape_pages import scrape_outcome
 from servewatch.pipeline.dev.scenarios import (
     FAMILIES,
     PAGER_SCENARIOS,
@@ -96,6 +101,11 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", help="scenario names")
     parser.add_argument("--family", choices=FAMILIES, help="one family only")
     parser.add_argument("--week", action="store_true", help="add the pager day family's week (slow)")
+    parser.add_argument(
+        "--scrapes",
+        action="store_true",
+        help="also replay the pager day family as vLLM scrapes alone (a /metrics-only fleet; slow)",
+    )
     args = parser.parse_args()
     suite = (*SCENARIOS, *PAGER_SCENARIOS, *((PAGER_WEEK,) if args.week else ()))
 
@@ -107,6 +117,7 @@ def main() -> None:
     normal_s: dict[str, float] = defaultdict(float)
     rates: dict[str, list[float]] = defaultdict(list)
     false_pages: list[str] = []
+    scrapes: dict[str, list[float]] = defaultdict(list)  # caught delays, false groups, normal seconds, faults
     for scenario in suite:
         if (args.only and scenario.name not in args.only) or (args.family and scenario.family != args.family):
             continue
@@ -136,6 +147,16 @@ def main() -> None:
                 page.event.window_start for page in r.group_pages
                 if page.in_fault and set(page.record.signals) & scenario.must_page
             ]  # fmt: skip
+            if args.scrapes and scenario in PAGER_SCENARIOS:
+                seen = scrape_outcome(scenario, seed)
+                print(f"{'':28} {'':4}  scrapes only: {'-' if seen.caught_after is None else seen.caught_after:>4} "
+                      f"windows to page, {len(seen.false)} false groups: "
+                      f"{', '.join(g.title for g in seen.false) or '-'}")  # fmt: skip
+                scrapes["faults"].append(float(bool(scenario.must_page)))
+                scrapes["false"].append(len(seen.false))
+                scrapes["normal_s"].append(seen.normal_s)
+                if scenario.must_page and seen.caught_after is not None:
+                    scrapes["delay"].append(seen.caught_after)
             tally[family][DETECTORS[0]]["false"].append(len(false))
             tally[family][DETECTORS[3]]["false"].append(len(false_groups))
             for detector in DETECTORS:
@@ -170,6 +191,14 @@ def main() -> None:
             print(f"{family:15} {detector:26} {len(t['caught']):>6}/{faults[family]:<7} {delay:>13} {wrong:>6} "
                   f"{wrong / days if days else 0:>8.1f} {rate:>8}")  # fmt: skip
         print(f"{'':15} over {faults[family]} fault runs and {days:.2f} simulated days of normal traffic")
+    if scrapes:
+        days = sum(scrapes["normal_s"]) / 86_400
+        delay = f"{statistics.median(scrapes['delay']):.1f} win" if scrapes["delay"] else "-"
+        wrong = sum(scrapes["false"])
+        caught, runs = len(scrapes["delay"]), int(sum(scrapes["faults"]))
+        print(f"{'pager day':15} {'scrapes only (groups)':26} {caught:>6}/{runs:<7} "
+              f"{delay:>13} {wrong:>6} {wrong / days if days else 0:>8.1f}")  # fmt: skip
+        print(f"{'':15} the same traffic as vLLM scrapes every 10 s; an error burst leaves no engine metric to page on")
     if false_pages:
         print()
         print("false pages (incident groups starting to page outside any fault), with the line on-call reads;")
