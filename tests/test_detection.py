@@ -53,7 +53,10 @@ def test_cache_off_pages_ttft_with_the_right_hint(demo_events: tuple[Workload, l
     assert first.window_start - start <= 40, "caught within a few windows"
     assert not first.explained_by_load
     assert first.hints[0].code == "prefix_cache_ineffective"
-    assert first.observed > 3 * first.expected
+    # Judged beside the failing cache, TTFT pages as soon as it rises at all; the rise grows to
+    # the several-fold a prompt computed again costs.
+    assert first.observed > first.expected
+    assert max(e.observed / e.expected for e in pages if e.signal is Signal.TTFT) > 3
     assert first.load["demand_vs_usual"] < 1.5
     assert "not explained by load" in first.summary
 
