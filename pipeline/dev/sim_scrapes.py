@@ -17,7 +17,10 @@ finishes, because that timing is what the detectors see between two scrapes:
 * at finish: ``request_success{finished_reason}`` and the e2e, queue, prefill and decode histograms;
 * gauges at the scrape: requests running (scheduled, unfinished) and waiting (arrived, not
   scheduled), and KV usage: running requests' prompt plus generated tokens over the engine's
-  KV budget (a shared cached prefix is counted per request; vLLM counts its blocks once).
+  KV budget (a shared cached prefix is counted per request; vLLM counts its blocks once); on
+  a model whose simulated engines reserve each request's whole answer at admission (a
+  ``kv_tokens`` budget), what they reserved, so that the gauge shows the cache as full
+  exactly when the simulated scheduler finds it so.
 
 Preemptions stay 0: the simulator's limit is its slots, not KV memory.
 """
@@ -72,6 +75,7 @@ class EngineRequests:
     cached: np.ndarray
     output: np.ndarray
     finish: np.ndarray  # finish reason per request (str)
+    reserved: np.ndarray | None = None  # KV tokens reserved at admission, where the engine reserves them
 
     @property
     def itl(self) -> np.ndarray:
@@ -110,6 +114,7 @@ def engine_requests(workload: TraceWorkload) -> list[EngineRequests]:
                 model=spec.name, kv_budget_tokens=float(budget), arrival=run.arrival[mine], start=run.start[mine],
                 first_token=first[mine], end=(first + run.decode)[mine], prompt=run.prompt[mine],
                 cached=run.cached[mine], output=run.output[mine], finish=finish[mine],
+                reserved=run.kv_held[mine] if getattr(spec, "kv_tokens", None) else None,
             ))  # fmt: skip
     return engines
 
@@ -184,7 +189,8 @@ class EngineScrapes:
             made = e.generated(float(t), inside)
             running[k] = len(inside)
             waiting[k] = np.searchsorted(arrivals, t, side="right") - hi
-            kv[k] = min(float(np.sum(e.prompt[inside] + made)) / e.kv_budget_tokens, 1.0)
+            held = e.reserved[inside] if e.reserved is not None else e.prompt[inside] + made
+            kv[k] = min(float(np.sum(held)) / e.kv_budget_tokens, 1.0)
             gen[k] += made.sum()
             observed = np.maximum(made - 1, 0)
             step_counts = np.bincount(itl_bucket[inside], observed, minlength=len(ITL_BUCKETS) + 1)
