@@ -33,9 +33,8 @@ incident lifecycle take it unchanged.
 from __future__ import annotations
 
 import math
-from array import array
 from collections.abc import Hashable
-from typing import Any, Literal, NamedTuple, Self
+from typing import Any, Literal, NamedTuple
 
 from river import base
 
@@ -245,15 +244,3 @@ class SeriesLevel(CompactState, base.SupervisedAnomalyDetector):
                 float(state["last_z"]),
             ],
         )
-
-    def append_to(self, buffer: array[float]) -> int:
-        """Copy the state to the end of ``buffer``; returns where it starts there."""
-        at = len(buffer)
-        buffer.extend(self._buf[self._at : self._at + self.STATE_SIZE])
-        return at
-
-    def view(self, buffer: array[float], at: int) -> Self:
-        """A model with this one's constructor arguments whose state is at ``at`` in ``buffer``."""
-        other = object.__new__(type(self))
-        other._params, other._buf, other._at = self._params, buffer, at
-        return other
