@@ -114,3 +114,13 @@ def test_a_queue_whose_demand_only_the_latency_index_reads_high_is_not_the_load_
     )
     _, told = IncidentGrouper().add(lost)
     assert told[0].pages and told[0].cause == "capacity_lost"
+
+
+def test_a_slower_decode_on_engines_that_are_usually_full_is_not_the_load_story() -> None:
+    """Engines near full at their usual demand, with the usual short wait for a slot: a slower
+    decode (or prefill) there is a fault; the queue is no part of inter-token latency."""
+    slow = event("a", "chat", hint="decode_slowdown", signal=Signal.ITL).model_copy(
+        update={"load": {"demand_vs_usual": 1.1, "arrivals_vs_usual": 1.04, "running_vs_most": 0.95, "queue_s": 0.02}}
+    )
+    _, told = IncidentGrouper().add(slow)
+    assert told[0].pages and told[0].cause == "decode_slowdown"

@@ -89,8 +89,12 @@ LOAD_PLAUSIBLE = frozenset(
 #: read as the load's doing: the capacity model's surge ratio (``models.stats.capacity``).
 DEMAND_SURGE = 1.3
 #: Slots busy against the most the model's engines have kept busy, from which a queue means
-#: the engines were full (``models.detect.signal_detector.MOMENTARY_BUSY``).
+#: the engines were full (``models.detect.signal_detector.MOMENTARY_BUSY``), and the share of
+#: a signal's time the queue must make (``QUEUE_SHARE``) for that to explain it.
 FLAT_OUT = 0.7
+QUEUE_SHARE = 0.25
+#: Signals whose time includes the wait for a slot.
+QUEUE_SIGNALS = frozenset({Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E})
 #: The key under which a model's load group is kept open (one per model at a time).
 _LOAD_KEY = "load"
 
@@ -117,7 +121,14 @@ def under_load(event: AnomalyEvent) -> bool:
     readings = [load[name] for name in ("demand_vs_usual", "arrivals_vs_usual") if load.get(name, 0.0) > 0]
     if readings and min(readings) >= DEMAND_SURGE:
         return True
-    return load.get("running_vs_most", 0.0) >= FLAT_OUT and load.get("queue_s", 0.0) > 0
+    # Engines flat out explain a rise only where a queue makes a good part of it (as
+    # ``SignalDetector._saturated`` asks): an engine that is usually near full is flat out at
+    # its usual demand too, and a slower decode or prefill there is a fault, not the load.
+    queue = load.get("queue_s", 0.0)
+    queued = event.signal is Signal.QUEUE_TIME or (
+        event.signal in QUEUE_SIGNALS and queue >= QUEUE_SHARE * event.observed
+    )
+    return queued and queue > 0 and load.get("running_vs_most", 0.0) >= FLAT_OUT
 
 
 def load_story(event: AnomalyEvent) -> bool:
