@@ -144,7 +144,7 @@ def test_an_incident_resolves_only_once_back_near_the_baseline_not_merely_short_
     assert sum(p.is_anomaly for p in scored) == 1  # one page, not one per flare
 
 
-# -- a series without load columns: its own recent level (``SeriesLevel``, issue #28) ----------
+# -- a series without load columns: its own recent level (``SeriesLevel``) ---------------------
 
 
 def pages_of(values: list[float], **kwargs: object) -> list[int]:

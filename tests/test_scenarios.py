@@ -204,7 +204,7 @@ def test_the_slowest_requests_of_each_latency_case_show_its_fault_against_the_ba
     assert _median([figure(r) for r in slowest]) >= factor * _median([figure(r) for r in baseline])
 
 
-# -- issue #28: the pager day family, counted as a pager receives it ------------------------
+# -- the pager day family, counted as a pager receives it -----------------------------------
 
 
 def _incident(fp: str, signal: Signal, hint: str, severity: Severity, end: float, status: str = "firing",
@@ -251,7 +251,7 @@ def test_group_pages_count_a_group_once_when_it_first_pages() -> None:
 
 
 def test_the_pager_day_family_is_in_the_bench_not_in_the_asserted_suite() -> None:
-    """Its runs record false pages still to fix (issue #28): the bench reports them; the suite
+    """Its runs record false pages still to fix: the bench reports them; the suite
     whose every case must pass does not hold them."""
     assert "pager day" in FAMILIES
     names = {s.name for s in PAGER_SCENARIOS} | {PAGER_WEEK.name}

@@ -230,7 +230,7 @@ def test_real_run_truncation_cuts_a_share_of_the_stretch() -> None:
     assert all(r["completion_tokens"] == r["max_tokens"] == 1 for r in cut)
 
 
-# -- issue #28: KV budget, background errors and cut answers, daily cycles ----------------
+# -- KV budget, background errors and cut answers, daily cycles ---------------------------
 
 
 def _held_peak(records: list[dict[str, Any]], instance: str) -> int:

@@ -8,7 +8,7 @@ a run of ``adopt_after`` anomalous points becomes the new normal. Optional load 
 condition latency signals the way the live detector does; a latency-like series without
 them is judged by its own recent level and scale (``SeriesLevel``): the load-conditioned
 model fed a constant demand is built for a live segment's 10 s windows, and on exported
-series it missed most of NAB's faults (issue #28, ``bench/nab.py``).
+series it missed most of NAB's faults (``bench/nab.py``).
 """
 
 from __future__ import annotations

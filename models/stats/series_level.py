@@ -5,7 +5,7 @@ the load columns the load-conditioned model needs (``models.stats.latency``). Fe
 constant demand, that model is a load-blind level built for 10 s windows of a live
 segment: a slow anchor, a noise estimate that forgets over hundreds of windows and tails
 learned over a thousand. A series of 5-minute points whose scale changes by a factor of
-ten within a day (NAB's, issue #28) blinds it for days. This model is what a careful
+ten within a day (NAB's) blinds it for days. This model is what a careful
 rolling z-score is, made robust and calibrated:
 
 * **space**: the log of the value for latency-like series (a 2x rise means the same at

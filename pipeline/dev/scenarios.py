@@ -12,7 +12,7 @@ Three families, so that the simulator servewatch was built with is one voice amo
 * ``real GPU runs``: real per-request latencies of load tests on a real server
   (``pipeline.dev.real_runs``), healthy, with TTFT x4 and the prefix cache gone injected in the
   middle third at the same concurrency, and one run's own real degradation late on.
-* ``pager day``: what on-call lives with (issue #28). Both models on their real traces through
+* ``pager day``: what on-call lives with. Both models on their real traces through
   engines with a KV-cache budget (``serving_sim.PAGER_FLEET``), with the background of failed
   and cut requests every real fleet has: a simulated day with its daily cycle, three busy
   hours of it (judged after three hours of history: a deployed detector has some), the same
@@ -277,7 +277,7 @@ SCENARIOS: tuple[Scenario, ...] = (
 )
 
 
-# -- the pager day: normal traffic as on-call lives with it (issue #28) ---------------------
+# -- the pager day: normal traffic as on-call lives with it ---------------------------------
 
 #: Three normal hours are the busy afternoon (13:00-16:00) of the daily cycle, judged after
 #: three hours of the morning's ramp (from 10:00) that are the detector's history; the
