@@ -58,6 +58,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
+from servewatch.models.detect.signal_detector import QUEUE_SHARE
+from servewatch.models.explain.hints import MOMENTARY_BUSY, QUEUE_SIGNALS
 from servewatch.models.explain.wording import event_id
 from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status
 from servewatch.schemas.feedback import Feedback
@@ -88,13 +90,8 @@ LOAD_PLAUSIBLE = frozenset(
 #: Demand (arrivals against the model's usual) from which a rise of a queue-sensitive signal is
 #: read as the load's doing: the capacity model's surge ratio (``models.stats.capacity``).
 DEMAND_SURGE = 1.3
-#: Slots busy against the most the model's engines have kept busy, from which a queue means
-#: the engines were full (``models.detect.signal_detector.MOMENTARY_BUSY``), and the share of
-#: a signal's time the queue must make (``QUEUE_SHARE``) for that to explain it.
-FLAT_OUT = 0.7
-QUEUE_SHARE = 0.25
-#: Signals whose time includes the wait for a slot.
-QUEUE_SIGNALS = frozenset({Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E})
+#: Signals timed in seconds that include the wait for a slot: the queue's seconds are a share of them.
+_QUEUE_TIMED = QUEUE_SIGNALS - {Signal.WAITING_REQUESTS}
 #: The key under which a model's load group is kept open (one per model at a time).
 _LOAD_KEY = "load"
 
@@ -126,9 +123,9 @@ def under_load(event: AnomalyEvent) -> bool:
     # its usual demand too, and a slower decode or prefill there is a fault, not the load.
     queue = load.get("queue_s", 0.0)
     queued = event.signal is Signal.QUEUE_TIME or (
-        event.signal in QUEUE_SIGNALS and queue >= QUEUE_SHARE * event.observed
+        event.signal in _QUEUE_TIMED and queue >= QUEUE_SHARE * event.observed
     )
-    return queued and queue > 0 and load.get("running_vs_most", 0.0) >= FLAT_OUT
+    return queued and queue > 0 and load.get("running_vs_most", 0.0) >= MOMENTARY_BUSY
 
 
 def load_story(event: AnomalyEvent) -> bool:
@@ -166,6 +163,11 @@ class _Group:
     load: bool = False  # the model's load group: explained by load, never pages
     causes: list[str] = field(default_factory=list)  # the members' own causes (a load group's)
     lower_since: float | None = None  # event time from which the open members were below ``severity``
+
+    @property
+    def slot(self) -> tuple[str, str]:
+        """Where the grouper keeps it open: by model and cause, or as the model's load group."""
+        return self.model, _LOAD_KEY if self.load else self.cause
 
     @property
     def open_members(self) -> list[GroupMember]:
@@ -233,7 +235,7 @@ class IncidentGrouper:
             group.cause = strongest_cause(group.causes)
         stepped_up = group.settle_severity(event.window_end, self.step_down_after_s)
         if not group.open_members:  # the last member resolved: so does the group
-            del self._open[(group.model, _LOAD_KEY if group.load else group.cause)]
+            del self._open[group.slot]
             for fingerprint in group.members:
                 self._member_of.pop(fingerprint, None)
             return event, [self._record(group, event, "resolved")]
@@ -248,12 +250,11 @@ class IncidentGrouper:
         story, else its model's group of its cause; a new one if there is none."""
         model, cause = event.segment.get("model", "other"), cause_of(event)
         load = load_story(event)
-        slot = (model, _LOAD_KEY if load else cause)
-        group = self._open.get(slot)
+        group = self._open.get((model, _LOAD_KEY if load else cause))
         if group is None:
-            key = group_key(model, _LOAD_KEY if load else cause, event.window_start)
-            group = _Group(key, model, cause, event.window_start, load=load)
-            self._open[slot] = group
+            group = _Group("", model, cause, event.window_start, load=load)
+            group.key = group_key(*group.slot, event.window_start)
+            self._open[group.slot] = group
         return group
 
     def _record(

@@ -17,6 +17,7 @@ from scipy.special import bdtrik
 
 from servewatch.models.detect.lifecycle import IncidentTracker
 from servewatch.models.detect.signals import SPECS, Reading, SignalSpec, structural_cache_surprise
+from servewatch.models.explain.hints import MOMENTARY_BUSY, engine_slots_idle
 from servewatch.models.stats.latency import Prediction
 from servewatch.models.stats.tails import TWO_LOOKS, student_bound
 from servewatch.schemas.anomaly import Signal
@@ -130,9 +131,6 @@ CRITICAL_SHARE = 0.5
 QUEUE_SENSITIVE = frozenset(
     {Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E, Signal.PREFILL_PER_TOKEN, Signal.WAITING_REQUESTS}
 )
-#: Slots kept busy over a window, as a share of the most ever: the engines were full for much
-#: of it (a burst of seconds straddles windows, so its average is below the most).
-MOMENTARY_BUSY = 0.7
 #: Share of a signal's time that queueing must make up for a full engine to explain it.
 QUEUE_SHARE = 0.25
 
@@ -263,15 +261,13 @@ class SignalDetector:
             # An engine whose metrics show preemptions admitted more than its KV cache holds: its
             # queue holds requests thrown back for want of blocks, which no demand explains.
             return False
-        flat_out = x.get("running_vs_most", 0.0) >= MOMENTARY_BUSY
-        if x.get("running_measured", 0.0) > 0:
-            # An engine's gauges say whether it was full when its queue formed: running as many
-            # requests as it ever does, or a KV cache with no room for one more context. Full,
-            # the queue is load (a surge, a burst); with slots idle it is slots lost, whatever
-            # the demand (served throughput, which saturation reads, cannot tell the two apart).
-            flat_out = flat_out or x.get("kv_full", 0.0) > 0
-            if not flat_out:
-                return False
+        # An engine's gauges say whether it was full when its queue formed: running as many
+        # requests as it ever does, or a KV cache with no room for one more context. Full, the
+        # queue is load (a surge, a burst); with slots idle it is slots lost, whatever the
+        # demand (served throughput, which saturation reads, cannot tell the two apart).
+        if engine_slots_idle(x):
+            return False
+        flat_out = x.get("running_measured", 0.0) > 0 or x.get("running_vs_most", 0.0) >= MOMENTARY_BUSY
         if x.get("saturated", 0.0) > 0:
             return True
         queue = x.get("queue_s", math.nan)

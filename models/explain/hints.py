@@ -60,8 +60,9 @@ def _ratio(now: float, usual: float) -> float:
 PREFILL_SIGNALS = frozenset({Signal.TTFT, Signal.PREFILL_TIME, Signal.E2E, Signal.PREFILL_PER_TOKEN})
 #: Signals whose time includes waiting for a slot.
 QUEUE_SIGNALS = frozenset({Signal.TTFT, Signal.QUEUE_TIME, Signal.E2E, Signal.WAITING_REQUESTS})
-#: Slots busy, as a share of the most, at which an engine counts as full: the detectors' figure
-#: (``models.detect.signal_detector.MOMENTARY_BUSY``; explainers do not import detectors).
+#: Slots kept busy over a window, as a share of the most ever, at which the engines count as
+#: full for much of it (a burst of seconds straddles windows, so its average is below the
+#: most). The detectors judge saturation with it too (``SignalDetector._saturated``).
 MOMENTARY_BUSY = 0.7
 #: Served throughput below this share of capacity while requests queue: capacity was lost.
 CAPACITY_LOST_SHARE = 0.75
@@ -101,7 +102,7 @@ def latency_hints(
     prompt_ratio = _ratio(prompt_now, usual.prompt_tokens_per_request)
     output_ratio = _ratio(output_now, usual.output_tokens_per_request)
     traffic_ratio = _ratio(requests_per_s, usual.requests_per_s)
-    saturated = load.get("saturated", 0.0) > 0 and not _engine_slots_idle(load)
+    saturated = load.get("saturated", 0.0) > 0 and not engine_slots_idle(load)
     if cause == "saturated" or (explained_by_load and saturated and signal in QUEUE_SIGNALS):
         rank(9.0, "capacity_saturated", _saturated(load))
     if cause == "cache" and signal in PREFILL_SIGNALS:
@@ -168,7 +169,7 @@ def _saturated(load: dict[str, float]) -> str:
     )
 
 
-def _engine_slots_idle(load: dict[str, float]) -> bool:
+def engine_slots_idle(load: dict[str, float]) -> bool:
     """An engine's gauges say it ran well below the most it has (its KV cache not full) when
     its queue formed: whatever demand did, that queue is not saturation
     (``SignalDetector._saturated``)."""
