@@ -149,7 +149,8 @@ def main() -> None:
             ]  # fmt: skip
             if args.scrapes and scenario in PAGER_SCENARIOS:
                 seen = scrape_outcome(scenario, seed)
-                print(f"{'':28} {'':4}  scrapes only: {'-' if seen.caught_after is None else seen.caught_after:>4} "
+                after = "-" if seen.caught_after is None else f"{seen.caught_after:.1f}"
+                print(f"{'':28} {'':4}  scrapes only: {after:>4} "
                       f"windows to page, {len(seen.false)} false groups: "
                       f"{', '.join(g.title for g in seen.false) or '-'}")  # fmt: skip
                 scrapes["faults"].append(float(bool(scenario.must_page)))

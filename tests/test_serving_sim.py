@@ -175,6 +175,26 @@ def test_prefill_slowdown_hits_only_prompts_above_its_threshold(contention: floa
         assert 0.97 < statistics.median(short) < 1.1
 
 
+def test_a_faults_first_log_is_the_first_request_it_changed() -> None:
+    """``first_faulty_log_s``: the first request whose service or answer the injected phase
+    changed ended then, not merely the first that ran in it (requests are logged at their end)."""
+    chat = dataclasses.replace(CHAT_MODEL, prefill_contention=0.0)
+    phases = (SimPhase("normal", 120), SimPhase("slow", 300, prefill_slowdown=3.0, slow_prompt_tokens=16_000))
+    workload = TraceWorkload(phases, models=(chat,), seed=4)
+    onset = workload.first_faulty_log_s
+    assert onset is not None
+    records = list(workload.records())
+    started = [r for r in records if _arrival(r) + r["queue_s"] >= 120]  # a fault hits requests starting service
+    long = [r for r in started if r["prompt_tokens"] > 16_000]
+    touched = [r for r in records if _arrival(r) >= 120]
+    # The first long prompt served in the phase, not the first request of any length.
+    assert onset == pytest.approx(min(r["timestamp"] for r in long), abs=1e-3)
+    assert onset > min(r["timestamp"] for r in touched)
+    # A phase that changes nothing touched nobody.
+    unchanged = TraceWorkload((SimPhase("normal", 120), SimPhase("same", 300)), models=(chat,), seed=4)
+    assert unchanged.first_faulty_log_s is None
+
+
 def test_the_low_volume_model_has_small_windows() -> None:
     workload = TraceWorkload((SimPhase("normal", 600),), models=(LOW_VOLUME_MODEL,), seed=2)
     counts: dict[int, int] = defaultdict(int)

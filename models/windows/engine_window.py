@@ -197,6 +197,10 @@ POOLED_INTERVALS = 30
 #: How far back the queue a window's requests report can have formed, at most (10-second
 #: scrapes: ten minutes): requests that waited longer are a queue no scrape left unseen.
 LOOKBACK_INTERVALS = 60
+#: Mean running contexts the request at the head of a memory-blocked queue is taken to need.
+#: A size-biased draw from lengths with a coefficient of variation ``c`` averages (1 + c^2)
+#: times the mean; with c about 1 in served traffic (as above), two.
+HEAD_CONTEXTS = 2.0
 #: Scrapes over which the most requests an engine ran is forgotten by half (a day of 10-second
 #: scrapes, as ``models.stats.capacity`` forgets capacity: a quiet night does not shrink it).
 MOST_RUNNING_HALFLIFE = 8640.0
@@ -295,8 +299,12 @@ class EngineMemory:
         queued = [r for r in seen if r.waiting > 0]
         if queued:
             at = queued[-1]
-            # No room for one more context of the running ones' mean size: 1 - u < u / running.
-            full = at.running > 0 and at.kv >= at.running / (at.running + 1.0)  # False for NaN
+            # No room for the request at the queue's head. Its size is unknown, but the head of
+            # a queue blocked on memory is size-biased: a long context waits where a short one
+            # would have fitted, and for prompt lengths as spread as served traffic's
+            # (coefficient of variation about 1) it averages about twice the running ones' mean
+            # context. Full: 1 - u < HEAD_CONTEXTS * u / running.
+            full = at.running > 0 and at.kv >= at.running / (at.running + HEAD_CONTEXTS)  # False for NaN
             return at.running, 1.0 if full else 0.0
         # No scrape saw the queue: it formed and drained between two, and the engine may have
         # been full then. Which the gauges cannot rule out is taken (up to the most it has run,

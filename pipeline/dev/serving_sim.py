@@ -363,6 +363,12 @@ class _ModelRun:
     kv_held: np.ndarray  # KV tokens each request held while it ran
 
 
+#: A request's latency changed by a fault when it moved by more than this (in log terms, 10 %):
+#: the simulated prefill's own jitter per request (``lognormal(0, 0.1)``), which no single
+#: request's log can tell from a fault.
+NOTICEABLE = 0.1
+
+
 @dataclass
 class TraceWorkload:
     """Request-log dicts (``RequestLog`` JSON) from the fleet simulation, in finish-time order.
@@ -399,19 +405,32 @@ class TraceWorkload:
 
     @property
     def first_faulty_log_s(self) -> float | None:
-        """When (event time) the first request touched by the injected phase (``fault_phase``,
-        the second by default) was logged: served from its start on, or arrived in it. A
-        detector cannot know of a fault before: a slower decode of a long answer is logged late."""
+        """When (event time) the first request the injected phase (``fault_phase``, the second
+        by default) changed was logged. The same fleet is simulated again with that phase
+        healthy (its traffic kept): the random draws are the same, so a request whose service
+        (time to first token or end to end, by more than ``NOTICEABLE``) or answer (tokens,
+        finish reason, leak) differs is one the fault touched. A detector cannot know of a
+        fault before: requests are logged when they end, so half the slots lost shows once a
+        request that queued for one has finished, and a slower prefill of long prompts once a
+        long prompt has (not when a short one decoded 3 % slower beside it)."""
         if len(self.phases) <= self.fault_phase:
             return None
         self._simulated()
-        first = sum(p.duration_s for p in self.phases[: self.fault_phase])
-        last = first + self.phases[self.fault_phase].duration_s
+        fault = self.phases[self.fault_phase]
+        healthy_phase = SimPhase(fault.name, fault.duration_s, traffic=fault.traffic, models=fault.models)
+        phases = (*self.phases[: self.fault_phase], healthy_phase, *self.phases[self.fault_phase + 1 :])
+        healthy = replace(self, phases=phases)
+        healthy._simulated()
         ends = []
-        for run in self._runs.values():
-            touched = ((run.start >= first) & (run.start < last)) | ((run.arrival >= first) & (run.arrival < last))
-            if touched.any():
-                ends.append(float(np.min((run.start + run.prefill + run.decode)[touched])))
+        for name, run in self._runs.items():
+            other = healthy._runs[name]
+            ttft, healthy_ttft = run.start - run.arrival + run.prefill, other.start - other.arrival + other.prefill
+            slower = np.abs(np.log(ttft / healthy_ttft)) > NOTICEABLE
+            slower |= np.abs(np.log((ttft + run.decode) / (healthy_ttft + other.decode))) > NOTICEABLE
+            changed = slower | (run.output != other.output) | (run.leaked != other.leaked)
+            changed |= np.array(run.finish) != np.array(other.finish)
+            if changed.any():
+                ends.append(float(np.min((run.start + run.prefill + run.decode)[changed])))
         return self.start + min(ends) if ends else None
 
     def occupancy(self, model: str) -> Occupancy:
