@@ -1,4 +1,4 @@
-"""Two naive TTFT detectors to measure servewatch against (issue #4), on the same records.
+"""Two naive TTFT detectors to measure servewatch against, on the same records.
 
 - **Fixed p95 threshold:** one number for the fleet, as an alert rule on a dashboard would
   have it: the 99th percentile of every segment's window TTFT p95 over the warm-up.

@@ -1,4 +1,4 @@
-"""Calibration of the latency model on null streams, and the hour-long ramp (issue #15).
+"""Calibration of the latency model on null streams, and the hour-long ramp.
 
     python -m bench.calibration [--streams 20] [--windows 3000]
 

@@ -1,4 +1,4 @@
-"""Rates judged with sequential evidence: windows to page against requests per window (issue #16).
+"""Rates judged with sequential evidence: windows to page against requests per window.
 
     python -m bench.rates [--runs 40]
 

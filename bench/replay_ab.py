@@ -27,7 +27,7 @@ from bench.common import fleet_records
 HERE = Path(__file__).resolve().parents[1]
 
 #: Run with the checkout under test as working directory, so that ``python -c`` imports its
-#: own code from there (a checkout's folders, or its ``servewatch/`` links since issue #17).
+#: own code from there (its ``servewatch/`` links, or the folders themselves in the older flat layout).
 CHILD = """
 import pathlib, sys, time
 if pathlib.Path("servewatch", "pipeline").exists():
@@ -35,9 +35,9 @@ if pathlib.Path("servewatch", "pipeline").exists():
     from servewatch.pipeline.tuning import tune_process
     try:
         from servewatch.pipeline.replay.request_logs import REPLAY_CHUNK_LINES
-    except ImportError:  # where it was until the event-time work of issue #18
+    except ImportError:  # where it was before the event-time work
         from servewatch.pipeline.cli.main import REPLAY_CHUNK_LINES
-else:  # the flat layout before issue #17
+else:  # the older flat layout
     from pipeline.cli import REPLAY_CHUNK_LINES
     from pipeline.replay import JsonlChunks, Replay
     from pipeline.tuning import tune_process

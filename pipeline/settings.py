@@ -202,7 +202,7 @@ class Settings(BaseSettings):
     )
     log_level: str = "INFO"
 
-    # -- change verification (issue #21; pipeline/changes/) -------------------------------------
+    # -- change verification (pipeline/changes/) ------------------------------------------------
     watch_changes: bool = Field(
         default=True,
         description="Verify each change marker (servewatch.changes) live: the requests after it against those "
@@ -269,7 +269,7 @@ class Settings(BaseSettings):
             return None
         return self.broker.removeprefix("kafka://")
 
-    # -- shipper (`servewatch ship`, issue #6; pipeline/ingest/ship/shipper.py) ------------------------
+    # -- shipper (`servewatch ship`; pipeline/ingest/ship/shipper.py) ----------------------------------
     # One block, kept at the end of the class: other sections are edited independently.
     ship_batch_records: int = Field(default=500, ge=1, description="Records per message the shipper sends.")
     ship_batch_bytes: int = Field(
@@ -291,7 +291,7 @@ class Settings(BaseSettings):
         default=30.0, gt=0, description="After SIGTERM: how long to keep trying to deliver what was read."
     )
 
-    # -- triage page (`servewatch web`, issue #20; pipeline/web/) ---------------------------------
+    # -- triage page (`servewatch web`; pipeline/web/) --------------------------------------------
     web_token: SecretStr | None = Field(
         default=None,
         description="Token the triage page requires (Bearer, Basic password or /login); needed to serve it "
@@ -314,7 +314,7 @@ class Settings(BaseSettings):
         default=None, description="Grafana service-account token for POST /api/annotations."
     )
 
-    # -- load generator (`servewatch loadgen`, issue #21; pipeline/loadgen/) ------------------------
+    # -- load generator (`servewatch loadgen`; pipeline/loadgen/) -----------------------------------
     loadgen_api_key: SecretStr | None = Field(
         default=None, description="API key servewatch loadgen sends to its target (Authorization: Bearer)."
     )

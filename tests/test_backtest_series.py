@@ -128,7 +128,7 @@ def test_a_bad_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixtu
 
 
 def test_an_incident_resolves_only_once_back_near_the_baseline_not_merely_short_of_paging() -> None:
-    """Issue #16: a fault that eases to just below paging is still the fault."""
+    """A fault that eases to just below paging is still the fault."""
     values = ttft_series(seed=5)
     values[150:160] = [v * 6 for v in values[150:160]]
 

@@ -1,4 +1,4 @@
-"""The broker frozen for 30 s under traffic (issue #18): ``SIGSTOP`` of the embedded broker
+"""The broker frozen for 30 s under traffic: ``SIGSTOP`` of the embedded broker
 while a shipper follows a growing request log, a scraper scrapes an engine and a worker
 judges. After ``SIGCONT`` all three carry on by themselves; every line written reaches
 the worker, and the worker accounts for every record: judged + late + duplicates =

@@ -1,4 +1,4 @@
-"""A 10x burst on the real embedded broker (issue #18): steady traffic, then ten times as
+"""A 10x burst on the real embedded broker: steady traffic, then ten times as
 many requests for a few seconds, produced as fast as the client can, then steady again.
 The worker's lag (messages on the topic it has not read yet) grows and drains to zero,
 its resident memory stays bounded, and every record is accounted for."""

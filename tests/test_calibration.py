@@ -1,4 +1,4 @@
-"""The latency model's promise on streams nobody tuned it to (issue #15).
+"""The latency model's promise on streams nobody tuned it to.
 
 A surprise of 4 promises 1 anomalous window in 10,000 when nothing is wrong. Real latency is
 not Gaussian: Student-t noise (a noisy neighbour, a GC pause), autocorrelated from window to

@@ -1,4 +1,4 @@
-"""Issue #21, live change verification without a broker: a ``ChangeWatch`` fed the requests
+"""Live change verification without a broker: a ``ChangeWatch`` fed the requests
 around a marker judges the change on the same mix, and a declared rollback condition fires
 a critical ``rollback_condition_met`` incident only when the change crossed it (a lower
 ``max_tokens``), not for a shift of the request mix or a change that helped; conditions

@@ -1,4 +1,4 @@
-"""Issue #21 end to end on the real embedded broker: a change marker posted to the shipper's
+"""Change verification end to end on the real embedded broker: a change marker posted to the shipper's
 ``POST /v1/changes`` lands on ``servewatch.changes``; a worker watching it compares the
 requests after the change with those before (read back from Kafka), publishes interim and
 final ``ChangeReport`` records, and, for a lower ``max_tokens``, pages the declared rollback

@@ -1,4 +1,4 @@
-"""Issue #17: a command line safe beside production (no quiet throwaway brokers, one-line
+"""A command line safe beside production (no quiet throwaway brokers, one-line
 configuration errors, a broker that stops on SIGTERM)."""
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def test_replay_prints_the_demos_readable_lines_with_format_text(
 
 
 def test_the_detectors_numbers_live_in_one_place() -> None:
-    """Issue #17: the settings' defaults are ``DetectorConfig``'s, not a second copy."""
+    """The settings' defaults are ``DetectorConfig``'s, not a second copy."""
     from servewatch.models.detect.signal_detector import DetectorConfig
 
     assert Settings().detector_config() == DetectorConfig()

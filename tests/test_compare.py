@@ -1,4 +1,4 @@
-"""Issue #21: change verification, offline. A shifted mix is not a regression; caching on is
+"""Change verification, offline. A shifted mix is not a regression; caching on is
 an improvement; a lower ``max_tokens`` is a truncation regression; the CLI renders and parses."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""docker-compose.yml and the Dockerfile stay in step with the code (issue #18). Docker does
+"""docker-compose.yml and the Dockerfile stay in step with the code. Docker does
 not run here, so ``docker compose config`` cannot; these checks read both files instead:
 every topic is created up front, every servewatch command parses, dependencies are
 installed when the image is built (never when a container starts), and nothing listens

@@ -1,4 +1,4 @@
-"""Issue #6 end to end: ``servewatch scrape`` + ``servewatch ship`` + ``servewatch worker`` on the embedded broker.
+"""End to end: ``servewatch scrape`` + ``servewatch ship`` + ``servewatch worker`` on the embedded broker.
 
 A simulated vLLM server on 127.0.0.1 serves its ``/metrics``; its prefix caching is
 switched off part way, at flat traffic. The scraper publishes its intervals, the shipper

@@ -1,4 +1,4 @@
-"""Capacity signals from engine metrics (issue #4): KV-cache usage, waiting requests and
+"""Capacity signals from engine metrics: KV-cache usage, waiting requests and
 preemptions, judged per engine on its scrape intervals, at the load it serves."""
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def latency(mean_s: float) -> dict[str, float]:
 
 
 def test_an_engines_own_histograms_page_ttft_and_prefill_when_its_cache_stops_hitting() -> None:
-    """Issue #6: a server that logs no requests is judged on its metrics' phases, by model
+    """A server that logs no requests is judged on its metrics' phases, by model
     and instance, at the load it serves; the hint reads the hit rate the same interval shows."""
     judge, rng, events = JudgeEngines(Settings()), random.Random(11), []
     for i in range(70):

@@ -1,4 +1,4 @@
-"""The event-time contract (issue #18), without a broker: records too far in the future are
+"""The event-time contract, without a broker: records too far in the future are
 dead letters and never hold offsets back; a skewed host's records are judged, or counted
 late, never silently dropped; a re-sent record counts once; and every accepted record is
 accounted for: accepted = judged + late + duplicates."""

@@ -1,4 +1,4 @@
-"""The event-time contract on the real embedded broker (issue #18): hosts 5 s and 30 s behind
+"""The event-time contract on the real embedded broker: hosts 5 s and 30 s behind
 are judged, future-dated records are dead-lettered, every partition's committed offset
 reaches its end, and the worker accounts for every record it accepted."""
 

@@ -1,4 +1,4 @@
-"""Answer excerpts leave the worker bounded and scrubbed (issue #5, privacy by default)."""
+"""Answer excerpts leave the worker bounded and scrubbed (privacy by default)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Facets of a window's sample, and the changes against the baseline worth a sentence (issue #5)."""
+"""Facets of a window's sample, and the changes against the baseline worth a sentence."""
 
 from __future__ import annotations
 

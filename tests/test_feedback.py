@@ -1,4 +1,4 @@
-"""On-call's verdicts (issue #20): carried on a group's later records; ``expected`` widens the
+"""On-call's verdicts: carried on a group's later records; ``expected`` widens the
 tolerance of the group's signals in its model. And the chart points the worker publishes."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue #16: one cause, one group (``models.detect.grouping``), on the demo's workload and by rule."""
+"""One cause, one group (``models.detect.grouping``), on the demo's workload and by rule."""
 
 from __future__ import annotations
 

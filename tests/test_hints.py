@@ -1,4 +1,4 @@
-"""Issue #5: each hint from the windows that should raise it, and not from those that should not.
+"""Each hint from the windows that should raise it, and not from those that should not.
 
 The rules are pure functions of a window's load, the segment's usual figures and the
 signal (``models.explain.hints``); engine-side hints come from scrape windows (``capacity_headroom``
@@ -176,7 +176,7 @@ def test_every_hint_raised_anywhere_is_documented() -> None:
     assert raised and raised <= HINT_CODES.keys()
 
 
-# -- issue #15: capacity, queue, drift, and a cause for every latency event ---------------
+# -- capacity, queue, drift, and a cause for every latency event --------------------------
 def codes_for(load: dict[str, float], *, signal: Signal = Signal.TTFT, cause: str | None = None,
               explained: bool = False, queue_usual: float = 0.02) -> list[str]:  # fmt: skip
     baseline = usual()

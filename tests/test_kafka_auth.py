@@ -1,4 +1,4 @@
-"""Kafka SASL and TLS settings reach every client (issue #18): Faust's, and each aiokafka
+"""Kafka SASL and TLS settings reach every client: Faust's, and each aiokafka
 client servewatch opens. The embedded Tansu broker cannot check them here (its users live in
 its in-process storage, and this build refuses --cert with --key), so these tests check
 what each client is given, against Faust's own mapping of credentials to aiokafka."""

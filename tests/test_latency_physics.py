@@ -1,4 +1,4 @@
-"""Issue #15: the load-conditioned latency model's physics, one rule per test, no broker.
+"""The load-conditioned latency model's physics, one rule per test, no broker.
 
 The scenario suites (``tests/test_real_traffic.py``) show these rules on whole workloads;
 here each is pinned on a seeded stream small enough to read.

@@ -5,7 +5,7 @@
 * inside ``pipeline``, the order of ``LAYERS["pipeline"]`` (its root modules <- ``worker`` <- ... <- ``cli``).
 
 A module imports from its own layer or lower ones only. README's "Where things live" lists
-the same sub-packages and modules, and ``pyproject.toml`` every package (issue #17).
+the same sub-packages and modules, and ``pyproject.toml`` every package.
 """
 
 from __future__ import annotations

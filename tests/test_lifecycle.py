@@ -66,8 +66,8 @@ def test_rejects_nonsense_config(bad: dict[str, int]) -> None:
 
 
 def test_a_severity_that_moves_back_and_forth_sends_one_step_up_not_an_event_a_window() -> None:
-    """Issue #16: one cache-off incident sent 27 events as its score crossed the critical bound
-    and back. Only a step up is news at once; the regular update carries the rest."""
+    """An incident whose score crosses the critical bound and back does not send an event at
+    each crossing. Only a step up is news at once; the regular update carries the rest."""
     tracker = IncidentTracker(fire_after=2, fire_within=3, resolve_after=3, update_every=6)
     severities = ["warning", "warning"] + ["critical", "warning"] * 9  # 20 anomalous windows
     steps = [tracker.step(True, window_start=float(i), severity=s) for i, s in enumerate(severities)]

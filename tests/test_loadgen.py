@@ -1,4 +1,4 @@
-"""Issue #21, the load generator, over real loopback HTTP against the dev OpenAI-compatible
+"""The load generator, over real loopback HTTP against the dev OpenAI-compatible
 server (``pipeline/dev/openai_server.py``, a child process, so the two event loops do not
 share one thread):
 

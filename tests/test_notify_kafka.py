@@ -1,4 +1,4 @@
-"""Delivery end to end on the real embedded broker (issue #19): ``servewatch notify`` reads
+"""Delivery end to end on the real embedded broker: ``servewatch notify`` reads
 incident groups from the anomaly topic and delivers them to real HTTP receivers on
 127.0.0.1 that imitate Slack (webhook and bot), PagerDuty, Alertmanager and a signed
 webhook, while those receivers answer 429 with Retry-After, 500, time out, and go down

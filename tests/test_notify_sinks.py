@@ -1,4 +1,4 @@
-"""The notifier's sinks (issue #19): payloads within each receiver's limits, hostile log text
+"""The notifier's sinks: payloads within each receiver's limits, hostile log text
 kept inert, each receiver's answers sorted into accepted, retryable and rejected, and
 secrets kept out of errors. HTTP goes to ``httpx.MockTransport``: no network."""
 

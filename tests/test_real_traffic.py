@@ -1,4 +1,4 @@
-"""Detection on traffic servewatch's own generator does not make (issue #15).
+"""Detection on traffic servewatch's own generator does not make.
 
 Real arrival traces (Mooncake) through engines with a hard slot limit and a FIFO queue
 (``pipeline.dev.serving_sim``), and real GPU load tests replayed as request logs

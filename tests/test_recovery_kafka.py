@@ -1,4 +1,4 @@
-"""Crash recovery on the real embedded broker (issue #18): ``kill -9`` of one of two workers
+"""Crash recovery on the real embedded broker: ``kill -9`` of one of two workers
 while an incident fires. The survivor takes the dead worker's partitions over (its
 RocksDB-backed state table restored from the changelog), no incident is lost or opened
 twice, and every partition's committed offset reaches its end: each record was folded into

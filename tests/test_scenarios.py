@@ -1,4 +1,4 @@
-"""The detection scenario suite (issue #4): each injected case pages the right signals, and
+"""The detection scenario suite: each injected case pages the right signals, and
 only in the injected phase; traffic growth and daily cycles page nothing.
 
 Runs ``pipeline.dev.scenarios`` through ``Replay`` (the worker's code without a broker).
@@ -83,7 +83,7 @@ def test_rate_events_count_what_they_judge() -> None:
     assert " of " in event.summary  # "31 of 1,020 requests"
 
 
-#: Issue #5: the likely cause a person reads first, per injected case and paging signal.
+#: The likely cause a person reads first, per injected case and paging signal.
 TOP_HINT = {
     ("cache_off", Signal.TTFT): "prefix_cache_ineffective",
     ("cache_off", Signal.PREFILL_TIME): "prefix_cache_ineffective",
@@ -115,7 +115,7 @@ def _sampled(event: AnomalyEvent, sample: str) -> list[dict[str, Any]]:
 
 
 def test_rate_events_carry_the_requests_they_counted_as_evidence() -> None:
-    """Issue #5: a truncation page holds truncated answers, a leak page answers with the
+    """A truncation page holds truncated answers, a leak page answers with the
     marker (scrubbed excerpt around it), an error page failed requests; all of its segment."""
     truncated = _first_page("truncation", Signal.LENGTH_TRUNCATION)
     cut = _sampled(truncated, "faulty")
@@ -136,7 +136,7 @@ def test_rate_events_carry_the_requests_they_counted_as_evidence() -> None:
 
 @pytest.mark.parametrize(("name", "signal"), sorted(TOP_HINT, key=lambda k: (k[0], k[1].value)))
 def test_each_first_page_compares_a_sample_of_its_window_with_the_latest_normal_one(name: str, signal: Signal) -> None:
-    """Issue #5: besides the worst requests, a uniform pick of the anomalous window and of
+    """Besides the worst requests, a uniform pick of the anomalous window and of
     the segment's latest normal window (before it), and the facets of both."""
     event = _first_page(name, signal)
     uniform, baseline = _sampled(event, "uniform"), _sampled(event, "baseline")
@@ -179,7 +179,7 @@ def _prefill_per_uncached_token(r: dict[str, Any]) -> float:
     return r["prefill_s"] / max(r["prompt_tokens"] - (r.get("cached_tokens") or 0), 1)
 
 
-#: Issue #5: per injected latency case, the figure of a request that shows its fault, and
+#: Per injected latency case, the figure of a request that shows its fault, and
 #: the factor by which the event's slowest requests must show more of it than the
 #: segment's normal ones (its baseline sample).
 SHOWS_FAULT = {

@@ -400,7 +400,7 @@ def _constraints(prop: dict, defs: dict) -> dict:
 
 
 def test_the_hot_paths_row_and_request_log_agree_field_by_field() -> None:
-    """Issue #17: one source of truth. The msgspec twin of ``RequestLog`` has the same fields,
+    """One source of truth. The msgspec twin of ``RequestLog`` has the same fields,
     the same required ones and, where it checks a bound, the same bound (it may accept less:
     ISO timestamps and string status codes are left to ``RequestLog``)."""
     import msgspec

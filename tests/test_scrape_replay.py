@@ -1,4 +1,4 @@
-"""``servewatch replay --scrapes``: a recorded day of /metrics through the engine detectors (issue #6)."""
+"""``servewatch replay --scrapes``: a recorded day of /metrics through the engine detectors."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Issue #16: rates judged with sequential evidence, through one signal's detector and the
+"""Rates judged with sequential evidence, through one signal's detector and the
 incident lifecycle (``bench/rates.py`` prints the whole delay-versus-volume table).
 
 A usual rate of 0.2 % that wanders from window to window (overdispersion), a fault for 60

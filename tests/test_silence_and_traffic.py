@@ -1,4 +1,4 @@
-"""Issue #16: a model that goes dark pages ``traffic_drop``; a segment that goes silent with an
+"""A model that goes dark pages ``traffic_drop``; a segment that goes silent with an
 incident open resolves it as ``no_data``; segments idle long enough are forgotten."""
 
 from __future__ import annotations

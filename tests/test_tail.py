@@ -1,4 +1,4 @@
-"""``servewatch tail`` (issue #19's reader for people): the anomaly topic, filtered, readable or JSON."""
+"""``servewatch tail`` (the notifier's reader for people): the anomaly topic, filtered, readable or JSON."""
 
 from __future__ import annotations
 

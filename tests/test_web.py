@@ -1,4 +1,4 @@
-"""The triage page without a browser (issue #20): the store's queries and bounds, the JSON API,
+"""The triage page without a browser: the store's queries and bounds, the JSON API,
 live updates, authentication and CSRF, verdicts, links out, and escaping of request content."""
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""The triage page in headless Chromium while anomalies arrive (issue #20's acceptance).
+"""The triage page in headless Chromium while anomalies arrive (its acceptance test).
 
 ``servewatch web`` runs as a user would start it, against the session's broker; records go
 to the topics the worker writes. A new incident group must appear without a reload, its
 detail view must show the chart (band, shaded anomalous windows) and the evidence, and
 'not expected' must land on ``servewatch.feedback``. Request content carrying script and
 image payloads must show as text and never run. A screenshot of the detail view is kept
-in ``tests/artifacts/triage-detail.png``. Issue #21: the changes view shows a change's report
+in ``tests/artifacts/triage-detail.png``. The changes view shows a change's report
 and announces a new one, and the incident after the change marks it on its chart.
 """
 

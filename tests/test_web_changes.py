@@ -1,4 +1,4 @@
-"""Changes on the triage page (issue #21): markers and reports from ``servewatch.changes`` in the
+"""Changes on the triage page: markers and reports from ``servewatch.changes`` in the
 store, markers on an incident's charts, "started N windows after change ..." on an incident
 that follows one, and the changes view (HTML and JSON) with each change's latest report."""
 

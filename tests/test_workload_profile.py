@@ -1,4 +1,4 @@
-"""Issue #21, workload profiles (pure): a profile of a known workload states its known rates,
+"""Workload profiles (pure): a profile of a known workload states its known rates,
 burstiness, lengths, prefix sharing and finish reasons; the sampler draws what the profile
 describes; the knee is the last level before latency bends."""
 

@@ -1,4 +1,4 @@
-"""Change verification (issue #21): the requests after a marker against those before it.
+"""Change verification: the requests after a marker against those before it.
 
 ``mix`` reweights the period after to the period before's segment mix and bootstraps within
 segments; ``report`` turns that into a ``ChangeReport`` with a verdict per signal. Pure numpy,

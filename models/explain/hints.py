@@ -291,7 +291,7 @@ def fallback_hint(what: str) -> Hint:
 
 
 def signal_hints(signal: Signal, window: WindowStats, observed: float, expected: float) -> list[Hint]:
-    """The likely cause that goes with each non-latency signal (issue #5 refines these)."""
+    """The likely cause that goes with each non-latency signal."""
     if signal is Signal.PREFILL_PER_TOKEN:
         return [
             Hint(

@@ -12,7 +12,7 @@ times the usual. Queueing past capacity is not this model's business: a queue th
 because demand exceeds what the model's engines have ever served is explained by the
 capacity check (``models.stats.capacity``), and such windows are not learned here.
 
-Real traffic broke an earlier, plain version of this model (issue #15), and each part
+Real traffic broke an earlier, plain version of this model, and each part
 here answers one way it broke:
 
 * **physics as priors**: latency does not fall as demand rises, and no plausible

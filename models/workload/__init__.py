@@ -1,4 +1,4 @@
-"""Workload profiles (issue #21): a model's real request mix from its logs (``profile``),
+"""Workload profiles: a model's real request mix from its logs (``profile``),
 requests and arrival times drawn from one for ``servewatch loadgen`` (``sample``), and the
 capacity a concurrency ramp finds (``knee``). Pure numpy, no I/O."""
 

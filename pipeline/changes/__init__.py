@@ -1,4 +1,4 @@
-"""Change verification, live (issue #21): each change marker's requests after against before.
+"""Change verification, live: each change marker's requests after against before.
 
 ``config`` reads the periods and rollback conditions, ``watch`` keeps one change's two
 periods and judges them (``models.compare``), ``agent`` wires it into a Faust app: markers in,

@@ -1,5 +1,5 @@
 """``servewatch compare``: did a change help or hurt? The requests after a marker against
-those before it, per model and signal, reweighted to the same segment mix (issue #21).
+those before it, per model and signal, reweighted to the same segment mix.
 
 Two files (``--before``, ``--after``), or one file split at a time (``--in``, ``--at``). The
 verdicts come from ``models.compare``; this module reads the files and renders the table.

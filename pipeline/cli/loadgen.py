@@ -1,5 +1,5 @@
 """``servewatch loadgen``: replay a workload profile against an OpenAI-compatible server
-(issue #21), at a rate (``--rate``, ``--duration``) or up a concurrency ramp (``--ramp``).
+at a rate (``--rate``, ``--duration``) or up a concurrency ramp (``--ramp``).
 
 Every request becomes a ``RequestLog`` line on ``--out`` (tenant ``loadgen``), so servewatch
 can watch the test as it watches production; the run's summary (and, for a ramp, each step

@@ -1,5 +1,5 @@
 """``servewatch mark`` (a change marker onto ``servewatch.changes``) and ``servewatch changes``
-(the markers with their latest verification report), issue #21."""
+(the markers with their latest verification report)."""
 
 from __future__ import annotations
 

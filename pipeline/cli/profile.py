@@ -1,5 +1,5 @@
 """``servewatch profile``: a model's real request mix from its logs, as a ``WorkloadProfile``
-JSON that ``servewatch loadgen`` replays (issue #21).
+JSON that ``servewatch loadgen`` replays.
 
 One model: one indented JSON object. Several (no ``--model``): one profile per line. A
 short summary per model goes to stderr. The statistics are ``models.workload.profile``'s.

@@ -1,4 +1,4 @@
-"""The load generator (issue #21): a workload profile's requests against an OpenAI-compatible
+"""The load generator: a workload profile's requests against an OpenAI-compatible
 server, streamed and measured client-side (``client``), with text of the right length and
 shared prefixes (``prompts``), at a rate or up a concurrency ramp (``run``)."""
 

@@ -1,4 +1,4 @@
-"""Delivery of anomalies to people: Slack, PagerDuty, Alertmanager and webhooks (issue #19).
+"""Delivery of anomalies to people: Slack, PagerDuty, Alertmanager and webhooks.
 
 ``config`` (the validated file) -> ``routing`` and ``silences`` (pure label logic) ->
 ``plan`` (per group and sink, what is due when: Alertmanager's group_wait, group_interval

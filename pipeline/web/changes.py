@@ -1,4 +1,4 @@
-"""Changes on the triage page (issue #21): markers, the reports verifying them, and incidents after one.
+"""Changes on the triage page: markers, the reports verifying them, and incidents after one.
 
 A change marker (a deploy, a config flip) is drawn on an incident's charts as a vertical line,
 an incident the worker found to start soon after one says so at its top, and ``/changes``

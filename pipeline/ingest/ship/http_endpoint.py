@@ -1,5 +1,5 @@
 """``servewatch ship --listen``: request logs POSTed to ``/v1/requests`` (one record or a JSON array),
-and change markers POSTed to ``/v1/changes`` by a deploy pipeline (issue #21).
+and change markers POSTed to ``/v1/changes`` by a deploy pipeline.
 
 An aiohttp server (imported only when HTTP is served) answers each POST once its records
 are in Kafka (``Chunk.on_published``), so a client that got its answer lost nothing.
