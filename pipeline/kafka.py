@@ -67,35 +67,53 @@ class KafkaAuth:
 PLAINTEXT = KafkaAuth()
 
 
-async def ensure_topics(
-    bootstrap: str, partitions: int, names: tuple[str, ...] = topics.ALL, auth: KafkaAuth = PLAINTEXT
-) -> None:
-    """Create servewatch's topics with ``partitions`` partitions where they do not exist yet.
+#: Replicas a topic gets where the settings do not say: what survives one broker's loss while
+#: still accepting writes (with ``min.insync.replicas=2``), as Kafka's own internal topics.
+DEFAULT_REPLICATION = 3
 
-    Done before anything produces, so that a broker's auto-creation (often 1 partition)
-    never decides the layout.
+
+async def ensure_topics(
+    bootstrap: str,
+    partitions: int,
+    names: tuple[str, ...] = topics.ALL,
+    auth: KafkaAuth = PLAINTEXT,
+    replication: int | None = None,
+) -> int:
+    """Create servewatch's topics with ``partitions`` partitions where they do not exist yet;
+    the replication they are (or would be) created with.
+
+    Done before anything produces, so that a broker's auto-creation (often 1 partition, 1
+    replica) never decides the layout. ``replication`` None: ``DEFAULT_REPLICATION``, or every
+    broker of a smaller cluster (a single broker, the embedded one, gets 1).
     """
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap, **auth.client_options())
     await admin.start()
     try:
+        if replication is None:
+            brokers = len((await admin.describe_cluster())["brokers"])
+            replication = max(1, min(DEFAULT_REPLICATION, brokers))
         existing = set(await admin.list_topics())
         missing = [
-            NewTopic(name, num_partitions=partitions, replication_factor=1,
+            NewTopic(name, num_partitions=partitions, replication_factor=replication,
                      topic_configs=topics.TOPIC_CONFIGS.get(name))
             for name in names if name not in existing
         ]  # fmt: skip
         if missing:
             await admin.create_topics(missing)
-            logger.info("created topics %s", [t.name for t in missing])
+            logger.info("created topics %s (%d replicas)", [t.name for t in missing], replication)
+        return replication
     finally:
         await admin.close()
 
 
 def producer(bootstrap: str, max_request_size: int = 16 * 1024 * 1024, auth: KafkaAuth = PLAINTEXT) -> AIOKafkaProducer:
     # linger 0: Tansu under-reports end offsets of multi-record batches (see docs/notes).
+    # acks all: a record is sent once every in-sync replica has it, so a leader that dies
+    # right after answering loses nothing (the default, the leader alone, would).
     return AIOKafkaProducer(
-        bootstrap_servers=bootstrap, linger_ms=0, max_request_size=max_request_size, **auth.client_options()
-    )
+        bootstrap_servers=bootstrap, linger_ms=0, acks="all", max_request_size=max_request_size,
+        **auth.client_options(),
+    )  # fmt: skip
 
 
 async def send_one(bootstrap: str, topic: str, key: bytes, value: bytes, auth: KafkaAuth = PLAINTEXT) -> None:
@@ -139,8 +157,10 @@ async def assign_all(consumer: AIOKafkaConsumer, topic: str) -> list[TopicPartit
     more if the topic is not known yet); returns them in order."""
     numbers = consumer.partitions_for_topic(topic)
     if not numbers:
-        await consumer.force_metadata_update()
-        numbers = consumer.partitions_for_topic(topic) or set()
+        # A group-less consumer's first metadata need not name the topic (Apache Kafka's does
+        # not; the embedded broker's does). The consumer has no public refresh: its client does.
+        cluster = await consumer._client.fetch_all_metadata()
+        numbers = cluster.partitions_for_topic(topic) or set()
     partitions = [TopicPartition(topic, p) for p in sorted(numbers)]
     consumer.assign(partitions)
     return partitions

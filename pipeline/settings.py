@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     ssl_keyfile: str | None = Field(default=None, description="Client certificate's private key (mutual TLS).")
     app_id: str = "servewatch"
     topic_partitions: int = Field(default=4, ge=1)
+    topic_replication: int | None = Field(
+        default=None, ge=1,
+        description="Replicas of each topic servewatch creates, its tables' changelogs included (default: "
+                    "3, or every broker of a smaller cluster; a replica per broker survives a broker's loss "
+                    "with min.insync.replicas=2 and producers that wait for all in-sync replicas).",
+    )  # fmt: skip
     max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     data_dir: str | None = Field(default=None, description="Faust's data dir; a fresh temp dir when unset.")
     store: Literal["memory://", "rocksdb://"] = Field(

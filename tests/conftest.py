@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -15,6 +16,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from servewatch.pipeline import topics
+from servewatch.pipeline.dev.apache_kafka import ApacheKafka
 from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
 from servewatch.pipeline.dev.demo_sinks import DemoReceiver, start_receiver
@@ -24,11 +26,47 @@ from servewatch.pipeline.web.store import TriageStore
 from servewatch.schemas.feedback import Feedback
 
 T = TypeVar("T")
+Broker = EmbeddedBroker | ApacheKafka
 
 
-def fresh_broker() -> Iterator[EmbeddedBroker]:
-    """A fresh Kafka-compatible broker on a free loopback port, stopped when done."""
-    with EmbeddedBroker() as running:
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--kafka", choices=("tansu", "apache"), default="tansu",
+        help="the broker Kafka-backed tests run on: the embedded Tansu (default, no JVM), or Apache "
+             "Kafka started from jars Maven fetches once (run with -m integration to rerun only those)",
+    )  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global BROKER_KIND
+    BROKER_KIND = config.getoption("--kafka")
+    # Every worker, shipper and notifier a test starts inherits its broker's profile.
+    os.environ["SERVEWATCH_BROKER_PROFILE"] = "kafka" if BROKER_KIND == "apache" else "tansu"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without ``--kafka apache``, tests that need Apache Kafka itself (a cluster, leader
+    failover) are deselected: the default suite needs no JVM."""
+    if BROKER_KIND == "apache":
+        return
+    apache_only = [item for item in items if item.get_closest_marker("apache_kafka") is not None]
+    if apache_only:
+        config.hook.pytest_deselected(items=apache_only)
+        items[:] = [item for item in items if item.get_closest_marker("apache_kafka") is None]
+
+
+#: Which broker ``new_broker`` starts (``--kafka``).
+BROKER_KIND = "tansu"
+
+
+def new_broker() -> Broker:
+    """A broker of the kind the run asks for (``--kafka``), not yet started: use as ``with new_broker() as b``."""
+    return ApacheKafka() if BROKER_KIND == "apache" else EmbeddedBroker()
+
+
+def fresh_broker() -> Iterator[Broker]:
+    """A fresh broker (``--kafka``: the embedded Tansu, or Apache Kafka) on a free loopback port, stopped when done."""
+    with new_broker() as running:
         yield running
 
 
@@ -40,14 +78,14 @@ own_broker = pytest.fixture(scope="module", name="broker")(fresh_broker)
 
 
 @pytest.fixture
-def worker(broker: EmbeddedBroker) -> Iterator[str]:
+def worker(broker: Broker) -> Iterator[str]:
     """A worker on the session broker, with its own consumer group; yields the bootstrap address."""
     with _worker(broker) as bootstrap:
         yield bootstrap
 
 
 @pytest.fixture
-def notifying_worker(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[str, DemoReceiver]]:
+def notifying_worker(broker: Broker, tmp_path: Path) -> Iterator[tuple[str, DemoReceiver]]:
     """A worker that also delivers (as the demo's does) to a local receiver of every sink type."""
     receiver = start_receiver(tmp_path)
     try:
@@ -58,7 +96,7 @@ def notifying_worker(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[s
 
 
 @contextlib.contextmanager
-def _worker(broker: EmbeddedBroker, env: dict[str, str] | None = None) -> Iterator[str]:
+def _worker(broker: Broker, env: dict[str, str] | None = None) -> Iterator[str]:
     asyncio.run(ensure_topics(broker.bootstrap, 4))
     process = start_worker(
         broker.bootstrap,

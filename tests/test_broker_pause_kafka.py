@@ -22,11 +22,12 @@ import orjson
 import pytest
 
 from servewatch.pipeline import topics
-from servewatch.pipeline.dev.broker import EmbeddedBroker, free_loopback_port
+from servewatch.pipeline.dev.broker import free_loopback_port
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
 from servewatch.pipeline.kafka import ensure_topics, read_topic
 from servewatch.pipeline.worker.metrics import served_value
 from servewatch.schemas.engine_interval import EngineInterval
+from tests.conftest import new_broker
 from tests.engine_sim import ExpositionHandler, SimulatedVllm
 
 pytestmark = pytest.mark.integration
@@ -75,9 +76,9 @@ def test_a_frozen_broker_stalls_shipper_scraper_and_worker_and_loses_nothing(tmp
     threading.Thread(target=engine.serve_forever, daemon=True).start()
     log, port = tmp_path / "requests.jsonl", free_loopback_port()
     log.touch()
-    with EmbeddedBroker() as broker:
+    with new_broker() as broker:
         asyncio.run(ensure_topics(broker.bootstrap, 4))
-        env = {"SERVEWATCH_BROKER": broker.bootstrap, "SERVEWATCH_BROKER_PROFILE": "tansu"}
+        env = {"SERVEWATCH_BROKER": broker.bootstrap, "SERVEWATCH_BROKER_PROFILE": broker.profile}
         worker = start_worker(broker.bootstrap, {"SERVEWATCH_APP_ID": f"pause-{uuid.uuid4().hex[:6]}",
                                                  "SERVEWATCH_METRICS_PORT": str(port),
                                                  "SERVEWATCH_LATENESS_PRIOR_S": "2"})  # fmt: skip
@@ -91,12 +92,12 @@ def test_a_frozen_broker_stalls_shipper_scraper_and_worker_and_loses_nothing(tmp
                 _write(log, written, 200)
                 written += 200
                 time.sleep(1)
-            os.kill(broker._process.pid, signal.SIGSTOP)  # type: ignore[union-attr]
+            broker.pause()
             for _ in range(int(PAUSE_S)):  # the log keeps growing while Kafka is frozen
                 _write(log, written, 200)
                 written += 200
                 time.sleep(1)
-            os.kill(broker._process.pid, signal.SIGCONT)  # type: ignore[union-attr]
+            broker.resume()
             resumed = time.time()
             for _ in range(6):
                 _write(log, written, 200)

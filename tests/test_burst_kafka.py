@@ -16,10 +16,11 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from servewatch.pipeline import topics
-from servewatch.pipeline.dev.broker import EmbeddedBroker, free_loopback_port
+from servewatch.pipeline.dev.broker import free_loopback_port
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
 from servewatch.pipeline.kafka import ensure_topics, producer
 from servewatch.pipeline.worker.metrics import served_value
+from tests.conftest import new_broker
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +77,7 @@ def _rss_kib(pid: int) -> int:
 
 
 def test_a_10x_burst_builds_lag_that_drains_with_bounded_memory() -> None:
-    with EmbeddedBroker() as broker:
+    with new_broker() as broker:
         asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS))
         port = free_loopback_port()
         worker = start_worker(broker.bootstrap, {"SERVEWATCH_APP_ID": f"burst-{uuid.uuid4().hex[:6]}",

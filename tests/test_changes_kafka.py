@@ -19,7 +19,6 @@ import pytest
 
 from servewatch.pipeline import topics
 from servewatch.pipeline.changes.store import parse_change_record, read_changes, write_marker
-from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
 from servewatch.pipeline.dev.demo_sinks import DemoReceiver, start_receiver
 from servewatch.pipeline.dev.receivers import read_log
@@ -30,7 +29,7 @@ from servewatch.schemas.anomaly import AnomalyEvent, Severity
 from servewatch.schemas.change_marker import ChangeMarker
 from servewatch.schemas.change_report import ChangeReport
 from servewatch.schemas.incident_group import parse_anomaly_record
-from tests.conftest import first_matching, own_broker
+from tests.conftest import Broker, first_matching, own_broker
 
 pytestmark = pytest.mark.integration
 broker = own_broker  # event times of their own
@@ -49,7 +48,7 @@ rollback:
 
 
 @pytest.fixture
-def watching_worker(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[tuple[str, DemoReceiver]]:
+def watching_worker(broker: Broker, tmp_path: Path) -> Iterator[tuple[str, DemoReceiver]]:
     asyncio.run(ensure_topics(broker.bootstrap, 4))
     receiver = start_receiver(tmp_path)
     (tmp_path / "changes.yaml").write_text(CONFIG)

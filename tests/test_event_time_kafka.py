@@ -12,12 +12,12 @@ import orjson
 import pytest
 
 from servewatch.pipeline import topics
-from servewatch.pipeline.dev.broker import EmbeddedBroker, free_loopback_port
+from servewatch.pipeline.dev.broker import free_loopback_port
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
 from servewatch.pipeline.kafka import ensure_topics, producer
 from servewatch.pipeline.worker.metrics import served_value
 from servewatch.schemas.dead_letter import DeadLetter
-from tests.conftest import first_matching, lagging_partitions
+from tests.conftest import first_matching, lagging_partitions, new_broker
 
 pytestmark = pytest.mark.integration
 
@@ -59,7 +59,7 @@ async def _produce(bootstrap: str, start: float) -> int:
 
 
 def test_skewed_hosts_are_judged_future_records_dead_lettered_and_offsets_committed() -> None:
-    with EmbeddedBroker() as broker:
+    with new_broker() as broker:
         asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS))
         group, port = f"servewatch-et-{uuid.uuid4().hex[:8]}", free_loopback_port()
         worker = start_worker(broker.bootstrap, {"SERVEWATCH_APP_ID": group, "SERVEWATCH_METRICS_PORT": str(port)})

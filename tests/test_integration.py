@@ -16,7 +16,6 @@ import orjson
 import pytest
 
 from servewatch.pipeline import topics
-from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.dev.demo import play, start_worker, stop_worker
 from servewatch.pipeline.dev.demo_sinks import DemoReceiver
 from servewatch.pipeline.dev.receivers import read_log
@@ -27,7 +26,7 @@ from servewatch.schemas.anomaly import AnomalyEvent, Signal
 from servewatch.schemas.dead_letter import DeadLetter
 from servewatch.schemas.incident_group import parse_anomaly_record
 from servewatch.schemas.series import SeriesPoint
-from tests.conftest import first_matching
+from tests.conftest import Broker, first_matching, new_broker
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
@@ -118,7 +117,7 @@ def test_validation_failures_are_dead_lettered_with_their_reason(worker: str) ->
 
 
 def test_embedded_broker_starts_and_stops_cleanly() -> None:
-    with EmbeddedBroker() as second:
+    with new_broker() as second:
         assert second.running
     assert not second.running
 
@@ -140,11 +139,11 @@ def test_detector_state_survives_a_restart() -> None:
 
     Its own broker: other tests' request logs share event times and segments with these.
     """
-    with EmbeddedBroker() as broker:
+    with new_broker() as broker:
         restart_and_judge(broker)
 
 
-def restart_and_judge(broker: EmbeddedBroker) -> None:
+def restart_and_judge(broker: Broker) -> None:
     from servewatch.pipeline.dev.broker import free_loopback_port
     from servewatch.pipeline.dev.workload import EPOCH
 

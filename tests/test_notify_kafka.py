@@ -24,7 +24,6 @@ import pytest
 
 from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.pipeline import topics
-from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
 from servewatch.pipeline.dev.receivers import Fault, LocalReceiver, Received
 from servewatch.pipeline.kafka import ensure_topics, producer, read_topic
@@ -32,6 +31,7 @@ from servewatch.pipeline.notify.sinks.webhook import verify
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 from servewatch.schemas.delivery import Delivery
 from servewatch.schemas.incident_group import IncidentGroup
+from tests.conftest import Broker
 
 pytestmark = pytest.mark.integration
 
@@ -160,7 +160,7 @@ def sigkill(process: subprocess.Popen[bytes]) -> None:
 
 
 async def test_every_group_reaches_every_sink_exactly_once_through_faults_silences_and_kills(
-    broker: EmbeddedBroker, tmp_path: Path
+    broker: Broker, tmp_path: Path
 ) -> None:
     bootstrap = broker.bootstrap
     await ensure_topics(bootstrap, 4)

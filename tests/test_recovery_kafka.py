@@ -19,14 +19,14 @@ import orjson
 import pytest
 
 from servewatch.pipeline import topics
-from servewatch.pipeline.dev.broker import EmbeddedBroker, free_loopback_port
+from servewatch.pipeline.dev.broker import free_loopback_port
 from servewatch.pipeline.dev.demo import play, start_worker, stop_worker
 from servewatch.pipeline.dev.workload import Phase, Workload
 from servewatch.pipeline.kafka import ensure_topics, producer, read_topic
 from servewatch.pipeline.worker.metrics import served_value
 from servewatch.schemas.anomaly import AnomalyEvent, Signal, Status
 from servewatch.schemas.incident_group import parse_anomaly_record
-from tests.conftest import lagging_partitions
+from tests.conftest import lagging_partitions, new_broker
 
 pytestmark = pytest.mark.integration
 
@@ -61,7 +61,7 @@ def test_kill_9_of_one_of_two_workers_loses_and_doubles_no_incident() -> None:
     workload = Workload(
         (Phase("normal", 240), Phase("cache_off", 180, prefix_caching=False), Phase("normal", 150)), seed=41
     )
-    with EmbeddedBroker() as broker:
+    with new_broker() as broker:
         asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS))
         group = f"servewatch-crash-{uuid.uuid4().hex[:8]}"
         ports = [free_loopback_port(), free_loopback_port()]

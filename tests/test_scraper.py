@@ -14,7 +14,6 @@ import pytest
 
 from servewatch.pipeline import topics
 from servewatch.pipeline.cli.main import main
-from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.ingest.scrape.scraper import (
     IntervalTracker,
     Scraper,
@@ -25,6 +24,7 @@ from servewatch.pipeline.ingest.scrape.scraper import (
 )
 from servewatch.pipeline.kafka import read_topic
 from servewatch.schemas.engine_interval import EngineInterval
+from tests.conftest import Broker
 from tests.engine_sim import ExpositionHandler
 from tests.test_exposition import counter, gauge, histogram, sglang, vllm_v1
 
@@ -210,7 +210,7 @@ def test_scrape_command_writes_intervals_and_a_replayable_record(server: Threadi
 
 
 @pytest.mark.integration
-def test_scrape_command_publishes_intervals_to_kafka(server: ThreadingHTTPServer, broker: EmbeddedBroker) -> None:
+def test_scrape_command_publishes_intervals_to_kafka(server: ThreadingHTTPServer, broker: Broker) -> None:
     Metrics.body = vllm(10, hits=5_000)
     url = f"http://127.0.0.1:{server.server_address[1]}/metrics"
     assert main(["scrape", "--target", url, "--interval", "100ms", "--count", "3", "--broker", broker.bootstrap]) == 0

@@ -20,7 +20,6 @@ from aiokafka.errors import KafkaConnectionError, MessageSizeTooLargeError
 
 from servewatch.pipeline import topics
 from servewatch.pipeline.cli.main import main
-from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.ingest.ship.adapters import adapter_for
 from servewatch.pipeline.ingest.ship.file_follower import FileFollower, StateFile
 from servewatch.pipeline.ingest.ship.http_endpoint import HttpSource, parse_listen
@@ -30,7 +29,7 @@ from servewatch.pipeline.kafka import read_topic
 from servewatch.pipeline.worker.decode import decode_message
 from servewatch.schemas.dead_letter import DeadLetter
 from servewatch.schemas.request_log import RequestLog
-from tests.conftest import own_broker
+from tests.conftest import Broker, own_broker
 
 #: A broker of its own: these tests read whole topics from the beginning.
 broker = own_broker
@@ -523,7 +522,7 @@ async def collect(bootstrap: str, topic: str, keep: Callable[[bytes], list[Any]]
 
 
 @pytest.mark.integration
-def test_ship_command_publishes_a_file_and_its_dead_letters_and_resumes(tmp_path: Path, broker: EmbeddedBroker) -> None:
+def test_ship_command_publishes_a_file_and_its_dead_letters_and_resumes(tmp_path: Path, broker: Broker) -> None:
     run = uuid.uuid4().hex[:8]
     log, state = tmp_path / f"{run}.jsonl", tmp_path / "state.json"
     append(log, *(line(n, run) for n in range(1200)), b"{broken\n", *(line(n, run) for n in range(1200, 1300)))
@@ -553,7 +552,7 @@ def test_ship_command_publishes_a_file_and_its_dead_letters_and_resumes(tmp_path
 
 
 @pytest.mark.integration
-def test_sigterm_ships_what_was_read_and_reports_the_counts(tmp_path: Path, broker: EmbeddedBroker) -> None:
+def test_sigterm_ships_what_was_read_and_reports_the_counts(tmp_path: Path, broker: Broker) -> None:
     run = uuid.uuid4().hex[:8]
     log, state, err = tmp_path / f"{run}.jsonl", tmp_path / "state.json", tmp_path / "stderr.txt"
     append(log, *(line(n, run) for n in range(50)), b"oops\n")

@@ -13,9 +13,9 @@ from servewatch.models.detect.lifecycle import Transition
 from servewatch.pipeline import topics
 from servewatch.pipeline.cli.main import main
 from servewatch.pipeline.cli.tail import RESET, Filters, render
-from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.kafka import ensure_topics, producer
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal
+from tests.conftest import new_broker
 
 T0 = 1_767_225_600.0
 
@@ -51,7 +51,7 @@ def test_colour_marks_the_head_line_only_and_never_when_asked_not_to() -> None:
 def test_tail_reads_the_topic_filtered(capsys: pytest.CaptureFixture[str]) -> None:
     records = [event("m2", Signal.ERROR_RATE, Severity.INFO), event("m1", Signal.TTFT, Severity.CRITICAL)]
     _, groups = IncidentGrouper().add(records[1])
-    with EmbeddedBroker() as broker:
+    with new_broker() as broker:
         asyncio.run(ensure_topics(broker.bootstrap, 1, (topics.ANOMALIES,)))
 
         async def publish() -> None:

@@ -32,11 +32,10 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
 from servewatch.pipeline import topics
-from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.kafka import ensure_topics, producer
 from servewatch.schemas.change_marker import ChangeRef
 from servewatch.schemas.feedback import Feedback
-from tests.conftest import first_matching
+from tests.conftest import Broker, first_matching
 from tests.web_samples import (
     IMG,
     SCRIPT,
@@ -70,7 +69,7 @@ async def produce(bootstrap: str, records: list[tuple[str, str, bytes]]) -> None
 
 
 @pytest.fixture
-def web_url(broker: EmbeddedBroker, tmp_path: Path) -> Iterator[str]:
+def web_url(broker: Broker, tmp_path: Path) -> Iterator[str]:
     """``servewatch web`` on a free loopback port; yields its URL; SIGTERM stops it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SERVEWATCH_")}
     env.update(PYTHONUNBUFFERED="1", SERVEWATCH_METRICS_PORT="0")
@@ -124,7 +123,7 @@ def reported(url: str, model: str, change_id: str) -> bool:
 
 
 def test_the_page_follows_anomalies_live_and_records_a_verdict(
-    broker: EmbeddedBroker, web_url: str, chromium: WebDriver
+    broker: Broker, web_url: str, chromium: WebDriver
 ) -> None:
     bootstrap = broker.bootstrap
     asyncio.run(ensure_topics(bootstrap, 4))
@@ -193,7 +192,7 @@ def test_the_page_follows_anomalies_live_and_records_a_verdict(
 
 
 def test_the_changes_view_and_a_marker_on_the_incident_charts(
-    broker: EmbeddedBroker, web_url: str, chromium: WebDriver
+    broker: Broker, web_url: str, chromium: WebDriver
 ) -> None:
     """A marker and its report on ``servewatch.changes``: the changes view shows the report with its
     verdicts, a new report while it is open is announced, and the incident after it marks it."""

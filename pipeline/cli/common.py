@@ -144,12 +144,17 @@ class Progress:
             self.shown = False
 
 
-async def ensure_topics_of(settings: Settings) -> None:
-    """Create servewatch's topics that are missing on the settings' broker."""
+async def ensure_topics_of(settings: Settings) -> Settings:
+    """Create servewatch's topics that are missing on the settings' broker; the settings with
+    the replication they have (what the worker's tables' changelogs are created with too)."""
     from servewatch.pipeline.kafka import KafkaAuth, ensure_topics
 
     assert settings.bootstrap is not None
-    await ensure_topics(settings.bootstrap, settings.topic_partitions, auth=KafkaAuth.from_settings(settings))
+    replication = await ensure_topics(
+        settings.bootstrap, settings.topic_partitions, auth=KafkaAuth.from_settings(settings),
+        replication=settings.topic_replication,
+    )  # fmt: skip
+    return settings.model_copy(update={"topic_replication": replication})
 
 
 def serve_metrics(settings: Settings, what: str) -> None:

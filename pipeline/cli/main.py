@@ -55,10 +55,17 @@ def cmd_broker(args: argparse.Namespace) -> int:
     # SIGTERM (a service manager, `kill`) ends the command as Ctrl-C does, so the context
     # manager stops the Tansu child and frees the port; left to its default, SIGTERM killed
     # this process and left the broker running.
+    from servewatch.pipeline.dev.apache_kafka import ApacheKafka, KafkaCluster
+
     signal.signal(signal.SIGTERM, _interrupt)
-    with EmbeddedBroker(port=args.port) as broker:
+    broker: EmbeddedBroker | ApacheKafka | KafkaCluster
+    if args.apache:  # a development aid: Apache Kafka from the jars Maven fetches once (Java 17+, mvn)
+        broker = KafkaCluster(size=args.apache) if args.apache > 1 else ApacheKafka(port=args.port)
+    else:
+        broker = EmbeddedBroker(port=args.port)
+    with broker:
         print(f"broker ready: {broker.bootstrap}  (export SERVEWATCH_BROKER={broker.bootstrap} "
-              "SERVEWATCH_BROKER_PROFILE=tansu); Ctrl-C stops it")  # fmt: skip
+              f"SERVEWATCH_BROKER_PROFILE={broker.profile}); Ctrl-C stops it")  # fmt: skip
         with contextlib.suppress(KeyboardInterrupt):
             while broker.running:
                 time.sleep(0.5)
@@ -75,7 +82,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from servewatch.pipeline.worker.app import create_app
 
     with with_broker(settings_from(args), "worker", embedded=args.embedded) as settings:
-        asyncio.run(ensure_topics_of(settings))  # creates only what is missing
+        settings = asyncio.run(ensure_topics_of(settings))  # creates only what is missing
         app, topics = create_app(settings)
         if settings.notify_config:  # the worker delivers too (`servewatch notify` does it on its own)
             from servewatch.pipeline.cli.notify import load_notify_config
@@ -192,6 +199,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (Tansu) until Ctrl-C")
     p.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
+    p.add_argument("--apache", type=int, nargs="?", const=1, default=0, metavar="NODES",
+                   help="Apache Kafka instead (KRaft; NODES > 1: a cluster, 3 replicas, min.insync.replicas 2), "
+                        "from jars Maven fetches once into ~/.cache/servewatch (needs Java 17+ and mvn)")  # fmt: skip
     p.set_defaults(func=cmd_broker)
 
     p = sub.add_parser("worker", help="run the detector worker (Faust)")

@@ -95,6 +95,24 @@ class EmbeddedBroker:
         """The broker as Faust spells it."""
         return f"kafka://{self.bootstrap}"
 
+    @property
+    def profile(self) -> str:
+        """The worker's ``broker_profile`` for this broker (its transport and timeouts)."""
+        return "tansu"
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
+
+    def pause(self) -> None:
+        """Freeze the broker (SIGSTOP): connections stay open and nothing answers."""
+        if self._process is not None:
+            self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        if self._process is not None:
+            self._process.send_signal(signal.SIGCONT)
+
     def start(self) -> EmbeddedBroker:
         if self._process is not None:
             return self

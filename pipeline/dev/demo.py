@@ -72,11 +72,12 @@ def format_event(event: AnomalyEvent, phase: str, update: bool = False) -> str:
 def start_worker(
     bootstrap: str, extra_env: dict[str, str] | None = None, command: tuple[str, ...] = ("worker",)
 ) -> subprocess.Popen[bytes]:
-    """The worker (or another long-running ``command``, e.g. ``notify``) as a child process on ``bootstrap``."""
+    """The worker (or another long-running ``command``, e.g. ``notify``) as a child process on
+    ``bootstrap``: the embedded broker's profile unless the environment names another."""
     env = {
         **os.environ,
         "SERVEWATCH_BROKER": bootstrap,
-        "SERVEWATCH_BROKER_PROFILE": "tansu",
+        "SERVEWATCH_BROKER_PROFILE": os.environ.get("SERVEWATCH_BROKER_PROFILE", "tansu"),
         "SERVEWATCH_LOG_LEVEL": os.environ.get("SERVEWATCH_LOG_LEVEL", "WARNING"),
         **(extra_env or {}),
     }

@@ -94,6 +94,8 @@ def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
         recovery_consistency_check=not (settings.store.startswith("rocksdb") and settings.broker_profile == "tansu"),
         datadir=settings.data_dir or tempfile.mkdtemp(prefix="servewatch-faust-"),
         topic_partitions=settings.topic_partitions,
+        # The tables' changelogs as the topics (``ensure_topics_of`` sets it from the cluster).
+        topic_replication_factor=settings.topic_replication or 1,
         web_enabled=False,
         producer_linger=0.0,  # Tansu under-reports end offsets of multi-record batches
         # Messages still feeding open windows are unacknowledged by design; on shutdown they
