@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 
@@ -17,7 +21,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 from servewatch.pipeline.dev.apache_kafka import ApacheKafka, KafkaCluster
-from servewatch.pipeline.dev.broker import BrokerError
+from servewatch.pipeline.dev.broker import BrokerError, probe_kafka
 
 pytestmark = [pytest.mark.apache_kafka, pytest.mark.timeout(900)]
 
@@ -141,3 +145,23 @@ async def test_a_cluster_loses_and_duplicates_nothing_when_a_leader_crashes() ->
     finally:
         await asyncio.to_thread(cluster.stop)
     assert not any(node.running for node in cluster.nodes)
+
+
+def test_the_broker_command_runs_apache_kafka_until_sigterm() -> None:
+    """``servewatch broker --apache``: a developer's Apache Kafka, told as the embedded one is."""
+    command = [sys.executable, "-m", "servewatch", "broker", "--apache"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        assert proc.stdout is not None
+        line, deadline = "", time.monotonic() + 120
+        while time.monotonic() < deadline and not line.startswith("broker ready"):
+            line = proc.stdout.readline()
+        match = re.search(r"broker ready: ([\d.]+:\d+) .*SERVEWATCH_BROKER_PROFILE=kafka", line)
+        assert match, line
+        asyncio.run(probe_kafka(match.group(1), timeout_s=30))
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) in (0, 130)
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
-from servewatch.pipeline.dev.broker import BrokerError, free_loopback_port, probe_kafka
+from servewatch.pipeline.dev.broker import BrokerError, LoopbackBroker, free_loopback_port, probe_kafka
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ def _kill_leftovers() -> None:
 
 
 @dataclass
-class ApacheKafka:
+class ApacheKafka(LoopbackBroker):
     """One Kafka node (broker + controller) on loopback ports; a (sync) context manager like
     ``EmbeddedBroker``: ``with ApacheKafka() as kafka: ...`` then use ``kafka.bootstrap``.
 
@@ -151,29 +151,6 @@ class ApacheKafka:
     _workdir: Path | None = field(default=None, init=False, repr=False)
     # A file, not a pipe: a chatty broker must never block on a full pipe nobody reads.
     _log: IO[bytes] | None = field(default=None, init=False, repr=False)
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    @property
-    def url(self) -> str:
-        """The broker as Faust spells it."""
-        return f"kafka://{self.bootstrap}"
-
-    @property
-    def profile(self) -> str:
-        """The worker's ``broker_profile`` for this broker: real Kafka, default timeouts."""
-        return "kafka"
-
-    @property
-    def pid(self) -> int | None:
-        return self._process.pid if self.running and self._process is not None else None
-
-    @property
-    def running(self) -> bool:
-        """The JVM is alive (also while paused); not a promise that it serves."""
-        return self._process is not None and self._process.poll() is None
 
     def properties(self) -> dict[str, str]:
         """server.properties: one combined node, one replica of everything unless ``overrides``."""
@@ -278,13 +255,6 @@ class ApacheKafka:
             _LIVE.discard(self._process)
         logger.info("Apache Kafka node %d killed", self.node_id)
 
-    def pause(self) -> None:
-        """SIGSTOP: the node keeps its sockets but answers nothing (a long GC pause, a hung VM)."""
-        self._signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        self._signal(signal.SIGCONT)
-
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM (a controlled shutdown), SIGKILL after ``grace_s``; then remove the data."""
         proc, self._process = self._process, None
@@ -306,14 +276,6 @@ class ApacheKafka:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
             logger.info("Apache Kafka node %d on %s stopped", self.node_id, self.bootstrap)
-
-    def __enter__(self) -> ApacheKafka:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
 
 
 @dataclass

@@ -20,6 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from types import TracebackType
+from typing import Self
 
 logger = logging.getLogger(__name__)
 
@@ -74,17 +75,16 @@ async def probe_kafka(bootstrap: str, timeout_s: float = 10.0) -> None:
     raise BrokerError(f"no Kafka broker answered at {bootstrap} within {timeout_s}s: {last_error}")
 
 
-@dataclass
-class EmbeddedBroker:
-    """A Tansu broker process on a loopback port; use as a (sync) context manager:
-    ``with EmbeddedBroker() as broker: ...`` then point clients at ``broker.bootstrap``.
-    """
+class LoopbackBroker:
+    """What every broker the project starts shares: one child process serving Kafka on a
+    loopback ``port``, a (sync) context manager (``start()`` on enter, ``stop()`` on exit).
+    Subclasses are dataclasses with the ``port`` and ``_process`` fields and say which
+    ``profile`` a worker needs on them."""
 
-    port: int = 0
-    startup_timeout_s: float = 10.0
-    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
-    # A file, not a pipe: a chatty broker must never block on a full pipe nobody reads.
-    _stderr: tempfile._TemporaryFileWrapper[bytes] | None = field(default=None, init=False, repr=False)
+    port: int
+    _process: subprocess.Popen[bytes] | None
+    #: The worker's ``broker_profile`` on this broker (its transport and timeouts).
+    profile = "kafka"
 
     @property
     def bootstrap(self) -> str:
@@ -96,22 +96,51 @@ class EmbeddedBroker:
         return f"kafka://{self.bootstrap}"
 
     @property
-    def profile(self) -> str:
-        """The worker's ``broker_profile`` for this broker (its transport and timeouts)."""
-        return "tansu"
+    def running(self) -> bool:
+        """The process is alive (also while paused); not a promise that it serves."""
+        return self._process is not None and self._process.poll() is None
 
     @property
     def pid(self) -> int | None:
-        return None if self._process is None else self._process.pid
+        return self._process.pid if self.running and self._process is not None else None
 
     def pause(self) -> None:
-        """Freeze the broker (SIGSTOP): connections stay open and nothing answers."""
-        if self._process is not None:
+        """SIGSTOP: the broker keeps its sockets but answers nothing (a long GC pause, a hung VM)."""
+        if self.running and self._process is not None:
             self._process.send_signal(signal.SIGSTOP)
 
     def resume(self) -> None:
-        if self._process is not None:
+        if self.running and self._process is not None:
             self._process.send_signal(signal.SIGCONT)
+
+    def start(self) -> Self:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+@dataclass
+class EmbeddedBroker(LoopbackBroker):
+    """A Tansu broker process on a loopback port; use as a (sync) context manager:
+    ``with EmbeddedBroker() as broker: ...`` then point clients at ``broker.bootstrap``.
+    """
+
+    port: int = 0
+    startup_timeout_s: float = 10.0
+    _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+    # A file, not a pipe: a chatty broker must never block on a full pipe nobody reads.
+    _stderr: tempfile._TemporaryFileWrapper[bytes] | None = field(default=None, init=False, repr=False)
+
+    profile = "tansu"
 
     def start(self) -> EmbeddedBroker:
         if self._process is not None:
@@ -160,15 +189,3 @@ class EmbeddedBroker:
             self._stderr.close()
             self._stderr = None
         logger.info("embedded broker on %s stopped", self.bootstrap)
-
-    @property
-    def running(self) -> bool:
-        return self._process is not None and self._process.poll() is None
-
-    def __enter__(self) -> EmbeddedBroker:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
