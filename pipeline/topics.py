@@ -47,10 +47,15 @@ ALL = (
     FEEDBACK,
     CHANGES,
 )
+#: Bytes a requests message may hold on the broker: the default ``SERVEWATCH_MAX_MESSAGE_BYTES``
+#: (Apache Kafka's own default, 1 MiB, would refuse the shipper's larger batches).
+REQUESTS_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 #: Topic settings servewatch creates its topics with (``ensure_topics``; the compose file's
-#: ``topics`` service says the same): silences are a table by key (the latest record of each
-#: id is kept); chart points are kept 6 h, what the triage page shows and reads at its start.
+#: ``topics`` service says the same): requests take batches of up to 8 MiB; silences are a
+#: table by key (the latest record of each id is kept); chart points are kept 6 h, what the
+#: triage page shows and reads at its start.
 TOPIC_CONFIGS: dict[str, dict[str, str]] = {
+    REQUESTS: {"max.message.bytes": str(REQUESTS_MAX_MESSAGE_BYTES)},
     SILENCES: {"cleanup.policy": "compact"},
     SERIES: {"retention.ms": str(6 * 3600 * 1000)},
     CHANGES: {"retention.ms": str(30 * 24 * 3600 * 1000)},

@@ -19,9 +19,12 @@ from collections.abc import Callable
 import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
+from servewatch.pipeline import topics
 from servewatch.pipeline.dev.apache_kafka import ApacheKafka, KafkaCluster
 from servewatch.pipeline.dev.broker import BrokerError, probe_kafka
+from servewatch.pipeline.kafka import ensure_topics
 
 pytestmark = [pytest.mark.apache_kafka, pytest.mark.timeout(900)]
 
@@ -165,3 +168,30 @@ def test_the_broker_command_runs_apache_kafka_until_sigterm() -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+async def test_ensure_topics_creates_what_the_compose_file_creates() -> None:
+    """servewatch's topics on Apache Kafka, as ``ensure_topics`` makes them: every partition
+    count and config the compose file's ``topics`` service gives (``test_deployment`` checks
+    the file says the same), one replica on one broker."""
+    kafka = ApacheKafka()
+    await asyncio.to_thread(kafka.start)
+    try:
+        assert await ensure_topics(kafka.bootstrap, 4) == 1
+        admin = AIOKafkaAdminClient(bootstrap_servers=kafka.bootstrap)
+        await admin.start()
+        try:
+            described = {t["topic"]: t for t in await admin.describe_topics(list(topics.ALL))}
+            resources = [ConfigResource(ConfigResourceType.TOPIC, name) for name in topics.ALL]
+            responses = await admin.describe_configs(resources)
+        finally:
+            await admin.close()
+        assert {name: len(t["partitions"]) for name, t in described.items()} == dict.fromkeys(topics.ALL, 4)
+        configs = {
+            resource[3]: {entry[0]: entry[1] for entry in resource[4]}
+            for response in responses for resource in response.resources
+        }  # fmt: skip
+        for name, wanted in topics.TOPIC_CONFIGS.items():
+            assert {key: configs[name][key] for key in wanted} == wanted, name
+    finally:
+        await asyncio.to_thread(kafka.stop)

@@ -16,6 +16,7 @@ import yaml
 
 from servewatch.pipeline import topics
 from servewatch.pipeline.cli.main import build_parser
+from servewatch.pipeline.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE: dict[str, Any] = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -31,6 +32,18 @@ def _interpolated(text: str) -> str:
 def test_compose_creates_every_topic() -> None:
     script = "\n".join(SERVICES["topics"]["command"])
     assert set(re.findall(r"^\s*create (servewatch\.[a-z]+)", script, re.M)) == set(topics.ALL)
+
+
+def test_compose_creates_each_topic_with_the_settings_ensure_topics_uses() -> None:
+    """The compose file's topics and ``ensure_topics``'s (on Apache Kafka and the embedded
+    broker) carry the same configs; ``tests/test_apache_kafka.py`` reads them back from Kafka."""
+    script = "\n".join(SERVICES["topics"]["command"])
+    compose = {
+        name: dict(re.findall(r"--config ([a-z.]+)=(\S+)", rest))
+        for name, rest in re.findall(r"^\s*create (servewatch\.[a-z]+)(.*)$", script, re.M)
+    }
+    assert compose == {name: topics.TOPIC_CONFIGS.get(name, {}) for name in topics.ALL}
+    assert topics.REQUESTS_MAX_MESSAGE_BYTES == Settings().max_message_bytes
 
 
 def test_every_servewatch_service_runs_the_built_image_with_a_command_that_parses() -> None:
