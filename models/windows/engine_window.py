@@ -299,6 +299,13 @@ class EngineMemory:
         queued = [r for r in seen if r.waiting > 0]
         if queued:
             at = queued[-1]
+            i = seen.index(at)
+            if i + 1 < len(seen) and seen[i + 1].waiting == 0 and (i == 0 or seen[i - 1].waiting == 0):
+                # Seen at one scrape and gone by the next: a queue the engine served within
+                # one interval with the slots it has. Slots lost leave requests waiting scrape
+                # after scrape (demand above what is left); a moment's wait with slots free
+                # is memory (a long context at the head, waiting for blocks), as when full.
+                return at.running, 1.0
             # No room for the request at the queue's head. Its size is unknown, but the head of
             # a queue blocked on memory is size-biased: a long context waits where a short one
             # would have fitted, and for prompt lengths as spread as served traffic's
