@@ -1,9 +1,10 @@
 """Throughput: the servewatch worker against a raw aiokafka consumer, side by side in one run.
 
-    python -m bench.throughput [--records 200000] [--batch 500] [--single 20000] [--repeat 5]
+    python -m bench.throughput [--records 200000] [--batch 500] [--single 20000] [--repeat 5] [--kafka apache]
 
 For each message shape (batched JSON arrays, then one record per message) it starts a fresh
-embedded broker, produces the same request logs, then measures, ``--repeat`` times in turn,
+broker (the embedded one; ``--kafka apache``: an Apache Kafka node, from the jars Maven
+fetched for the tests), produces the same request logs, then measures, ``--repeat`` times in turn,
   (a) a raw aiokafka consumer that only reads and JSON-decodes every record (in a process
       of its own, like the worker), and
   (b) one servewatch worker process end to end (decode, validate, segment, window, models,
@@ -33,6 +34,7 @@ from aiokafka import AIOKafkaConsumer
 
 from bench.common import PEAK_RATE, encode, fleet_records, peak_rss_kib, produce, wait_for
 from servewatch.pipeline import topics
+from servewatch.pipeline.dev.apache_kafka import ApacheKafka
 from servewatch.pipeline.dev.broker import EmbeddedBroker, free_loopback_port
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
 from servewatch.pipeline.kafka import ensure_topics
@@ -122,11 +124,13 @@ def worker_rate(bootstrap: str, expected: int) -> tuple[float, int, float]:
     return rate, rss, settled
 
 
-def measure(records: list[dict], batch: int, repeat: int) -> list[tuple[float, float, int, float]]:
+def measure(
+    records: list[dict], batch: int, repeat: int, kafka: str = "tansu"
+) -> list[tuple[float, float, int, float]]:
     """(raw records/s, worker records/s, worker peak RSS KiB, tail s) per round, on one broker."""
     messages = encode(records, batch)
     rounds = []
-    with EmbeddedBroker() as broker:
+    with ApacheKafka() if kafka == "apache" else EmbeddedBroker() as broker:
         asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS))
         asyncio.run(produce(broker.bootstrap, topics.REQUESTS, messages, PARTITIONS))
         for _ in range(repeat):
@@ -168,6 +172,7 @@ def main() -> None:
     parser.add_argument("--single", type=int, default=20_000, help="records in the one-per-message run")
     parser.add_argument("--repeat", type=int, default=5, help="paired rounds (and replay runs) to take the median of")
     parser.add_argument("--rate", type=float, default=PEAK_RATE, help="the fleet's requests/s in event time")
+    parser.add_argument("--kafka", choices=("tansu", "apache"), default="tansu", help="the broker (default: embedded)")
     parser.add_argument("--raw-child", nargs=2, metavar=("BOOTSTRAP", "RECORDS"), help=argparse.SUPPRESS)
     parser.add_argument("--replay-child", nargs=3, metavar=("PATH", "RECORDS", "REPEAT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -179,7 +184,10 @@ def main() -> None:
         print(" ".join(str(rate) for rate in replay_child(path, int(expected), int(repeat))))
         return
 
-    print(f"machine: {os.cpu_count()} cores; broker, producer, consumer and worker share them", flush=True)
+    if args.kafka == "apache":
+        os.environ["SERVEWATCH_BROKER_PROFILE"] = "kafka"  # the worker's transport and timeouts
+    print(f"machine: {os.cpu_count()} cores; broker ({args.kafka}), producer, consumer and worker share them",
+          flush=True)  # fmt: skip
     records = fleet_records(args.records, rate=args.rate)
     print(f"workload: {len(records):,} request logs at {args.rate:,.0f} requests/s of event time, "
           f"{len({(r['model'], r['route']) for r in records})} model x route pairs (x length bands = segments)",
@@ -190,7 +198,7 @@ def main() -> None:
         (f"batched ({args.batch}/msg)", args.batch, records, args.repeat),
         ("one record per message", 1, records[: args.single], 1),
     ):
-        rounds = measure(subset, batch, repeat)
+        rounds = measure(subset, batch, repeat, args.kafka)
         rows.append((label, len(subset), rounds))
         for i, (raw, pipe, _, _) in enumerate(rounds, 1):
             print(f"  {label}, round {i}: raw {raw:,.0f}/s, servewatch {pipe:,.0f}/s, ratio {pipe / raw:.2f}",

@@ -48,6 +48,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Without ``--kafka apache``, tests that need Apache Kafka itself (a cluster, leader
     failover) are deselected: the default suite needs no JVM."""
     if BROKER_KIND == "apache":
+        for item in items:  # behaviour known to differ on Apache Kafka: an expected failure, with why
+            differs = item.get_closest_marker("apache_differs")
+            if differs is not None:
+                item.add_marker(pytest.mark.xfail(reason=f"on Apache Kafka: {differs.args[0]}", strict=False))
         return
     apache_only = [item for item in items if item.get_closest_marker("apache_kafka") is not None]
     if apache_only:

@@ -43,7 +43,7 @@ def test_compose_creates_each_topic_with_the_settings_ensure_topics_uses() -> No
         for name, rest in re.findall(r"^\s*create (servewatch\.[a-z]+)(.*)$", script, re.M)
     }
     assert compose == {name: topics.TOPIC_CONFIGS.get(name, {}) for name in topics.ALL}
-    assert topics.REQUESTS_MAX_MESSAGE_BYTES == Settings().max_message_bytes
+    assert Settings().max_message_bytes == topics.REQUESTS_MAX_MESSAGE_BYTES
 
 
 def test_every_servewatch_service_runs_the_built_image_with_a_command_that_parses() -> None:

