@@ -1,6 +1,7 @@
 """Every servewatch command on an Apache Kafka node that enforces SASL/SCRAM over TLS, connecting
 with the documented settings only (``SERVEWATCH_SECURITY_PROTOCOL=SASL_SSL`` and the rest); a
-wrong password is one line on stderr, and clients without TLS and SCRAM are refused."""
+wrong password, or settings that do not fit the listener, are one line on stderr for every
+command that opens a Kafka client, and clients without TLS and SCRAM are refused."""
 
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ from servewatch.pipeline.kafka import KafkaAuth, ensure_topics, producer, read_t
 from servewatch.pipeline.worker.metrics import served_value
 from servewatch.schemas.anomaly import Hint, Severity, Signal
 from tests.engine_sim import ExpositionHandler
+from tests.test_cli_errors import KAFKA_COMMANDS
 from tests.test_exposition import vllm_v1
 
 pytestmark = [pytest.mark.apache_kafka, pytest.mark.timeout(900)]
@@ -53,11 +55,17 @@ class Secured:
                 "SERVEWATCH_PROGRESS": "never"}  # fmt: skip
 
     def run(
-        self, *args: str, password: str | None = None, timeout_s: float = 120.0
+        self,
+        *args: str,
+        password: str | None = None,
+        overrides: dict[str, str | None] | None = None,
+        timeout_s: float = 120.0,
     ) -> subprocess.CompletedProcess[str]:
-        """``servewatch <args>`` as a child with the documented settings in its environment."""
+        """``servewatch <args>`` as a child with the documented settings in its environment
+        (``overrides`` on top; None removes a variable)."""
+        env: dict[str, str | None] = {**os.environ, **self.env(password), **(overrides or {})}
         return subprocess.run(
-            [sys.executable, "-m", "servewatch", *args], env={**os.environ, **self.env(password)},
+            [sys.executable, "-m", "servewatch", *args], env={k: v for k, v in env.items() if v is not None},
             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout_s, check=False,
         )  # fmt: skip
 
@@ -214,31 +222,42 @@ def test_web_shows_incidents_read_over_sasl_ssl(secured: Secured) -> None:
         stop(web)
 
 
-@pytest.mark.parametrize(
-    "command",
-    [
-        "ship",
-        "scrape",
-        # tail (and web) run outside ``with_broker``, where the refusal becomes one line: their
-        # KafkaConnectionError reaches ``main`` uncaught, a traceback (main.py needs an except).
-        pytest.param("tail", marks=pytest.mark.xfail(strict=True, reason="tail prints a traceback")),
-    ],
-)
+@pytest.mark.parametrize("command", list(KAFKA_COMMANDS))
 def test_a_wrong_password_is_one_line_naming_the_broker(secured: Secured, command: str, tmp_path: Path) -> None:
-    if command == "ship":
-        path = tmp_path / "one.jsonl"
-        path.write_bytes(orjson.dumps(_records("wrong", 1)[0]) + b"\n")
-        args = ["ship", "--in", str(path), "--no-follow", "--state", str(tmp_path / "state")]
-    elif command == "scrape":  # refused before its first scrape: no engine needed
-        args = ["scrape", "--target", "http://127.0.0.1:9/metrics", "--count", "1"]
-    else:
-        args = ["tail", "--count", "1"]
+    (tmp_path / "requests.jsonl").write_bytes(orjson.dumps(_records("wrong", 1)[0]) + b"\n")
+    (tmp_path / "notify.yaml").write_text("sinks:\n  - {name: hook, type: webhook, url: 'http://127.0.0.1:9/x'}\n")
+    args = [arg.format(tmp=tmp_path) for arg in KAFKA_COMMANDS[command]]
     done = secured.run(*args, password="not-the-password", timeout_s=90)
-    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(errors) == 1, done.stderr
-    assert secured.bootstrap in errors[0] and "authentication" in errors[0].lower(), errors[0]
-    assert "Traceback" not in done.stderr
+    assert errors[0].startswith(f"servewatch {command.split()[0]}: authentication failed at Kafka "), errors[0]
+    assert secured.bootstrap in errors[0] and "SERVEWATCH_SASL_PASSWORD" in errors[0], errors[0]
+    assert done.returncode == 2, (done.returncode, done.stderr)
+
+
+#: Settings that do not fit the node's listener (SASL_SSL, SCRAM-SHA-512, the fixture's CA),
+#: and what the one line then says to check; None removes the variable.
+_NO_SASL: dict[str, str | None] = {"SERVEWATCH_SASL_USERNAME": None, "SERVEWATCH_SASL_PASSWORD": None}
+MISFITS: dict[str, tuple[dict[str, str | None], str]] = {
+    "another mechanism": ({"SERVEWATCH_SASL_MECHANISM": "SCRAM-SHA-256"}, "does not accept SASL mechanism"),
+    "the system's CAs": ({"SERVEWATCH_SSL_CAFILE": None}, "SERVEWATCH_SSL_CAFILE"),
+    "SASL without TLS": ({"SERVEWATCH_SECURITY_PROTOCOL": "SASL_PLAINTEXT"}, "SERVEWATCH_SECURITY_PROTOCOL"),
+    "TLS without SASL": ({"SERVEWATCH_SECURITY_PROTOCOL": "SSL", **_NO_SASL}, "SERVEWATCH_SECURITY_PROTOCOL"),
+    "plain text": ({"SERVEWATCH_SECURITY_PROTOCOL": "PLAINTEXT", **_NO_SASL}, "SERVEWATCH_SECURITY_PROTOCOL"),
+}
+
+
+@pytest.mark.parametrize("misfit", list(MISFITS))
+def test_settings_that_do_not_fit_the_listener_are_one_line_saying_what_to_check(secured: Secured, misfit: str) -> None:
+    overrides, check = MISFITS[misfit]
+    done = secured.run("tail", "--count", "1", overrides=overrides, timeout_s=90)
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1, done.stderr
+    assert errors[0].startswith("servewatch tail: ") and secured.bootstrap in errors[0], errors[0]
+    assert check in errors[0], errors[0]
+    assert done.returncode == 2, (done.returncode, done.stderr)
 
 
 @pytest.mark.parametrize("protocol", ["PLAINTEXT", "SSL"])

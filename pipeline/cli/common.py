@@ -9,6 +9,7 @@ import difflib
 import getpass
 import logging
 import os
+import ssl
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -77,9 +78,10 @@ def with_broker(settings: Settings, command: str, embedded: bool = False) -> Ite
     """``settings`` with a broker: the configured one, or, only where asked for (``embedded``:
     the demo, or ``--embedded``), an in-memory one for the duration. Anything else without a
     broker is refused: a worker or shipper that quietly talks to a throwaway broker loses
-    what it reads or sends."""
+    what it reads or sends. A refusal of the command's credentials, whenever it comes, is
+    one line (``kafka_errors``)."""
     if settings.bootstrap is not None:
-        with _authentication_errors(settings, command):
+        with kafka_errors(settings, command, connecting=False):
             yield settings
         return
     if not embedded:
@@ -93,49 +95,145 @@ def with_broker(settings: Settings, command: str, embedded: bool = False) -> Ite
         yield settings.model_copy(update={"broker": broker.bootstrap, "broker_profile": "tansu"})
 
 
-class _AuthenticationFailures(logging.Filter):
-    """Keeps aiokafka's "Unable connect to ...: SaslAuthenticationFailed" records out of the log:
-    the client then raises only "Unable to bootstrap", and the command says why in one line."""
+#: aiokafka's records of a bootstrap server it could not connect to, or not ask for metadata
+#: (the forms naming a node id come from a client already running, and stay in the log).
+_BOOTSTRAP_FAILURES = ('Unable connect to "', 'Unable to request metadata from "')
+
+
+class _ClientFailures(logging.Filter):
+    """Holds aiokafka's log records of a client that could not connect, for ``kafka_errors``
+    to say in the command's one line what went wrong: a refused authentication always (the
+    client then raises only "Unable to bootstrap"), any other bootstrap failure while a
+    command is connecting (a running command's reconnections stay in its log)."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.reasons: list[str] = []
+        self.connecting = 0  # open ``kafka_errors(connecting=True)`` scopes
+        self.authentication: list[str] = []
+        self.connection: list[BaseException | str] = []
 
     def filter(self, record: logging.LogRecord) -> bool:
         from aiokafka.errors import AuthenticationFailedError, SaslAuthenticationFailed
 
-        failed = (AuthenticationFailedError, SaslAuthenticationFailed)
         args = record.args if isinstance(record.args, tuple) else ()
-        reasons = [str(arg) for arg in args if isinstance(arg, failed)]
-        self.reasons += reasons
-        return not reasons
+        refused = [str(arg) for arg in args if isinstance(arg, AuthenticationFailedError | SaslAuthenticationFailed)]
+        if refused:
+            self.authentication += refused
+            return False
+        if self.connecting and isinstance(record.msg, str) and record.msg.startswith(_BOOTSTRAP_FAILURES):
+            errors = [arg for arg in args if isinstance(arg, BaseException)]
+            self.connection.append(errors[-1] if errors else record.getMessage())
+            return False
+        return True
+
+
+class _ActiveFailures:
+    """The one ``_ClientFailures`` on aiokafka's logger while any ``kafka_errors`` scope is
+    open (nested scopes share it: a filter that dropped a record hides it from the next)."""
+
+    filter: _ClientFailures | None = None
+
+
+class _UnclosedClients(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Unclosed AIOKafka")
+
+
+def hush_unclosed_clients() -> None:
+    """After a command's one line about a Kafka client's failure: that client, collected as
+    the command ends, would add asyncio's "Unclosed AIOKafkaConsumer" (a client whose start
+    failed is never stopped), a second message about the same failure."""
+    logging.getLogger("asyncio").addFilter(_UnclosedClients())
 
 
 @contextlib.contextmanager
-def _authentication_errors(settings: Settings, command: str) -> Iterator[None]:
-    """A Kafka client of the command refused for its credentials: one line (``CommandError``)
-    naming the broker and the failure, instead of a connection error without its cause."""
-    from aiokafka.errors import AuthenticationFailedError, KafkaError, SaslAuthenticationFailed
+def kafka_errors(settings: Settings, command: str, *, connecting: bool = True) -> Iterator[None]:
+    """A Kafka client of the command that cannot connect: one line (``CommandError``, exit 2)
+    naming the broker and what to check, instead of aiokafka's log records and a traceback.
 
-    failures = _AuthenticationFailures()
-    client_logger = logging.getLogger("aiokafka")
-    client_logger.addFilter(failures)
+    ``connecting``: the command is starting its clients (or is a one-shot command), and every
+    bootstrap failure is the command's failure. Without it (around a long-running command's
+    whole run, where clients reconnect and retry on their own) only a refused authentication
+    is held back and reported; the rest stays in the log as it happens."""
+    from aiokafka.errors import KafkaError
+
+    outermost = _ActiveFailures.filter is None
+    if _ActiveFailures.filter is None:
+        _ActiveFailures.filter = _ClientFailures()
+        logging.getLogger("aiokafka").addFilter(_ActiveFailures.filter)
+    failures = _ActiveFailures.filter
+    failures.connecting += connecting
     try:
         yield
     except KafkaError as exc:
-        if isinstance(exc, AuthenticationFailedError | SaslAuthenticationFailed):
-            failures.reasons.append(str(exc))
-        if not failures.reasons:
+        line = describe_kafka_error(exc, settings, failures.authentication, failures.connection if connecting else [])
+        if line is None or not (connecting or failures.authentication or _refused(exc)):
             raise
-        reason = failures.reasons[-1].split(": ", 1)[-1]  # without aiokafka's "[Error 58] SaslAuthenticationFailed"
-        failures.reasons.clear()
-        raise CommandError(f"authentication failed at Kafka {settings.bootstrap} ({settings.security_protocol} "
-                           f"{settings.sasl_mechanism} as {settings.sasl_username!r}): {reason}; check "
-                           "SERVEWATCH_SASL_USERNAME and SERVEWATCH_SASL_PASSWORD", command) from None  # fmt: skip
+        logger.debug("the Kafka client's error", exc_info=True)  # the traceback, with --verbose
+        failures.authentication.clear()
+        failures.connection.clear()
+        hush_unclosed_clients()
+        raise CommandError(line, command) from None
+    else:
+        if connecting and failures.connection:  # held back, and a later attempt connected (another server)
+            logger.warning("Kafka %s: %d failed connection attempt(s) before connecting; the last: %s",
+                           settings.bootstrap, len(failures.connection), failures.connection[-1])  # fmt: skip
+            failures.connection.clear()
     finally:
-        client_logger.removeFilter(failures)
-        if failures.reasons:  # not raised here (a Faust worker's clients): not hidden either
-            logger.error("authentication failed at Kafka %s: %s", settings.bootstrap, failures.reasons[-1])
+        failures.connecting -= connecting
+        if outermost:
+            logging.getLogger("aiokafka").removeFilter(failures)
+            _ActiveFailures.filter = None
+            if failures.authentication:  # not raised here (a Faust worker's clients): not hidden either
+                logger.error("authentication failed at Kafka %s: %s", settings.bootstrap, failures.authentication[-1])
+
+
+def _refused(exc: BaseException) -> bool:
+    from aiokafka.errors import AuthenticationFailedError, SaslAuthenticationFailed
+
+    return isinstance(exc, AuthenticationFailedError | SaslAuthenticationFailed)
+
+
+def describe_kafka_error(
+    exc: BaseException,
+    settings: Settings,
+    refusals: list[str] | None = None,
+    failures: list[BaseException | str] | None = None,
+) -> str | None:
+    """What a command says of a Kafka client's failure: the broker, the cause and what to
+    check; None for an error that is not about reaching or logging in to the broker.
+    ``refusals`` and ``failures``: what aiokafka logged of the attempts (the exception it
+    raises after a failed bootstrap says only "Unable to bootstrap")."""
+    from aiokafka.errors import KafkaConnectionError, UnsupportedSaslMechanismError
+
+    where = f"Kafka {settings.bootstrap}"
+    how: str = settings.security_protocol
+    if settings.security_protocol.startswith("SASL_"):
+        how += f" {settings.sasl_mechanism} as {settings.sasl_username!r}"
+    if _refused(exc) or refusals:
+        reason = (refusals[-1] if refusals else str(exc)).split(": ", 1)[-1]  # without "[Error 58] SaslAuth..."
+        return (f"authentication failed at {where} ({how}): {reason}; check SERVEWATCH_SASL_USERNAME, "
+                "SERVEWATCH_SASL_PASSWORD and SERVEWATCH_SASL_MECHANISM")  # fmt: skip
+    cause: BaseException | str = (failures or [exc])[-1]
+    if isinstance(cause, UnsupportedSaslMechanismError) or isinstance(exc, UnsupportedSaslMechanismError):
+        return (f"{where} does not accept SASL mechanism {settings.sasl_mechanism}: set SERVEWATCH_SASL_MECHANISM "
+                "to one its listener enables")  # fmt: skip
+    if isinstance(cause, ssl.SSLError):
+        detail = ": ".join(str(part) for part in (cause.reason, getattr(cause, "verify_message", None)) if part)
+        return (f"TLS with {where} failed ({how}): {detail or cause}; check SERVEWATCH_SSL_CAFILE (the CA "
+                "that signed the broker's certificate) and SERVEWATCH_SECURITY_PROTOCOL")  # fmt: skip
+    if isinstance(cause, KafkaConnectionError) and "closed" in str(cause):
+        # A listener that speaks another protocol (TLS, SASL) closes a connection it cannot read;
+        # so does whatever else answers at a wrong address.
+        return (f"{where} closed the connection ({how}): check that the address is a Kafka listener's and that "
+                "SERVEWATCH_SECURITY_PROTOCOL and the SASL and TLS settings are what it expects")  # fmt: skip
+    if isinstance(cause, OSError | TimeoutError) or isinstance(exc, KafkaConnectionError):
+        reason = str(cause) or type(cause).__name__
+        if isinstance(cause, KafkaConnectionError) and cause is exc:
+            reason = "no answer"  # aiokafka's own text names the address tuples again
+        return (f"cannot reach {where} ({reason}); check that the broker is up and the address is right "
+                "(--broker or SERVEWATCH_BROKER)")  # fmt: skip
+    return None
 
 
 # One flag vocabulary for every command (README's "Flags" table; tests/test_cli_safety.py

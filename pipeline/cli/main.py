@@ -2,8 +2,9 @@
 
 Every command that needs Kafka takes ``--broker`` (or ``SERVEWATCH_BROKER``); without one,
 ``worker``, ``ship`` and ``scrape`` refuse to run unless given ``--embedded`` (see
-``common.with_broker``). Each command imports what it needs when it runs, so that
-``servewatch --help`` stays quick.
+``common.with_broker``). A broker that cannot be reached, or refuses the credentials, is
+one line naming it and what to check, exit 2 (``common.kafka_errors``). Each command
+imports what it needs when it runs, so that ``servewatch --help`` stays quick.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from servewatch.pipeline.cli.common import (
     CommandError,
     add_broker_flags,
     add_out_flag,
+    describe_kafka_error,
     ensure_topics_of,
+    hush_unclosed_clients,
+    kafka_errors,
     load_settings,
     output,
     serve_metrics,
@@ -43,6 +47,7 @@ from servewatch.pipeline.cli.ship import cmd_ship
 from servewatch.pipeline.cli.tail import add_tail_parser
 from servewatch.pipeline.cli.web import add_web_parser
 from servewatch.pipeline.dev.broker import BrokerError, EmbeddedBroker
+from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.tuning import tune_gc, tune_process
 
 if TYPE_CHECKING:  # imported where used: each command loads only what it needs
@@ -82,7 +87,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from servewatch.pipeline.worker.app import create_app
 
     with with_broker(settings_from(args), "worker", embedded=args.embedded) as settings:
-        settings = asyncio.run(ensure_topics_of(settings))  # creates only what is missing
+        with kafka_errors(settings, "worker"):  # the first contact: a broker not there is one line
+            settings = asyncio.run(ensure_topics_of(settings))  # creates only what is missing
         app, topics = create_app(settings)
         if settings.notify_config:  # the worker delivers too (`servewatch notify` does it on its own)
             from servewatch.pipeline.cli.notify import load_notify_config
@@ -127,7 +133,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with with_broker(settings_from(args), "demo", embedded=True) as settings:
         assert settings.bootstrap is not None
-        asyncio.run(ensure_topics_of(settings))
+        with kafka_errors(settings, "demo"):
+            asyncio.run(ensure_topics_of(settings))
         receiver = start_receiver()
         print(f"local Slack/PagerDuty/Alertmanager/webhook receiver at {receiver.url}; the worker delivers there "
               f"({receiver.config})", flush=True)  # fmt: skip
@@ -296,6 +303,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _kafka_failure(exc: Exception, args: argparse.Namespace, environment: Settings) -> str | None:
+    """The one line for a Kafka client's failure that no command turned into one (each does
+    where its clients start: ``common.kafka_errors``); None for anything else."""
+    if "aiokafka" not in sys.modules:  # no Kafka client was loaded, so none failed
+        return None
+    from aiokafka.errors import KafkaError
+
+    if not isinstance(exc, KafkaError):
+        return None
+    settings = environment.model_copy(update={"broker": args.broker}) if getattr(args, "broker", None) else environment
+    return describe_kafka_error(exc, settings) or f"Kafka {settings.bootstrap}: {type(exc).__name__}: {exc}"
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -320,5 +340,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokerError as exc:
         print(f"servewatch: {exc}", file=sys.stderr)
         return 3
+    except Exception as exc:
+        line = _kafka_failure(exc, args, environment)
+        if line is None:
+            raise
+        logger.debug("the Kafka client's error", exc_info=True)  # the traceback, with --verbose
+        hush_unclosed_clients()
+        print(f"servewatch {args.command}: {line}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130

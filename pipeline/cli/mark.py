@@ -19,6 +19,7 @@ from servewatch.pipeline.changes.render import render
 from servewatch.pipeline.cli.common import (
     CommandError,
     add_broker_flags,
+    kafka_errors,
     login_name,
     parse_time,
     settings_from,
@@ -69,7 +70,7 @@ def cmd_mark(args: argparse.Namespace) -> int:
                               source="cli")  # fmt: skip
     except ValidationError as exc:
         raise CommandError("; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors()), "mark") from None
-    with with_broker(settings_from(args), "mark", embedded=args.embedded) as settings:
+    with with_broker(settings_from(args), "mark", embedded=args.embedded) as settings, kafka_errors(settings, "mark"):
         assert settings.bootstrap is not None
         asyncio.run(write_marker(settings.bootstrap, marker, KafkaAuth.from_settings(settings)))
     print(marker.id)
@@ -80,7 +81,10 @@ def cmd_changes(args: argparse.Namespace) -> int:
     from servewatch.pipeline.changes.store import read_changes
     from servewatch.pipeline.kafka import KafkaAuth
 
-    with with_broker(settings_from(args), "changes", embedded=args.embedded) as settings:
+    with (
+        with_broker(settings_from(args), "changes", embedded=args.embedded) as settings,
+        kafka_errors(settings, "changes"),
+    ):
         assert settings.bootstrap is not None
         markers, reports = asyncio.run(read_changes(settings.bootstrap, KafkaAuth.from_settings(settings)))
     latest = {report.change: report for report in reports if report.change}

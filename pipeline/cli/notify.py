@@ -17,6 +17,7 @@ from servewatch.pipeline.cli.common import (
     CommandError,
     add_broker_flags,
     ensure_topics_of,
+    kafka_errors,
     login_name,
     parse_time,
     serve_metrics,
@@ -74,7 +75,8 @@ def cmd_notify(args: argparse.Namespace) -> int:
         raise CommandError("no config: pass --config FILE or set SERVEWATCH_NOTIFY_CONFIG", "notify")
     config = load_notify_config(path, "notify")
     with with_broker(settings_from(args), "notify", embedded=args.embedded) as settings:
-        asyncio.run(ensure_topics_of(settings))
+        with kafka_errors(settings, "notify"):
+            asyncio.run(ensure_topics_of(settings))
         app = faust_app(settings, app_id=notify_app_id(settings))
         add_notifier(app, declare_topics(app, settings.topic_partitions), settings, config)
         serve_metrics(settings, "notifier")
@@ -143,7 +145,8 @@ def cmd_silence_add(args: argparse.Namespace) -> int:
                           comment=args.comment)  # fmt: skip
     except ValueError as exc:
         raise CommandError(str(exc), "silence") from None
-    asyncio.run(write_silence(bootstrap, silence, KafkaAuth.from_settings(settings)))
+    with kafka_errors(settings, "silence"):
+        asyncio.run(write_silence(bootstrap, silence, KafkaAuth.from_settings(settings)))
     print(silence.id)
     return 0
 
@@ -155,7 +158,8 @@ def cmd_silence_list(args: argparse.Namespace) -> int:
 
     bootstrap, settings = _bootstrap(args)
     now = time.time()
-    silences = asyncio.run(read_silences(bootstrap, KafkaAuth.from_settings(settings)))
+    with kafka_errors(settings, "silence"):
+        silences = asyncio.run(read_silences(bootstrap, KafkaAuth.from_settings(settings)))
     shown = [s for s in silences if args.all or state_of(s, now) != "expired"]
     for silence in shown:
         if args.format == "json":
@@ -178,7 +182,8 @@ def cmd_silence_expire(args: argparse.Namespace) -> int:
 
     bootstrap, settings = _bootstrap(args)
     auth = KafkaAuth.from_settings(settings)
-    known = {s.id: s for s in asyncio.run(read_silences(bootstrap, auth))}
+    with kafka_errors(settings, "silence"):
+        known = {s.id: s for s in asyncio.run(read_silences(bootstrap, auth))}
     for silence_id in args.ids:
         if silence_id not in known:
             raise CommandError(f"no silence with id {silence_id!r} (see `servewatch silence list --all`)", "silence")
@@ -186,7 +191,8 @@ def cmd_silence_expire(args: argparse.Namespace) -> int:
     for silence_id in args.ids:
         silence = known[silence_id]
         expired = silence.model_copy(update={"ends_at": max(silence.starts_at, min(silence.ends_at, now))})
-        asyncio.run(write_silence(bootstrap, expired, auth))
+        with kafka_errors(settings, "silence"):
+            asyncio.run(write_silence(bootstrap, expired, auth))
         print(f"expired {silence_id}")
     return 0
 

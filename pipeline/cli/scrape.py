@@ -9,7 +9,7 @@ import time
 
 import orjson
 
-from servewatch.pipeline.cli.common import Progress, settings_from, with_broker
+from servewatch.pipeline.cli.common import Progress, kafka_errors, settings_from, with_broker
 from servewatch.pipeline.settings import Settings
 
 
@@ -50,9 +50,10 @@ async def _scrape(args: argparse.Namespace, interval_s: float, timeout_s: float,
     kafka = None
     if settings is not None and settings.bootstrap is not None:
         auth = KafkaAuth.from_settings(settings)
-        await ensure_topics(settings.bootstrap, settings.topic_partitions, (topics.SCRAPES,), auth=auth)
-        kafka = producer(settings.bootstrap, auth=auth)
-        await kafka.start()
+        with kafka_errors(settings, "scrape"):  # a broker not there at start: one line
+            await ensure_topics(settings.bootstrap, settings.topic_partitions, (topics.SCRAPES,), auth=auth)
+            kafka = producer(settings.bootstrap, auth=auth)
+            await kafka.start()
     record = open(args.record, "ab") if args.record else None  # noqa: SIM115 - closed below
     out = None if not args.out else sys.stdout.buffer if args.out == "-" else open(args.out, "ab")  # noqa: SIM115
     sent = 0

@@ -10,7 +10,8 @@ from typing import Any
 
 import orjson
 
-from servewatch.pipeline.cli.common import Progress, settings_from, with_broker
+from servewatch.pipeline.cli.common import Progress, kafka_errors, settings_from, with_broker
+from servewatch.pipeline.settings import Settings
 
 
 def cmd_ship(args: argparse.Namespace) -> int:
@@ -66,8 +67,9 @@ def cmd_ship(args: argparse.Namespace) -> int:
         assert kafka is not None
         await kafka.send_and_wait(topics.CHANGES, key=marker.model.encode(), value=marker.model_dump_json().encode())
 
-    async def ship(bootstrap: str, partitions: int) -> ShipStats:
+    async def ship(settings: Settings) -> ShipStats:
         nonlocal kafka
+        assert settings.bootstrap is not None
         stop = asyncio.Event()
 
         def on_signal(name: str) -> None:
@@ -77,9 +79,12 @@ def cmd_ship(args: argparse.Namespace) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(signum, on_signal, signum.name)
         auth = KafkaAuth.from_settings(base)
-        await ensure_topics(bootstrap, partitions, (topics.REQUESTS, topics.DEADLETTER, topics.CHANGES), auth=auth)
-        kafka = producer(bootstrap, auth=auth)
-        await kafka.start()
+        wanted = (topics.REQUESTS, topics.DEADLETTER, topics.CHANGES)
+        # A broker not there at start is one line; once shipping, the shipper retries it.
+        with kafka_errors(settings, "ship"):
+            await ensure_topics(settings.bootstrap, settings.topic_partitions, wanted, auth=auth)
+            kafka = producer(settings.bootstrap, auth=auth)
+            await kafka.start()
         shipper = Shipper(source(), adapter, kafka, config)
         if isinstance(shipper.source, HttpSource):
             await shipper.source.start()
@@ -104,8 +109,7 @@ def cmd_ship(args: argparse.Namespace) -> int:
 
     try:
         with with_broker(base, "ship", embedded=args.embedded) as settings:
-            assert settings.bootstrap is not None
-            stats = asyncio.run(ship(settings.bootstrap, settings.topic_partitions))
+            stats = asyncio.run(ship(settings))
     except (KafkaError, FileNotFoundError) as exc:
         print(f"\nservewatch ship: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 3

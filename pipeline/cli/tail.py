@@ -17,7 +17,7 @@ from typing import TextIO
 
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
 from servewatch.models.explain.event_text import event_text, group_text, utc
-from servewatch.pipeline.cli.common import CommandError, settings_from
+from servewatch.pipeline.cli.common import CommandError, kafka_errors, settings_from
 from servewatch.schemas.anomaly import AnomalyEvent
 from servewatch.schemas.incident_group import IncidentGroup, parse_anomaly_record
 
@@ -91,7 +91,8 @@ def cmd_tail(args: argparse.Namespace) -> int:
                 break
         return shown
 
-    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a tail ends
+    # Its one client bootstraps once: any failure to connect is the command's, one line.
+    with kafka_errors(settings, "tail"), contextlib.suppress(KeyboardInterrupt):  # Ctrl-C is how a tail ends
         asyncio.run(follow())
     return 0
 

@@ -16,7 +16,7 @@ import logging
 import signal
 from collections.abc import Callable
 
-from servewatch.pipeline.cli.common import CommandError, settings_from
+from servewatch.pipeline.cli.common import CommandError, kafka_errors, settings_from
 from servewatch.pipeline.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -71,10 +71,12 @@ async def serve_web(
     except ValueError as exc:
         raise CommandError(str(exc), "web") from None
     auth = KafkaAuth.from_settings(settings)
-    await ensure_topics(bootstrap, settings.topic_partitions, auth=auth)
     store = TriageStore()
     publisher = FeedbackPublisher(bootstrap, auth)
-    await publisher.start()
+    # Start-up only: once serving, the page's readers retry a broker that went away (``follow``).
+    with kafka_errors(settings, "web"):
+        await ensure_topics(bootstrap, settings.topic_partitions, auth=auth)
+        await publisher.start()
     client = httpx.AsyncClient(timeout=5.0)
     annotator = None
     if settings.grafana_url and settings.grafana_token is not None:
