@@ -15,7 +15,7 @@ import pytest
 
 from servewatch.models.detect.detector import DetectorBank, DetectorConfig, SegmentDetectors
 from servewatch.models.detect.signal_detector import SignalDetector
-from servewatch.models.detect.signals import BY_SIGNAL, Reading
+from servewatch.models.detect.signals import BY_SIGNAL, SPEC_SETS, Reading
 from servewatch.models.stats.rates import JEFFREYS_BAD, BetaBinomialRate
 from servewatch.models.windows.window import WindowStats
 from servewatch.schemas.anomaly import AnomalyEvent, Signal, Status
@@ -133,3 +133,32 @@ def test_a_rate_state_from_before_the_prior_was_kept_apart_still_loads() -> None
     for saved in state["signals"].values():
         saved["model"].pop("prior", None)
     SegmentDetectors(SEGMENT).load_state(state)  # version 3 still reads
+
+
+def _engine_hit_rate_detector(usual: float, requests: int, seed: int) -> tuple[SignalDetector, DetectorConfig]:
+    """An engine's prefix-cache hit rate learned at ``usual`` over ``requests`` a window (a
+    share of prompt tokens, which wobbles less than a count of requests hitting would)."""
+    spec = SPEC_SETS["engines"][Signal.CACHE_HIT_RATE]
+    config = DetectorConfig()
+    model = spec.build(config.grace_windows)
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        model.learn_one({"trials": requests}, float(np.clip(rng.normal(usual, 0.05), 0.0, 1.0)))
+    return SignalDetector(spec, model), config
+
+
+def test_a_quiet_window_without_cache_hits_does_not_page() -> None:
+    """Six requests, none of which hit a cache that serves one request in five: it happens a
+    quarter of the time (0.8 ** 6), and no request's worth of service was lost."""
+    detector, config = _engine_hit_rate_detector(0.2, 6, seed=3)
+    verdict = detector.judge(Reading(0.0, 6, {"trials": 6}), config)
+    assert verdict.score >= config.threshold  # surprising on the logit scale, yet
+    assert not verdict.pages and not verdict.learnable
+
+
+def test_a_hit_rate_collapse_pages_once_a_handful_of_requests_missed() -> None:
+    """The cache switched off on an engine serving a few requests a window: the windows in a
+    row that fall short add up, and it pages once four requests' worth of hits were lost."""
+    detector, config = _engine_hit_rate_detector(0.4, 6, seed=4)
+    pages = [detector.judge(Reading(0.0, 6, {"trials": 6}), config).pages for _ in range(3)]
+    assert pages == [False, True, True]  # 2.4 requests' worth short, then 4.8

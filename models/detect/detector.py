@@ -199,7 +199,7 @@ class SegmentDetectors:
     def keep(self, detector: SignalDetector) -> None:
         """Remember ``detector`` while it is active; forget it once idle."""
         signal = detector.spec.signal
-        if detector.tracker is not None or detector.run:
+        if detector.tracker is not None or detector.run or detector.shortfall:
             if self.active is None:
                 self.active = {}
             self.active[signal] = detector
@@ -474,7 +474,7 @@ class SegmentDetectors:
                     "tracker": None
                     if (d := (self.active or {}).get(signal)) is None or d.tracker is None
                     else d.tracker.state(),
-                    "run": [d.run, d.run_total] if d is not None else [0, 0.0],
+                    "run": [d.run, d.run_total, d.shortfall] if d is not None else [0, 0.0, 0.0],
                 }
                 for signal, model in models.items()
             },
@@ -500,6 +500,7 @@ class SegmentDetectors:
                 detector.tracker = self.config.tracker()
                 detector.tracker.load_state(saved["tracker"])
             detector.run, detector.run_total = int(saved["run"][0]), float(saved["run"][1])
+            detector.shortfall = float(saved["run"][2]) if len(saved["run"]) > 2 else 0.0
             self.keep(detector)
 
 

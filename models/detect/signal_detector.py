@@ -146,6 +146,7 @@ class SignalDetector:
     tracker: IncidentTracker | None = None
     run: int = 0  # anomalous windows of the current run (see ``note_run``)
     run_total: float = 0.0  # sum over the run of what ``adopt`` takes (log value, or share)
+    shortfall: float = 0.0  # a share's surprising windows in a row: requests' worth short of usual
 
     def judge(self, reading: Reading, config: DetectorConfig) -> Verdict:
         model, kind = self.model, self.spec.kind
@@ -213,7 +214,17 @@ class SignalDetector:
             structural, floor = structural_cache_surprise(reading)
             if structural > score:  # judged against what sharing implies, not only history
                 score, expected = structural, floor
-        return Verdict(score, expected, score >= config.threshold, False, model.expected)
+        surprising = score >= config.threshold
+        if surprising:
+            gap = expected - reading.value if getattr(model, "tail", "lower") == "lower" else reading.value - expected
+            self.shortfall += max(gap, 0.0) * reading.n
+        elif not self.firing:
+            self.shortfall = 0.0
+        # Evidence and impact, as for rates: a share pages once the surprising windows in a row
+        # fell short by a handful of requests' worth (``MIN_BAD_TO_PAGE``), not on one window of
+        # six requests, none of which hit a cache that serves one in five (a quarter of the time).
+        pages = surprising and (self.firing or self.shortfall >= MIN_BAD_TO_PAGE)
+        return Verdict(score, expected, pages, False, model.expected, learnable=not surprising)
 
     def for_lifecycle(self, verdict: Verdict, config: DetectorConfig) -> tuple[bool, str]:
         """(anomalous, severity) of a window as the incident lifecycle takes it.
