@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic_core import from_json
 
 from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status
 from servewatch.schemas.feedback import Feedback
@@ -73,5 +74,17 @@ _RECORD: TypeAdapter[AnomalyEvent | IncidentGroup] = TypeAdapter(AnomalyRecord)
 
 
 def parse_anomaly_record(raw: bytes | str) -> AnomalyEvent | IncidentGroup:
-    """One anomaly-topic record (JSON), whichever kind it is."""
-    return _RECORD.validate_json(raw)
+    """One anomaly-topic record (JSON), whichever kind it is.
+
+    Fields this version does not know are ignored on read: during a rolling upgrade a newer
+    worker's records (a field added by a minor version) must not stop an older reader. The
+    models still forbid them when built in code, where an unknown field is a typo.
+    """
+    try:
+        return _RECORD.validate_json(raw)
+    except ValidationError as exc:
+        if not exc.errors() or any(err["type"] != "extra_forbidden" for err in exc.errors()):
+            raise
+    data = from_json(raw)
+    known = (IncidentGroup if data.get("kind") == "group" else AnomalyEvent).model_fields
+    return _RECORD.validate_python({key: value for key, value in data.items() if key in known})

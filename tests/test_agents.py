@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 import pytest
+from prometheus_client import REGISTRY
 
 from servewatch.models.windows.wire import windows_from_wire
 from servewatch.pipeline.dev.workload import Phase, Workload
@@ -73,9 +74,17 @@ async def test_partials_in_anomalies_out(app_and_sinks: Any) -> None:
     incidents = [AnomalyEvent.model_validate_json(v) for v in sinks["incidents"].values]
     assert any(e.pages and e.signal.value == "ttft" for e in incidents)
     # The grouping agent: each incident event on, with its group, and the groups' own records.
+    # A record it cannot read is dead-lettered and counted, and grouping goes on; one from a
+    # newer minor version (a field this one does not know) is read.
+    newer = orjson.dumps({**orjson.loads(sinks["incidents"].values[0]), "added_by_next_version": 1})
+    unreadable = [b"{not json", orjson.dumps({"kind": "incident", "signal": "no such signal"}), b'{"kind": "group"}']
+    letters_before = dead_letters("invalid_incident")
     async with app.agents["servewatch.pipeline.worker.app.group_incidents"].test_context() as running:
-        for value in sinks["incidents"].values:
+        for value in [*unreadable, newer, *sinks["incidents"].values[1:]]:
             await running.put(value)
+    letters = [DeadLetter.model_validate_json(v) for v in sinks["deadletter"].values]
+    assert [d.reason for d in letters] == ["invalid_incident"] * 3 and "signal" in letters[1].error
+    assert dead_letters("invalid_incident") == letters_before + 3
     records = [parse_anomaly_record(v) for v in sinks["anomalies"].values]
     points = [SeriesPoint.model_validate_json(v) for v in sinks["series"].values]
     assert {p.segment["model"] for p in points} and all(p.signals for p in points)  # chart points go out too
@@ -85,14 +94,13 @@ async def test_partials_in_anomalies_out(app_and_sinks: Any) -> None:
     assert groups and groups[0].transition == "firing" and groups[0].cause == "prefix_cache_ineffective"
 
 
+def dead_letters(reason: str) -> float:
+    return REGISTRY.get_sample_value("servewatch_dead_letters_total", {"reason": reason}) or 0.0
+
+
 def test_dead_letters_are_counted_by_reason() -> None:
-    from prometheus_client import REGISTRY
-
-    def count(reason: str) -> float:
-        return REGISTRY.get_sample_value("servewatch_dead_letters_total", {"reason": reason}) or 0.0
-
-    before = count("invalid_json"), count("too_large")
+    before = dead_letters("invalid_json"), dead_letters("too_large")
     stage = StageOne(Settings(max_message_bytes=1024))
     stage.process(b"{nope", Source("t", 0, 0))
     stage.process(b"[" + b" " * 2000 + b"]", Source("t", 0, 1))
-    assert (count("invalid_json"), count("too_large")) == (before[0] + 1, before[1] + 1)
+    assert (dead_letters("invalid_json"), dead_letters("too_large")) == (before[0] + 1, before[1] + 1)

@@ -315,6 +315,18 @@ def test_anomaly_event_forbids_unknown_fields() -> None:
         event(unexpected=1)
 
 
+def test_a_newer_minor_versions_records_are_read_without_their_new_fields() -> None:
+    """Built in code an unknown field is a typo; read off the topic it is a newer writer's
+    (a rolling upgrade), ignored. A record wrong in a field this version knows still fails."""
+    from servewatch.schemas.incident_group import parse_anomaly_record
+
+    original = event()
+    newer = {**original.model_dump(mode="json"), "added_later": {"x": 1}}
+    assert parse_anomaly_record(orjson.dumps(newer)) == original
+    with pytest.raises(ValidationError):
+        parse_anomaly_record(orjson.dumps({**newer, "severity": "apocalyptic"}))
+
+
 @pytest.mark.parametrize(
     ("status", "severity", "pages"),
     [

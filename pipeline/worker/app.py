@@ -38,7 +38,7 @@ from servewatch.pipeline.kafka import BrokerProbe, KafkaAuth, read_topic
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.topics import DETECTOR_STATE_TABLE, Topics, declare_topics
 from servewatch.pipeline.worker import metrics, segment_metrics, tansu_transport
-from servewatch.pipeline.worker.decode import Source, internal_error
+from servewatch.pipeline.worker.decode import Source, dead_letter, internal_error, read_incident_event, why_unreadable
 from servewatch.pipeline.worker.engine_stage import JudgeEngines
 from servewatch.pipeline.worker.evidence import KafkaMessageReader, resolve
 from servewatch.pipeline.worker.stage_one import StageOne, partition_of
@@ -232,12 +232,23 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     async def group_incidents(stream: faust.StreamT) -> None:
         """Each incident event onto the anomaly topic with its group, and the group's own
         record when the group moves (``models.detect.grouping``)."""
-        async for raw in stream:
+        async for record in stream.events():
+            raw, message = record.value or b"", record.message
             try:
-                event, told = grouper.add(AnomalyEvent.model_validate_json(raw))
+                event = read_incident_event(raw)
+            except ValueError as exc:  # not an incident event this version can read: kept, counted
+                source = Source(topic=message.topic, partition=message.partition, offset=message.offset)
+                letter = dead_letter("invalid_incident", why_unreadable(exc), raw, source)
+                logger.warning("dead letter (%s) at %s/%s: %s", letter.reason, source.partition, source.offset,
+                               letter.error)  # fmt: skip
+                metrics.DEAD_LETTERS.labels(letter.reason).inc()
+                await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
+                continue
+            try:
+                event, told = grouper.add(event)
             except Exception:
                 logger.exception("failed to group an incident event; published as it came")
-                event, told = AnomalyEvent.model_validate_json(raw), []
+                told = []
             model = event.segment.get("model", "other").encode()  # by model: see topics.ANOMALIES
             await topics.anomalies.send(key=model, value=event.model_dump_json().encode())
             logger.info("anomaly %s %s %s: %s", event.status.value, event.signal.value, event.severity.value,

@@ -24,7 +24,9 @@ from pydantic import ValidationError
 
 from servewatch.models.windows.batch import RowBatch
 from servewatch.pipeline.worker.fast_rows import FastRow, decode_array, decode_lines
+from servewatch.schemas.anomaly import AnomalyEvent
 from servewatch.schemas.dead_letter import DeadLetter
+from servewatch.schemas.incident_group import parse_anomaly_record
 from servewatch.schemas.request_log import RequestLog
 
 RAW_KEEP_BYTES = 64 * 1024
@@ -188,3 +190,17 @@ def decode_message(raw: bytes | None, source: Source | None = None, max_bytes: i
         return out
     _validate(value, raw, source, None, out)
     return out
+
+
+def read_incident_event(raw: bytes) -> AnomalyEvent:
+    """An incident event off the incidents topic (fields of a newer minor version ignored);
+    ``ValueError`` (a ``ValidationError`` among them) when the record is not one."""
+    record = parse_anomaly_record(raw)
+    if not isinstance(record, AnomalyEvent):
+        raise ValueError(f"a {record.kind} record where an incident event was expected")
+    return record
+
+
+def why_unreadable(exc: ValueError) -> str:
+    """A record's failure to read, in one line, for its dead letter."""
+    return describe(exc) if isinstance(exc, ValidationError) else str(exc)[:500]
