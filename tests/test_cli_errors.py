@@ -89,3 +89,16 @@ def test_a_kafka_error_no_command_describes_is_still_one_line(
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 1, errors
     assert errors[0].startswith("servewatch tail: Kafka kafka-0:9092: TopicAuthorizationFailedError"), errors[0]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["tail", "--signal", "ttfb"], ["tail", "--severity", "loud"], ["worker", "--nope"], [], ["no-such-command"]],
+)
+def test_a_command_line_that_does_not_parse_is_one_line(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """What is wrong and where to look, not the usage block above it (``-h`` prints that)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and len(errors) == 1, errors
+    assert errors[0].startswith("servewatch") and "error:" in errors[0] and errors[0].endswith(" -h)"), errors[0]

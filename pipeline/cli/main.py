@@ -16,7 +16,7 @@ import logging
 import signal
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import orjson
 
@@ -198,8 +198,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """A command line that cannot be parsed is one line (exit 2) saying what and where to look,
+    not the whole usage block above it; ``-h`` still prints the usage. Subcommands' parsers
+    are of the same class (``add_subparsers`` makes them so)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} -h)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="servewatch", description="Streaming anomaly detection for LLM serving.")
+    about = "Streaming anomaly detection for LLM serving."
+    parser: argparse.ArgumentParser = _Parser(prog="servewatch", description=about)
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"servewatch {servewatch.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

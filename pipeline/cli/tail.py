@@ -18,7 +18,7 @@ from typing import TextIO
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
 from servewatch.models.explain.event_text import event_text, group_text, utc
 from servewatch.pipeline.cli.common import CommandError, kafka_errors, settings_from
-from servewatch.schemas.anomaly import AnomalyEvent
+from servewatch.schemas.anomaly import AnomalyEvent, Signal
 from servewatch.schemas.incident_group import IncidentGroup, parse_anomaly_record
 
 #: ANSI colours of a head line by severity.
@@ -102,7 +102,9 @@ def add_tail_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--format", choices=("text", "json"), default="text", help="readable lines, coloured by "
                    "severity on a terminal (default), or each record as JSON")  # fmt: skip
     p.add_argument("--model", help="only this model's records")
-    p.add_argument("--signal", help="only records of this signal (a group: one of its signals)")
+    p.add_argument("--signal", choices=[signal.value for signal in Signal], metavar="SIGNAL",
+                   help="only records of this signal (a group: one of its signals): "
+                   + ", ".join(signal.value for signal in Signal))  # fmt: skip
     p.add_argument("--severity", choices=tuple(SEVERITY_RANK), help="only this severe or more")
     p.add_argument("--paging-only", action="store_true", help="only records that page")
     p.add_argument("--from-beginning", action="store_true", help="from the topic's start, not only new records")
