@@ -196,10 +196,16 @@ class Settings(BaseSettings):
 
     # -- operations -----------------------------------------------------------------
     metrics_port: int | None = Field(
-        default=9464,
+        default=None,
         ge=0,
-        description="Serve Prometheus /metrics on this port (9464, OpenTelemetry's Prometheus "
-        "exporter port; 0: off). A port already taken is warned about, never fatal.",
+        description="Serve Prometheus /metrics on this port (default: the command's own, the worker 9464 and "
+        "the notifier 9465; 0: off). Each command serves only its own series. A port already taken is "
+        "warned about, never fatal.",
+    )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        description="Interface /metrics listens on: the loopback unless set (0.0.0.0 in a container whose "
+        "port is published).",
     )
     notify_config: str | None = Field(
         default=None,

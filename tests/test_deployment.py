@@ -80,3 +80,30 @@ def test_the_shell_commands_of_the_topics_service_quote_compose_variables() -> N
     script = "\n".join(SERVICES["topics"]["command"])
     assert "$$@" in script and not re.search(r"(?<!\$)\$(?![${])", script)
     shlex.split(_interpolated(script.splitlines()[-1]))
+
+
+def test_the_notifier_gets_its_secrets_a_healthcheck_and_a_metrics_port() -> None:
+    notifier = OURS["notifier"]
+    assert [entry["path"] for entry in notifier["env_file"]] == ["${SERVEWATCH_NOTIFY_DIR:-./deploy}/notify.env"]
+    assert notifier["env_file"][0]["required"] is False  # optional: a config without secrets runs too
+    port = notifier["environment"]["SERVEWATCH_METRICS_PORT"]
+    assert any(str(p).endswith(f":{port}") for p in notifier["ports"])
+    assert f":{port}/metrics" in " ".join(notifier["healthcheck"]["test"])
+
+
+def test_the_triage_page_the_notifications_link_to_is_served() -> None:
+    web = OURS["web"]
+    assert web["command"][0] == "web" and web["profiles"] == OURS["notifier"]["profiles"]
+    assert web["env_file"] == OURS["notifier"]["env_file"]  # its SERVEWATCH_WEB_TOKEN
+    example = yaml.safe_load((ROOT / "deploy" / "notify.example.yaml").read_text())
+    published = {str(p).split(":")[1] for p in web["ports"]}
+    assert example["triage_url"].startswith(f"http://127.0.0.1:{published.pop()}/")
+
+
+def test_every_published_metrics_port_listens_beyond_the_containers_loopback() -> None:
+    """Metrics listen on the loopback by default; a container whose port is published must
+    listen on its own interfaces, or the host sees nothing."""
+    for name, service in OURS.items():
+        env = service.get("environment", {})
+        if "SERVEWATCH_METRICS_PORT" in env and service.get("ports"):
+            assert env.get("SERVEWATCH_METRICS_HOST") == "0.0.0.0", name

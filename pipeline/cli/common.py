@@ -13,13 +13,16 @@ import ssl
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import IO, Any, TextIO
+from typing import IO, TYPE_CHECKING, Any, TextIO
 
 from pydantic import ValidationError
 
 from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.settings import Settings
 from servewatch.schemas.request_log import RequestLog
+
+if TYPE_CHECKING:
+    from servewatch.pipeline.cli.metrics_server import Command
 
 logger = logging.getLogger(__name__)
 
@@ -301,19 +304,22 @@ async def ensure_topics_of(settings: Settings) -> Settings:
     return settings.model_copy(update={"topic_replication": replication})
 
 
-def serve_metrics(settings: Settings, what: str) -> None:
-    """Serve this process's Prometheus metrics on ``SERVEWATCH_METRICS_PORT``, when set."""
-    if settings.metrics_port:
-        from prometheus_client import start_http_server
+def serve_metrics(settings: Settings, command: Command) -> None:
+    """Serve ``command``'s own Prometheus series (``metrics_server``) on its port."""
+    from servewatch.pipeline.cli.metrics_server import DEFAULT_PORTS, command_modules, registry_for, serve
 
-        log = logging.getLogger("servewatch")
-        try:
-            start_http_server(settings.metrics_port)
-        except OSError as exc:  # a second process on one host: its metrics need their own port
-            log.warning("%s metrics not served: port %d is taken (%s); set SERVEWATCH_METRICS_PORT", what,
-                        settings.metrics_port, exc.strerror)  # fmt: skip
-            return
-        log.info("serving %s metrics on :%d/metrics", what, settings.metrics_port)
+    port = DEFAULT_PORTS[command] if settings.metrics_port is None else settings.metrics_port
+    if not port:
+        return
+    log = logging.getLogger("servewatch")
+    registry = registry_for(command_modules(command, delivers=bool(settings.notify_config)))
+    try:
+        serve(registry, settings.metrics_host, port)
+    except OSError as exc:  # a second process on one host: its metrics need their own port
+        log.warning("%s metrics not served: %s:%d is taken (%s); set SERVEWATCH_METRICS_PORT", command,
+                    settings.metrics_host, port, exc.strerror)  # fmt: skip
+        return
+    log.info("serving %s metrics on %s:%d/metrics", command, settings.metrics_host, port)
 
 
 def read_request_logs(path: str, command: str) -> Iterator[RequestLog]:
