@@ -61,6 +61,10 @@ class Recurrence(BaseModel):
     end: str = Field(pattern=r"^([01]\d|2[0-3]):[0-5]\d$")
 
 
+#: The end of a recurring silence given none (9999-12-31T23:59:59Z): it recurs until expired.
+UNTIL_EXPIRED = 253_402_300_799.0
+
+
 class Silence(BaseModel):
     """Label matchers and a time span (or a weekly window) during which matching notifications are muted."""
 

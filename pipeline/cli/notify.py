@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import orjson
+from pydantic import ValidationError
 
 from servewatch.pipeline.cli.common import (
     CommandError,
@@ -101,8 +102,8 @@ def parse_matcher(text: str) -> Matcher:
     name, op, value = found.groups()
     try:
         return Matcher.model_validate({"name": name, "op": op, "value": value.strip().strip('"')})
-    except ValueError as exc:
-        raise CommandError(str(exc), "silence") from None
+    except ValidationError as exc:  # its first message, without pydantic's field path and link
+        raise CommandError(exc.errors(include_url=False)[0]["msg"].removeprefix("Value error, "), "silence") from None
 
 
 def _when(text: str | None, default: float) -> float:
@@ -120,15 +121,17 @@ def cmd_silence_add(args: argparse.Namespace) -> int:
     from servewatch.pipeline.kafka import KafkaAuth
     from servewatch.pipeline.notify.config import parse_duration
     from servewatch.pipeline.notify.silence_store import write_silence
-    from servewatch.schemas.silence import Recurrence, Silence
+    from servewatch.schemas.silence import UNTIL_EXPIRED, Recurrence, Silence
 
     bootstrap, settings = _bootstrap(args)
     start = _when(args.start, time.time())
     if args.end is not None:
         end = _when(args.end, start)
+    elif args.daily and args.duration is None:
+        end = UNTIL_EXPIRED  # a maintenance schedule recurs until it is expired
     else:
         try:
-            end = start + float(parse_duration(args.duration))
+            end = start + float(parse_duration(args.duration or "2h"))
         except ValueError as exc:
             raise CommandError(str(exc), "silence") from None
     recurrence = None
@@ -155,6 +158,7 @@ def cmd_silence_list(args: argparse.Namespace) -> int:
     from servewatch.pipeline.kafka import KafkaAuth
     from servewatch.pipeline.notify.silence_store import read_silences
     from servewatch.pipeline.notify.silences import state_of
+    from servewatch.schemas.silence import UNTIL_EXPIRED
 
     bootstrap, settings = _bootstrap(args)
     now = time.time()
@@ -165,7 +169,8 @@ def cmd_silence_list(args: argparse.Namespace) -> int:
         if args.format == "json":
             print(orjson.dumps({**silence.model_dump(mode="json"), "state": state_of(silence, now)}).decode())
             continue
-        span = f"{_iso(silence.starts_at)} .. {_iso(silence.ends_at)}"
+        until = "until expired" if silence.ends_at >= UNTIL_EXPIRED else _iso(silence.ends_at)
+        span = f"{_iso(silence.starts_at)} .. {until}"
         if silence.recurrence:
             rule = silence.recurrence
             span += f", {','.join(rule.weekdays)} {rule.start}-{rule.end} UTC"
@@ -217,7 +222,8 @@ def add_notify_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser])
     add.add_argument(
         "matcher", nargs="+", help='label matchers: model=llama-70b, severity!=critical, route=~"chat|rag"'
     )
-    add.add_argument("--duration", default="2h", help="how long from --start (default 2h; ignored with --end)")
+    add.add_argument("--duration", help="how long from --start (default 2h, or with --daily until expired; "
+                     "ignored with --end)")  # fmt: skip
     add.add_argument("--start", help="Unix seconds or ISO time (default now)")
     add.add_argument("--end", help="Unix seconds or ISO time")
     add.add_argument("--daily", metavar="HH:MM-HH:MM", help="a recurring maintenance window (UTC) within start..end")
