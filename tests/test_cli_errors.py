@@ -102,3 +102,11 @@ def test_a_command_line_that_does_not_parse_is_one_line(args: list[str], capsys:
     errors = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(errors) == 1, errors
     assert errors[0].startswith("servewatch") and "error:" in errors[0] and errors[0].endswith(" -h)"), errors[0]
+
+
+@pytest.mark.parametrize("args", [["-v", "worker"], ["worker", "-v"], ["silence", "add", "model=m", "--verbose"]])
+def test_verbose_is_taken_before_or_after_the_command(args: list[str]) -> None:
+    from servewatch.pipeline.cli.main import build_parser
+
+    assert build_parser().parse_args(args).verbose is True
+    assert build_parser().parse_args([a for a in args if a not in ("-v", "--verbose")]).verbose is False

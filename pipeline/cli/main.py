@@ -310,7 +310,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--scale", type=float, default=1.0, help="stretch every phase by this factor")
     p.add_argument("--seed", type=int, default=42)
     p.set_defaults(func=cmd_generate)
+    _verbose_everywhere(parser)
     return parser
+
+
+def _verbose_everywhere(parser: argparse.ArgumentParser) -> None:
+    """``-v`` after the command too (``servewatch worker -v``), as people type it; a command's
+    own ``-v`` leaves the top-level one alone when absent (``SUPPRESS``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for command in set(action.choices.values()):
+                command.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                                     help="debug logging")  # fmt: skip
+                _verbose_everywhere(command)
 
 
 def _kafka_failure(exc: Exception, args: argparse.Namespace, environment: Settings) -> str | None:
