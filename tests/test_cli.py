@@ -20,8 +20,18 @@ def test_schema_export(name: str, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_unknown_schema_is_a_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["schema", "Nope"]) == 2
-    assert "RequestLog" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        main(["schema", "Nope"])
+    assert exit_.value.code == 2 and "RequestLog" in capsys.readouterr().err
+
+
+def test_the_schema_help_names_every_schema(capsys: pytest.CaptureFixture[str]) -> None:
+    from servewatch.schemas import EXPORTED
+
+    with pytest.raises(SystemExit):
+        main(["schema", "-h"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert all(name in shown for name in EXPORTED)
 
 
 def test_generate_then_replay_finds_the_incident(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -174,11 +174,8 @@ def cmd_schema(args: argparse.Namespace) -> int:
     if args.name is None:  # the list
         firsts = {name: ((model.__doc__ or "").strip().splitlines() or [""])[0] for name, model in EXPORTED.items()}
         text = "\n".join(f"{name:16} {first}" for name, first in firsts.items())
-    elif args.name in EXPORTED:
+    else:  # one of EXPORTED (the parser's choices)
         text = orjson.dumps(EXPORTED[args.name].model_json_schema(), option=orjson.OPT_INDENT_2).decode()
-    else:
-        print(f"servewatch schema: unknown schema {args.name!r}; choose from {', '.join(EXPORTED)}", file=sys.stderr)
-        return 2
     with output(args.out, "w") as out:
         out.write(text + "\n")
     return 0
@@ -293,7 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_backtest_series)
 
     p = sub.add_parser("schema", help="print the JSON Schema of a wire format (without a name: list them)")
-    p.add_argument("name", nargs="?", help="RequestLog, AnomalyEvent, IncidentGroup, EngineInterval or DeadLetter")
+    from servewatch.schemas import EXPORTED  # pydantic models only: cheap
+
+    p.add_argument("name", nargs="?", choices=sorted(EXPORTED), metavar="NAME", help=", ".join(sorted(EXPORTED)))
     add_out_flag(p, "the schema (or the list)")
     p.set_defaults(func=cmd_schema)
 
