@@ -147,7 +147,7 @@ def main() -> None:
                 page.event.window_start for page in r.group_pages
                 if page.in_fault and set(page.record.signals) & scenario.must_page
             ]  # fmt: skip
-            if args.scrapes and scenario in PAGER_SCENARIOS:
+            if args.scrapes and (scenario in PAGER_SCENARIOS or scenario is PAGER_WEEK):
                 seen = scrape_outcome(scenario, seed)
                 after = "-" if seen.caught_after is None else f"{seen.caught_after:.1f}"
                 print(f"{'':28} {'':4}  scrapes only: {after:>4} "
