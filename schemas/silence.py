@@ -11,7 +11,7 @@ latest record of an id wins, so expiring one is writing it again with ``ends_at`
 from __future__ import annotations
 
 import re
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -19,6 +19,9 @@ from servewatch.schemas.version import SCHEMA_VERSION
 
 #: Operators, Alertmanager's: equal, not equal, regex match, regex no match (full match).
 MatchOp = Literal["=", "!=", "=~", "!~"]
+
+
+_MATCHER_TEXT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*(.*)$")
 
 
 class Matcher(BaseModel):
@@ -29,6 +32,21 @@ class Matcher(BaseModel):
     name: str = Field(min_length=1)
     op: MatchOp = "="
     value: str
+
+    @model_validator(mode="before")
+    @classmethod
+    def _from_text(cls, data: Any) -> Any:
+        """Alertmanager's string form too: ``model=~"llama.*"`` (quotes optional)."""
+        if not isinstance(data, str):
+            return data
+        found = _MATCHER_TEXT.match(data.strip())
+        if not found:
+            raise ValueError(f"matcher {data!r}: write NAME=VALUE, NAME!=VALUE, NAME=~REGEX or NAME!~REGEX")
+        name, op, value = found.groups()
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] == '"':
+            value = value[1:-1]
+        return {"name": name, "op": op, "value": value}
 
     @model_validator(mode="after")
     def _regex_compiles(self) -> Matcher:

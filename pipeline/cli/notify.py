@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import sys
 import time
 import uuid
@@ -90,18 +89,12 @@ def notify_app_id(settings: Settings) -> str:
     return f"{settings.app_id}-notify"
 
 
-_MATCHER = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(=~|!~|!=|=)(.*)$")
-
-
 def parse_matcher(text: str) -> Matcher:
+    """A matcher as typed on the command line (Alertmanager's form: ``model=~"llama.*"``)."""
     from servewatch.schemas.silence import Matcher
 
-    found = _MATCHER.match(text.strip())
-    if not found:
-        raise CommandError(f"matcher {text!r}: write NAME=VALUE, NAME!=VALUE, NAME=~REGEX or NAME!~REGEX", "silence")
-    name, op, value = found.groups()
     try:
-        return Matcher.model_validate({"name": name, "op": op, "value": value.strip().strip('"')})
+        return Matcher.model_validate(text)
     except ValidationError as exc:  # its first message, without pydantic's field path and link
         raise CommandError(exc.errors(include_url=False)[0]["msg"].removeprefix("Value error, "), "silence") from None
 

@@ -23,6 +23,7 @@ e.g. ``SERVEWATCH_NOTIFY__PAGER__ROUTING_KEY``; the environment wins.
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import tomllib
@@ -31,8 +32,18 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from servewatch.models.explain.hints import HINT_CODES
 from servewatch.schemas.anomaly import Severity, Signal
 from servewatch.schemas.silence import Matcher
 
@@ -78,7 +89,23 @@ class Route(BaseModel):
     explained_by_load: bool | None = Field(
         default=None, description="true: only groups whose open members are all explained by load; false: none of them."
     )
-    matchers: list[Matcher] = Field(default_factory=list, description="Alertmanager-style matchers on the labels.")
+    matchers: list[Matcher] = Field(
+        default_factory=list,
+        description='Alertmanager-style matchers on the labels: {name, op, value} or the string form model=~"llama.*".',
+    )
+
+    @field_validator("causes")
+    @classmethod
+    def _known_causes(cls, causes: list[str]) -> list[str]:
+        """A cause no group can have would route nothing, silently: hint codes (the README's
+        hint table) or ``signal:NAME`` (a group whose incidents carry no hint)."""
+        known = set(HINT_CODES) | {f"signal:{signal.value}" for signal in Signal}
+        for cause in causes:
+            if cause not in known:
+                near = difflib.get_close_matches(cause, sorted(known), n=1)
+                raise ValueError(f"unknown cause {cause!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+                                 + "; causes are hint codes or signal:NAME")  # fmt: skip
+        return causes
 
 
 class Timing(BaseModel):

@@ -1,0 +1,41 @@
+"""A notify config that is accepted must be able to match: routes name causes that exist,
+and take matchers in Alertmanager's own string form."""
+
+from __future__ import annotations
+
+import pytest
+
+from servewatch.pipeline.notify.config import ConfigError, parse_config
+from servewatch.schemas.silence import Matcher
+
+SINK = """
+sinks:
+  - name: capacity-bot
+    type: webhook
+    url: https://hooks.example.com/capacity
+    route: {{min_severity: info, {route}}}
+"""
+
+
+def test_a_cause_no_group_can_have_is_refused_with_the_nearest_one() -> None:
+    with pytest.raises(ConfigError, match=r"unknown cause 'kv_cache_headroom' \(did you mean 'capacity_headroom'\?\)"):
+        parse_config(SINK.format(route='causes: ["kv_cache_headroom"]'), ".yaml", environ={})
+
+
+def test_hint_codes_and_signal_causes_are_accepted() -> None:
+    config = parse_config(SINK.format(route='causes: ["capacity_headroom", "signal:ttft"]'), ".yaml", environ={})
+    assert config.sinks[0].route.causes == ["capacity_headroom", "signal:ttft"]
+
+
+def test_matchers_in_alertmanagers_string_form() -> None:
+    route = 'matchers: [model=~"llama.*", "severity!=info"]'
+    config = parse_config(SINK.format(route=route), ".yaml", environ={})
+    assert config.sinks[0].route.matchers == [
+        Matcher(name="model", op="=~", value="llama.*"),
+        Matcher(name="severity", op="!=", value="info"),
+    ]
+
+
+def test_a_matcher_that_does_not_parse_says_how_to_write_one() -> None:
+    with pytest.raises(ConfigError, match="write NAME=VALUE"):
+        parse_config(SINK.format(route='matchers: ["model ~ llama"]'), ".yaml", environ={})
