@@ -37,7 +37,11 @@ def load_notify_config(path: str, command: str) -> NotifyConfig:
     try:
         return load_config(path)
     except ConfigError as exc:
-        raise CommandError(f"{path}: {exc}", command) from None
+        problems = str(exc).splitlines()
+        if len(problems) == 1:
+            raise CommandError(f"{path}: {problems[0]}", command) from None
+        listed = "\n".join(f"  {problem}" for problem in problems)
+        raise CommandError(f"{path}: {len(problems)} problems\n{listed}", command) from None
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:

@@ -27,7 +27,7 @@ import difflib
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -245,8 +245,40 @@ def parse_config(text: str, suffix: str, environ: Mapping[str, str] | None = Non
     try:
         return NotifyConfig.model_validate(raw)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '(top)'}: {e['msg']}" for e in exc.errors())
-        raise ConfigError(problems) from None
+        lines = _yaml_lines(text) if suffix != ".toml" else None
+        problems = []
+        for error in exc.errors(include_url=False):
+            where = ".".join(str(p) for p in error["loc"]) or "(top)"
+            line = lines(error["loc"]) if lines is not None else None
+            message = error["msg"].removeprefix("Value error, ")
+            problems.append(f"{f'line {line}: ' if line else ''}{where}: {message}")
+        raise ConfigError("\n".join(problems)) from None
+
+
+def _yaml_lines(text: str) -> Callable[[tuple[int | str, ...]], int | None] | None:
+    """The line of the YAML node at a validation error's location (the deepest that exists:
+    a missing field points at its mapping), for check-config to say where to look."""
+    try:
+        root = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+
+    def line_of(loc: tuple[int | str, ...]) -> int | None:
+        node = root
+        if node is None:
+            return None
+        for part in loc:
+            if isinstance(node, yaml.MappingNode):
+                found = [value for key, value in node.value if getattr(key, "value", None) == part]
+            elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+                found = [node.value[part]]
+            else:
+                found = []  # a union's tag (pydantic names the sink type it tried): stay
+            if found:
+                node = found[0]
+        return int(node.start_mark.line) + 1
+
+    return line_of
 
 
 def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> NotifyConfig:
