@@ -110,3 +110,12 @@ def test_verbose_is_taken_before_or_after_the_command(args: list[str]) -> None:
 
     assert build_parser().parse_args(args).verbose is True
     assert build_parser().parse_args([a for a in args if a not in ("-v", "--verbose")]).verbose is False
+
+
+def test_every_duration_flag_reads_the_same_forms() -> None:
+    """``ship --linger 1h30m`` as ``silence add --duration 1h30m`` and a notifier's timings."""
+    from servewatch.pipeline.durations import parse_duration
+
+    assert [parse_duration(t) for t in ("1h30m", "250ms", "10s", "2.5", "7d")] == [5400.0, 0.25, 10.0, 2.5, 604800.0]
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration("soon")

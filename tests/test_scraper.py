@@ -14,12 +14,12 @@ import pytest
 
 from servewatch.pipeline import topics
 from servewatch.pipeline.cli.main import main
+from servewatch.pipeline.durations import parse_duration
 from servewatch.pipeline.ingest.scrape.scraper import (
     IntervalTracker,
     Scraper,
     check_targets,
     instance_of,
-    parse_duration,
     run_scrapes,
 )
 from servewatch.pipeline.kafka import read_topic

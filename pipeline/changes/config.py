@@ -28,7 +28,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from servewatch.models.compare.report import SIGNALS
 from servewatch.models.compare.rollback import RollbackCondition
-from servewatch.pipeline.notify.config import ConfigError, Duration
+from servewatch.pipeline.durations import Duration
+from servewatch.pipeline.notify.config import ConfigError
 
 _POINTS = {spec.name for spec in SIGNALS if spec.points}
 

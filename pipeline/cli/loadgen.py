@@ -51,7 +51,7 @@ def add_loadgen_parser(sub: Any) -> None:
 
 
 def _seconds(value: str, flag: str) -> float:
-    from servewatch.pipeline.ingest.scrape.scraper import parse_duration
+    from servewatch.pipeline.durations import parse_duration
 
     try:
         seconds = parse_duration(value)

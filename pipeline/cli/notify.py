@@ -115,8 +115,8 @@ def _bootstrap(args: argparse.Namespace) -> tuple[str, Settings]:
 
 
 def cmd_silence_add(args: argparse.Namespace) -> int:
+    from servewatch.pipeline.durations import parse_duration
     from servewatch.pipeline.kafka import KafkaAuth
-    from servewatch.pipeline.notify.config import parse_duration
     from servewatch.pipeline.notify.silence_store import write_silence
     from servewatch.schemas.silence import UNTIL_EXPIRED, Recurrence, Silence
 

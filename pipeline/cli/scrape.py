@@ -15,7 +15,8 @@ from servewatch.pipeline.settings import Settings
 
 def cmd_scrape(args: argparse.Namespace) -> int:
     """Scrape engine /metrics; canonical intervals to the scrapes topic, or to --out as JSONL."""
-    from servewatch.pipeline.ingest.scrape.scraper import check_targets, parse_duration
+    from servewatch.pipeline.durations import parse_duration
+    from servewatch.pipeline.ingest.scrape.scraper import check_targets
 
     try:
         interval_s, timeout_s = parse_duration(args.interval), parse_duration(args.timeout)

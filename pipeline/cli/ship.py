@@ -22,7 +22,7 @@ def cmd_ship(args: argparse.Namespace) -> int:
     from aiokafka.errors import KafkaError
 
     from servewatch.pipeline import topics
-    from servewatch.pipeline.ingest.scrape.scraper import parse_duration
+    from servewatch.pipeline.durations import parse_duration
     from servewatch.pipeline.ingest.ship.adapters import AdaptOptions, FieldMapping, adapter_for, parse_defaults
     from servewatch.pipeline.ingest.ship.file_follower import FileFollower, StateFile
     from servewatch.pipeline.ingest.ship.http_endpoint import HttpSource, parse_listen

@@ -34,7 +34,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import (
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
     SecretStr,
@@ -44,36 +43,15 @@ from pydantic import (
 )
 
 from servewatch.models.explain.hints import HINT_CODES
+from servewatch.pipeline.durations import Duration
 from servewatch.schemas.anomaly import Severity, Signal
 from servewatch.schemas.silence import Matcher
 
 ENV_PREFIX = "SERVEWATCH_NOTIFY__"
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_DURATION = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
 
 class ConfigError(ValueError):
     """The notifier's configuration is unreadable or invalid; the message says where and why."""
-
-
-def parse_duration(value: Any) -> Any:
-    """Prometheus-style durations (``30s``, ``5m``, ``1h30m``) or plain seconds, as seconds.
-
-    >>> parse_duration("1h30m"), parse_duration("250ms"), parse_duration(12)
-    (5400.0, 0.25, 12)
-    """
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if not text or _DURATION.sub("", text):
-        try:
-            return float(text)
-        except ValueError:
-            raise ValueError(f"{value!r} is not a duration (e.g. 30s, 5m, 4h, 1h30m)") from None
-    return sum(float(number) * _UNITS[unit] for number, unit in _DURATION.findall(text))
-
-
-Duration = Annotated[float, BeforeValidator(parse_duration), Field(ge=0)]
 
 
 class Route(BaseModel):

@@ -35,15 +35,6 @@ def instance_of(url: str) -> str:
     return f"{parts.hostname}:{port}"
 
 
-def parse_duration(text: str) -> float:
-    """``10s``, ``500ms``, ``2m`` or plain seconds -> seconds."""
-    text = text.strip().lower()
-    for suffix, factor in (("ms", 0.001), ("s", 1.0), ("m", 60.0), ("h", 3600.0)):
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * factor
-    return float(text)
-
-
 def check_targets(targets: Sequence[str]) -> None:
     """Raise ``ValueError`` with a clear message for a missing or malformed target URL."""
     if not targets:
