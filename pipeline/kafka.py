@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 from aiokafka import AIOKafkaClient, AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-from aiokafka.errors import KafkaError
+from aiokafka.errors import IncompatibleBrokerVersion, KafkaError, KafkaTimeoutError, NoError, for_code
 from aiokafka.helpers import create_ssl_context
+from aiokafka.protocol.transaction import InitProducerIdRequest
 
 from servewatch.pipeline import topics
 
@@ -106,22 +107,120 @@ async def ensure_topics(
         await admin.close()
 
 
-def producer(bootstrap: str, max_request_size: int = 16 * 1024 * 1024, auth: KafkaAuth = PLAINTEXT) -> AIOKafkaProducer:
-    # linger 0: Tansu under-reports end offsets of multi-record batches (see docs/notes).
+class Producer(AIOKafkaProducer):
+    """An aiokafka producer that is idempotent where the broker grants producer ids.
+
+    Idempotence: the broker writes a batch the producer retries (its answer was lost, a
+    leader moved) once and in order, where a plain producer may duplicate or reorder it.
+    ``idempotence`` None (auto) asks one broker for a producer id in ``start()``, before the
+    producer sends anything: Apache Kafka grants one, and that answer is the id the producer
+    then uses (no extra round trip); a broker that refuses gets a plain producer, as before.
+    The embedded Tansu refuses (UNKNOWN_SERVER_ERROR) although its ApiVersions lists
+    InitProducerId, so asking is the only test. Nothing is checked per send. True: idempotent,
+    or ``start()`` fails; False: never. Auto needs acks=all, as idempotence does.
+
+    aiokafka retries an idempotent producer's batches until they are delivered (a plain
+    producer's fail after ``request_timeout_ms``), so a send waits while the broker is
+    unreachable; ``stop()`` keeps the plain bound, so that a stopping process never waits
+    for a broker that is gone. Unlike Kafka's Java client it does not start a new sequence
+    after the broker lost records it had acknowledged (OutOfOrderSequenceNumber): sends to
+    that partition then fail until the producer is restarted.
+    """
+
+    _txn_manager: Any  # aiokafka's TransactionManager; None: not idempotent
+
+    def __init__(self, *, idempotence: bool | None = None, **options: Any) -> None:
+        self._ask_broker = (
+            idempotence is None and options.get("acks") in ("all", -1) and options.get("transactional_id") is None
+        )
+        super().__init__(enable_idempotence=bool(idempotence) or self._ask_broker, **options)
+
+    @property
+    def idempotent(self) -> bool:
+        return self._txn_manager is not None
+
+    @property
+    def request_timeout_s(self) -> float:
+        return float(self._request_timeout_ms) / 1000
+
+    @property
+    def producer_id(self) -> int | None:
+        """The id the broker granted (None: not idempotent, or not started yet)."""
+        if self._txn_manager is None or not self._txn_manager.has_pid():
+            return None
+        return int(self._txn_manager.producer_id)
+
+    async def start(self) -> None:
+        if not self._ask_broker:
+            await super().start()
+            return
+        # ``AIOKafkaProducer.start`` (aiokafka 0.14) is these two steps; asking in between
+        # keeps its sender from asking itself, which fails the start on a refusal.
+        await self.client.bootstrap()
+        if not await self._granted_producer_id():
+            # What ``enable_idempotence=False`` would have built: no transaction manager.
+            self._txn_manager = self._message_accumulator._txn_manager = self._sender._txn_manager = None
+        await self._sender.start()
+
+    async def _granted_producer_id(self) -> bool:
+        """Ask one broker for a producer id; False if it refuses one (then none is used)."""
+        manager = self._txn_manager
+        request = InitProducerIdRequest(transactional_id=None, transaction_timeout_ms=manager.transaction_timeout_ms)
+        try:
+            response = await self.client.send(self.client.get_random_node(), request)
+        except IncompatibleBrokerVersion:  # InitProducerId is not among the broker's ApiVersions
+            refusal = "no InitProducerId"
+        except KafkaError:
+            return True  # not asked (a connection lost meanwhile): the sender asks, and retries, as aiokafka does
+        else:
+            error = for_code(response.error_code)
+            if error is NoError:
+                manager.set_pid_and_epoch(response.producer_id, response.producer_epoch)
+                return True
+            if error.retriable:  # Apache Kafka allocating its first ids after a start: the sender asks again
+                return True
+            refusal = error.__name__
+        logger.info("the broker grants no producer id (%s): producing without idempotence", refusal)
+        return False
+
+    async def stop(self) -> None:
+        if self._txn_manager is not None and self._txn_manager.transactional_id is None:
+            # aiokafka (0.14, ``SendProduceReqHandler._can_retry``) lets a batch expire after
+            # request_timeout_ms only when its sender has no transaction manager. At stop, ordering
+            # no longer matters: the plain bound, not a wait for a broker that may never return.
+            self._sender._txn_manager = None
+        await super().stop()
+
+
+def producer(
+    bootstrap: str,
+    max_request_size: int = 16 * 1024 * 1024,
+    auth: KafkaAuth = PLAINTEXT,
+    idempotence: bool | None = None,
+) -> Producer:
+    """servewatch's producer (not started): acks=all, no linger, idempotent where the broker
+    grants producer ids (``idempotence`` None: asked once at start; see ``Producer``)."""
+    # linger 0: Tansu under-reports end offsets of multi-record batches (the shared notes on Kafka and Faust).
     # acks all: a record is sent once every in-sync replica has it, so a leader that dies
     # right after answering loses nothing (the default, the leader alone, would).
-    return AIOKafkaProducer(
+    return Producer(
         bootstrap_servers=bootstrap, linger_ms=0, acks="all", max_request_size=max_request_size,
-        **auth.client_options(),
+        idempotence=idempotence, **auth.client_options(),
     )  # fmt: skip
 
 
 async def send_one(bootstrap: str, topic: str, key: bytes, value: bytes, auth: KafkaAuth = PLAINTEXT) -> None:
-    """Publish one record and return once the broker has it (a CLI's marker, silence...)."""
+    """Publish one record and return once the broker has it (a CLI's marker, silence...).
+
+    Raises ``KafkaTimeoutError`` when the broker has not taken it within the producer's
+    request timeout, as a plain producer would: an idempotent one would wait for ever."""
     client = producer(bootstrap, auth=auth)
     await client.start()
     try:
-        await client.send_and_wait(topic, key=key, value=value)
+        try:
+            await asyncio.wait_for(client.send_and_wait(topic, key=key, value=value), client.request_timeout_s)
+        except TimeoutError:
+            raise KafkaTimeoutError(f"the broker did not take a record for {topic} in time") from None
     finally:
         await client.stop()
 

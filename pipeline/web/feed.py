@@ -96,6 +96,9 @@ class FeedbackPublisher:
         await self._producer.stop()
 
     async def __call__(self, feedback: Feedback) -> None:
-        await self._producer.send_and_wait(
+        # Bounded: an idempotent producer retries until the broker answers, and a person
+        # waiting on the button should hear "not recorded, try again" instead.
+        send = self._producer.send_and_wait(
             topics.FEEDBACK, feedback.model_dump_json().encode(), key=feedback.group.encode()
         )
+        await asyncio.wait_for(send, self._producer.request_timeout_s)
