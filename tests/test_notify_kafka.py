@@ -159,12 +159,6 @@ def sigkill(process: subprocess.Popen[bytes]) -> None:
     process.wait()
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="a known fault on both brokers: after the notifier's kill -9 a resolve it was delivering is "
-    "sometimes lost (the firings all arrive); about one run in three; fixed only when a notification "
-    "counts as done once its sink accepted it, not once it was queued in memory",
-)
 async def test_every_group_reaches_every_sink_exactly_once_through_faults_silences_and_kills(
     broker: Broker, tmp_path: Path
 ) -> None:

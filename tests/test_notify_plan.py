@@ -172,3 +172,54 @@ def test_a_sink_with_no_account_of_a_long_group_still_gets_its_resolve() -> None
     due(lost, CONFIG, SilenceBook(), now=0.0)
     sent = deliver(lost, due(lost, CONFIG, SilenceBook(), now=300.0), 300.0)
     assert sent == [("chat", "resolved", 1)]
+
+
+def maintenance(starts_at: float, ends_at: float = 100_000.0) -> SilenceBook:
+    book = SilenceBook()
+    book.apply(Silence(id="maint", matchers=[Matcher(name="model", value="m")], starts_at=starts_at, ends_at=ends_at))
+    return book
+
+
+def test_a_silence_added_after_the_firing_went_out_never_holds_back_its_resolve() -> None:
+    feed = Feed()
+    feed.add(incident("a", "chat"))
+    due(feed.state, CONFIG, SilenceBook(), now=0.0)
+    assert deliver(feed.state, due(feed.state, CONFIG, SilenceBook(), now=30.0), 30.0) == [("chat", "firing", 1)]
+    book = maintenance(starts_at=100.0)  # the silence comes in while the page is open
+    feed.add(incident("a", "chat", status="resolved", transition="resolved", end=60.0))
+    planned = due(feed.state, CONFIG, book, now=330.0)
+    assert [(p.kind, p.silence) for p in planned] == [("send", None)]
+    assert deliver(feed.state, planned, 330.0) == [("chat", "resolved", 2)]
+    assert feed.state.groups == {}  # done with, as without the silence
+
+
+def test_a_group_silenced_from_the_start_sends_nothing_when_it_resolves() -> None:
+    feed = Feed()
+    book = maintenance(starts_at=0.0)
+    feed.add(incident("a", "chat"))
+    due(feed.state, CONFIG, book, now=0.0)
+    assert [p.kind for p in due(feed.state, CONFIG, book, now=30.0)] == ["silenced"]
+    feed.add(incident("a", "chat", status="resolved", transition="resolved", end=60.0))
+    assert due(feed.state, CONFIG, book, now=330.0) == []  # never told it fired: nothing to resolve
+    assert feed.state.groups == {}
+    assert due(feed.state, CONFIG, SilenceBook(), now=1000.0) == []  # nor once the silence is over
+
+
+def test_a_severity_step_during_a_silence_stays_muted_and_the_resolve_reaches_only_who_was_told() -> None:
+    feed = Feed()
+    feed.add(incident("a", "chat"))
+    due(feed.state, CONFIG, SilenceBook(), now=0.0)
+    assert deliver(feed.state, due(feed.state, CONFIG, SilenceBook(), now=30.0), 30.0) == [("chat", "firing", 1)]
+    book = maintenance(starts_at=100.0)
+    feed.add(incident("a", "chat", transition="update", end=20.0, severity=Severity.CRITICAL))
+    due(feed.state, CONFIG, book, now=200.0)  # the pager first wants the group now
+    muted = due(feed.state, CONFIG, book, now=330.0)  # chat: group_interval; pager: group_wait
+    assert sorted((p.kind, p.sink.name, p.note.status.value) for p in muted) == [
+        ("silenced", "chat", "firing"),
+        ("silenced", "pager", "firing"),
+    ]
+    assert due(feed.state, CONFIG, book, now=400.0) == []  # muted once per version, not every tick
+    feed.add(incident("a", "chat", status="resolved", transition="resolved", end=60.0))
+    planned = due(feed.state, CONFIG, book, now=700.0)
+    assert deliver(feed.state, planned, 700.0) == [("chat", "resolved", 2)]  # the pager was never told
+    assert feed.state.groups == {}

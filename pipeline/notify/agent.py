@@ -9,22 +9,27 @@ its own under ``servewatch notify``):
   on the same partition number as the model's anomaly records, so the notifier that owns
   a model's records also holds what its sinks were told (a changelog topic behind it);
 - a timer that plans what is due once a second, once the table is recovered and the
-  silences are read; one task per sink delivering its queue; the silences feed.
+  silences are read; one task per sink delivering its queue; the silences feed;
+- the consumer's flow held while Faust seeks it after a rebalance (``seek_guard``), so no
+  anomaly record is skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 import faust
 import httpx
+from faust.transport.consumer import Consumer
+from faust.types import FutureMessage
 from pydantic import ValidationError
 
 from servewatch.pipeline.kafka import KafkaAuth
 from servewatch.pipeline.notify.config import NotifyConfig
 from servewatch.pipeline.notify.notifier import Notifier, Storage
+from servewatch.pipeline.notify.seek_guard import hold_flow_while_seeking
 from servewatch.pipeline.notify.silence_store import SilenceFeed
 from servewatch.pipeline.notify.sinks.build import build_sink
 from servewatch.pipeline.settings import Settings
@@ -51,15 +56,28 @@ def add_notifier(app: faust.App, topics: Topics, settings: Settings, config: Not
     table = app.Table(NOTIFY_STATE_TABLE, default=None, key_type=bytes, value_type=bytes, partitions=partitions,
                       use_partitioner=True)  # fmt: skip
 
+    unacked: list[FutureMessage] = []  # changelog records of states written, not yet on the broker
+
     def save(model: str, raw: bytes) -> None:
-        table[model.encode()] = raw
+        # What ``table[key] = raw`` does, keeping the changelog record's future: the
+        # producer's own flush can return before a record that is still on its way from
+        # Faust's buffer to the client (it waits 0.1 s at most), and a state reported
+        # durable must be on the broker.
+        key = model.encode()
+        unacked.append(table.send_changelog(table.partition_for_key(key), key, raw))
+        table.data[key] = raw
+
+    async def flush() -> None:
+        while unacked:
+            await unacked.pop(0)
 
     def owns(model: str) -> bool:
         mine = {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == anomalies}
         return partition_of(model, partitions) in mine
 
     storage = Storage(load=lambda model: table.get(model.encode()), save=save,
-                      keys=lambda: [key.decode() for key in list(table.keys())], flush=app.producer.flush)  # fmt: skip
+                      keys=lambda: [key.decode() for key in list(table.keys())], flush=flush)  # fmt: skip
+    hold_flow_while_seeking(cast(Consumer, app.consumer))
     client = httpx.AsyncClient(headers={"User-Agent": "servewatch-notify"}, follow_redirects=False)
 
     async def publish_delivery(delivery: Delivery) -> None:

@@ -129,7 +129,11 @@ class Notifier:
             self.storage.save(state.model, raw)
             self._saved[state.model] = raw
             if self.storage.flush is not None:
-                await self.storage.flush()
+                try:
+                    await self.storage.flush()
+                except BaseException:
+                    self._saved.pop(state.model, None)  # not on the broker: the next _store writes it again
+                    raise
 
     async def _silenced(self, item: Planned, now: float) -> None:
         NOTIFICATIONS.labels(item.sink.name, "silenced").inc()

@@ -11,8 +11,11 @@ Per sink and group, as Alertmanager defines its three intervals:
 A group that resolves before any sink was told of it sends nothing; one that was told is
 resolved exactly once. A silence in force mutes a due notification: it is reported once
 per group version (to be recorded as ``silenced``) and sent once the silence is over, if
-still due. ``due`` only plans; ``settle`` books the outcome. Both are pure functions of
-the state, the configuration and ``now``.
+still due. A silence never mutes the resolve of a group the sink was told is firing: a
+silence hides what is new, and a muted resolve would leave the sink's page open for ever
+(Alertmanager, too, sends the resolve of an alert it notified). ``due`` only plans;
+``settle`` books the outcome. Both are pure functions of the state, the configuration and
+``now``.
 """
 
 from __future__ import annotations
@@ -108,7 +111,9 @@ def due(
                 runbook_url=_render(config.runbook_url, cause=group.cause, model=group.model),
                 memo=dict(progress.memo),
             )  # fmt: skip
-            silence = silences.muting(labels_of(group, members), now)
+            # A resolved group gets here only if the sink was told it is firing: no silence
+            # holds that resolve back (it would leave the sink's page open).
+            silence = None if group.status is Status.RESOLVED else silences.muting(labels_of(group, members), now)
             if silence is None:
                 planned.append(Planned("send", sink, state.model, group_state.version, note))
             elif progress.silenced_version != group_state.version:

@@ -1,0 +1,54 @@
+"""Keep Faust from skipping anomaly records when its streams resume after a rebalance.
+
+When a worker has recovered its tables, Faust (faust-streaming 0.15) resumes the stream
+partitions, then seeks them to their committed offsets, then resumes the agents' flow,
+which empties their queues. Nothing stops the consumer between the first step and the
+last: records it fetches meanwhile move its read offsets forward, sit in an agent's
+queue, are thrown away with the queue, and when they are fetched again after the seek
+they are below the read offset and dropped as already read. Later records are acked and
+their offsets committed, so the skipped ones are gone for good: a notifier restarted
+after a crash, on the embedded broker or Apache Kafka, can lose records produced while it
+was down (a group's resolve), and never send them.
+
+``hold_flow_while_seeking`` stops the consumer's flow before each such seek. Faust's
+recovery resumes it right after the seek, with the read offsets the seek set; what was
+fetched before is fetched again and applied once (``ModelState.apply`` ignores replays).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class SeekingConsumer(Protocol):
+    """The part of a Faust consumer (``faust.transport.consumer.Consumer``) the guard uses."""
+
+    flow_active: bool
+
+    def stop_flow(self) -> None: ...
+
+    def resume_flow(self) -> None: ...
+
+    async def perform_seek(self) -> None: ...
+
+
+def hold_flow_while_seeking(consumer: SeekingConsumer) -> None:
+    """Stop ``consumer``'s flow before it seeks its partitions to their committed offsets."""
+    seek = consumer.perform_seek
+    if getattr(seek, "holds_flow", False):
+        return  # guarded already
+
+    async def perform_seek() -> None:
+        was_active = consumer.flow_active
+        # No record may reach an agent between here and the caller resuming the flow: it
+        # would advance the read offset past records that the resume then discards.
+        consumer.stop_flow()
+        try:
+            await seek()
+        except BaseException:
+            if was_active:  # as it was: the caller gave up on this seek, not on consuming
+                consumer.resume_flow()
+            raise
+
+    perform_seek.holds_flow = True  # type: ignore[attr-defined]
+    consumer.perform_seek = perform_seek  # type: ignore[method-assign]
