@@ -36,7 +36,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO, Any, TypeVar
 
-from servewatch.pipeline.dev.broker import BrokerError, LoopbackBroker, free_loopback_port, probe_kafka
+from servewatch.pipeline.dev.broker import BrokerError, LoopbackBroker, free_loopback_ports, probe_kafka
 from servewatch.pipeline.dev.kafka_security import KafkaSecurity, server_properties
 
 logger = logging.getLogger(__name__)
@@ -193,10 +193,11 @@ class ApacheKafka(LoopbackBroker):
         if self.running:
             return
         self._process = None
-        self.port = self.port or free_loopback_port()
-        self.controller_port = self.controller_port or free_loopback_port()
+        port, controller, internal = free_loopback_ports(3)  # distinct: a node's listeners need their own
+        self.port = self.port or port
+        self.controller_port = self.controller_port or controller
         if self.security is not None:
-            self.internal_port = self.internal_port or free_loopback_port()
+            self.internal_port = self.internal_port or internal
         if self._workdir is None:
             self._workdir = Path(tempfile.mkdtemp(prefix=f"servewatch-kafka-{self.node_id}-"))
             config = "".join(f"{key}={value}\n" for key, value in self.properties().items())
@@ -316,7 +317,8 @@ class KafkaCluster:
                      "transaction.state.log.min.isr": min_isr,
                      "share.coordinator.state.topic.replication.factor": str(replicas),
                      "share.coordinator.state.topic.min.isr": min_isr}  # fmt: skip
-        ports = [(free_loopback_port(), free_loopback_port()) for _ in range(self.size)]
+        chosen = free_loopback_ports(2 * self.size)
+        ports = [(chosen[2 * i], chosen[2 * i + 1]) for i in range(self.size)]
         voters = ",".join(f"{i}@127.0.0.1:{controller}" for i, (_, controller) in enumerate(ports, 1))
         cluster_id = new_cluster_id()
         self.nodes = [

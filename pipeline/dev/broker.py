@@ -11,6 +11,7 @@ exits 0, so neither its "listening" log line nor its exit code proves it serves.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -31,9 +32,19 @@ class BrokerError(RuntimeError):
 
 def free_loopback_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    return free_loopback_ports(1)[0]
+
+
+def free_loopback_ports(count: int) -> list[int]:
+    """``count`` distinct free ports on 127.0.0.1: each held open until all are chosen (asked
+    one at a time, the system may hand out a port just released twice)."""
+    with contextlib.ExitStack() as held:
+        ports = []
+        for _ in range(count):
+            sock = held.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind(("127.0.0.1", 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
 
 
 def tansu_binary() -> str:
