@@ -45,6 +45,7 @@ from servewatch.pipeline.worker.stage_one import StageOne, partition_of
 from servewatch.pipeline.worker.stage_two import StageTwo
 from servewatch.schemas.anomaly import AnomalyEvent
 from servewatch.schemas.change_marker import ChangeMarker
+from servewatch.schemas.dead_letter import DeadLetter
 from servewatch.schemas.feedback import Feedback
 
 logger = logging.getLogger(__name__)
@@ -228,6 +229,11 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
                 logger.warning("change marker reader failed (%s); reading again in 2 s", exc)
                 await asyncio.sleep(2.0)
 
+    async def publish_dead_letter(letter: DeadLetter) -> None:
+        logger.warning("dead letter (%s) at %s/%s: %s", letter.reason, letter.source_partition, letter.source_offset,
+                       letter.error)  # fmt: skip
+        await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
+
     @app.agent(topics.incidents)
     async def group_incidents(stream: faust.StreamT) -> None:
         """Each incident event onto the anomaly topic with its group, and the group's own
@@ -239,10 +245,8 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             except ValueError as exc:  # not an incident event this version can read: kept, counted
                 source = Source(topic=message.topic, partition=message.partition, offset=message.offset)
                 letter = dead_letter("invalid_incident", why_unreadable(exc), raw, source)
-                logger.warning("dead letter (%s) at %s/%s: %s", letter.reason, source.partition, source.offset,
-                               letter.error)  # fmt: skip
-                metrics.DEAD_LETTERS.labels(letter.reason).inc()
-                await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
+                metrics.DEAD_LETTERS.labels(letter.reason).inc()  # stage one counts the requests' own
+                await publish_dead_letter(letter)
                 continue
             try:
                 event, told = grouper.add(event)
@@ -276,9 +280,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
                 letters, partials = [internal_error(event.value, source, exc)], []
                 event.ack()
             for letter in letters:
-                logger.warning("dead letter (%s) at %s/%s: %s", letter.reason, source.partition, source.offset,
-                               letter.error)  # fmt: skip
-                await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
+                await publish_dead_letter(letter)
             await send_partials_and_ack(partials)
 
     async def judge_and_publish(judge: Callable[[], list[AnomalyEvent]]) -> None:
