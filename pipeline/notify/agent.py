@@ -9,27 +9,25 @@ its own under ``servewatch notify``):
   on the same partition number as the model's anomaly records, so the notifier that owns
   a model's records also holds what its sinks were told (a changelog topic behind it);
 - a timer that plans what is due once a second, once the table is recovered and the
-  silences are read; one task per sink delivering its queue; the silences feed;
-- the consumer's flow held while Faust seeks it after a rebalance (``seek_guard``), so no
-  anomaly record is skipped.
+  silences are read; one task per sink delivering its queue; the silences feed.
+The app comes from ``faust_app``, whose consumer holds its flow while Faust seeks after a
+rebalance (``pipeline.seek_guard``), so no anomaly record is skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, cast
+from typing import Any
 
 import faust
 import httpx
-from faust.transport.consumer import Consumer
 from faust.types import FutureMessage
 from pydantic import ValidationError
 
 from servewatch.pipeline.kafka import KafkaAuth
 from servewatch.pipeline.notify.config import NotifyConfig
 from servewatch.pipeline.notify.notifier import Notifier, Storage
-from servewatch.pipeline.notify.seek_guard import hold_flow_while_seeking
 from servewatch.pipeline.notify.silence_store import SilenceFeed
 from servewatch.pipeline.notify.sinks.build import build_sink
 from servewatch.pipeline.settings import Settings
@@ -77,7 +75,6 @@ def add_notifier(app: faust.App, topics: Topics, settings: Settings, config: Not
 
     storage = Storage(load=lambda model: table.get(model.encode()), save=save,
                       keys=lambda: [key.decode() for key in list(table.keys())], flush=flush)  # fmt: skip
-    hold_flow_while_seeking(cast(Consumer, app.consumer))
     client = httpx.AsyncClient(headers={"User-Agent": "servewatch-notify"}, follow_redirects=False)
 
     async def publish_delivery(delivery: Delivery) -> None:

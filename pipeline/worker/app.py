@@ -35,6 +35,7 @@ from servewatch.models.explain.changes import ChangeBook, mention_change
 from servewatch.models.windows.window import WindowStats
 from servewatch.pipeline import tuning
 from servewatch.pipeline.kafka import BrokerProbe, KafkaAuth, read_topic
+from servewatch.pipeline.seek_guard import hold_flow_while_seeking
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.topics import DETECTOR_STATE_TABLE, Topics, declare_topics
 from servewatch.pipeline.worker import metrics, segment_metrics, tansu_transport
@@ -85,7 +86,7 @@ def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
     if settings.bootstrap is None:
         raise ValueError("a Faust app needs a broker address; the CLI starts the embedded one when none is set")
     auth = KafkaAuth.from_settings(settings)
-    return faust.App(
+    app = faust.App(
         app_id or settings.app_id,
         broker=f"{_scheme(settings.broker_profile)}://{settings.bootstrap}",
         broker_credentials=_faust_credentials(auth),
@@ -106,6 +107,9 @@ def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
         consumer_max_fetch_size=max(settings.max_message_bytes, 1_048_576) + 65_536,
         **_PROFILES[settings.broker_profile],
     )
+    # Without it, records fetched while Faust resumes after a rebalance are skipped for good.
+    hold_flow_while_seeking(cast(Any, app.consumer))
+    return app
 
 
 def create_app(settings: Settings) -> tuple[faust.App, Topics]:

@@ -8,11 +8,13 @@ queue, are thrown away with the queue, and when they are fetched again after the
 they are below the read offset and dropped as already read. Later records are acked and
 their offsets committed, so the skipped ones are gone for good: a notifier restarted
 after a crash, on the embedded broker or Apache Kafka, can lose records produced while it
-was down (a group's resolve), and never send them.
+was down (a group's resolve), and never send them; a restarted worker, requests it never
+judges.
 
 ``hold_flow_while_seeking`` stops the consumer's flow before each such seek. Faust's
 recovery resumes it right after the seek, with the read offsets the seek set; what was
-fetched before is fetched again and applied once (``ModelState.apply`` ignores replays).
+fetched before is fetched again and applied once (the notifier's ``ModelState.apply`` and
+the worker's window tables ignore replays). ``faust_app`` guards every app it builds.
 """
 
 from __future__ import annotations

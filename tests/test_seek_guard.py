@@ -1,4 +1,4 @@
-"""Faust's resume after a rebalance, without a broker (pipeline/notify/seek_guard.py).
+"""Faust's resume after a rebalance, without a broker (pipeline/seek_guard.py).
 
 Faust's own consumer loop and flow control run over an in-memory partition whose seek
 takes a round trip, in the order Faust's recovery uses when a table is recovered: resume
@@ -20,7 +20,7 @@ from faust.types.tuples import ConsumerMessage, Message
 from mode import Service
 from mode.utils.queues import FlowControlQueue
 
-from servewatch.pipeline.notify.seek_guard import hold_flow_while_seeking
+from servewatch.pipeline.seek_guard import hold_flow_while_seeking
 
 PARTITION = TP("anomalies", 0)
 RECORDS = 10
