@@ -309,6 +309,13 @@ class Settings(BaseSettings):
         description="Token the triage page requires (Bearer, Basic password or /login); needed to serve it "
         "on anything but loopback.",
     )
+    web_allowed_hosts: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_list)] = Field(
+        default=(),
+        description="Host names the triage page answers to besides the address it listens on (on loopback also "
+        "localhost, 127.0.0.1, [::1]): 'name' (any port) or 'name:port'; '*': any, behind a proxy that checks "
+        "Host itself. Other Host headers get 421, which keeps DNS-rebinding pages out. Listening on 0.0.0.0 "
+        "or :: with none set, any Host is taken (with a warning).",
+    )
     web_evidence_url: str | None = Field(
         default=None,
         description="URL template linking each evidence request to your log search: {request_id}, {model}, "

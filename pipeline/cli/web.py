@@ -57,6 +57,7 @@ async def serve_web(
     from aiohttp import web
 
     from servewatch.pipeline.kafka import KafkaAuth, ensure_topics
+    from servewatch.pipeline.web.auth import HostCheck
     from servewatch.pipeline.web.feed import FeedbackPublisher, follow
     from servewatch.pipeline.web.links import GrafanaAnnotator, LinkTemplates
     from servewatch.pipeline.web.server import create_web_app
@@ -68,6 +69,7 @@ async def serve_web(
         raise CommandError("no Kafka broker: give --broker HOST:PORT or set SERVEWATCH_BROKER", "web")
     try:
         links = LinkTemplates(settings.web_evidence_url, settings.web_segment_url)
+        hosts = HostCheck(settings.web_allowed_hosts, host)
     except ValueError as exc:
         raise CommandError(str(exc), "web") from None
     auth = KafkaAuth.from_settings(settings)
@@ -82,7 +84,7 @@ async def serve_web(
     if settings.grafana_url and settings.grafana_token is not None:
         annotator = GrafanaAnnotator(settings.grafana_url, settings.grafana_token, client)
     token = settings.web_token.get_secret_value() if settings.web_token is not None else None
-    app = create_web_app(store, token=token, publish_feedback=publisher, links=links)
+    app = create_web_app(store, token=token, publish_feedback=publisher, links=links, hosts=hosts)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     feed: asyncio.Task[None] | None = None

@@ -6,7 +6,7 @@ no front-end build: HTML rendered on the server, inline SVG charts, one vanilla 
 * ``store``: the topics folded into bounded memory, and the queries the pages and API ask;
 * ``feed``: the Kafka side (topics into the store, verdicts to ``servewatch.feedback``);
 * ``server``: routes (pages, ``/api/...``, server-sent events, verdicts);
-* ``auth``: token, session cookie, CSRF and security headers;
+* ``auth``: the Host check, token, session cookie, CSRF and security headers;
 * ``render`` (list, segments, login) and ``detail`` (a group, an incident): the HTML;
 * ``changes``: change markers on charts and incidents, the changes view with each report;
 * ``charts``: the SVG (a signal against its band, the load beneath, sparklines);

@@ -4,7 +4,7 @@ Everything is read from a ``TriageStore`` the Kafka feed fills; the server itsel
 nothing and talks to Kafka only through ``publish_feedback``, so tests run it on a store
 alone. Live updates are server-sent events (one JSON record per message, its ``kind``
 saying which): one long GET per open page, which proxies and browsers handle without a
-WebSocket library. Authentication, CSRF and security headers live in ``auth``.
+WebSocket library. The Host check, authentication, CSRF and security headers live in ``auth``.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from servewatch.pipeline.web.auth import CSRF_HEADER, Guard, safe_next, security_headers
+from servewatch.pipeline.web.auth import CSRF_HEADER, Guard, HostCheck, client_cookie, safe_next, security_headers
 from servewatch.pipeline.web.changes import change_json, change_page, changes_page
 from servewatch.pipeline.web.detail import anomaly_page, group_page
 from servewatch.pipeline.web.links import LinkTemplates
@@ -290,11 +290,16 @@ def create_web_app(
     secret: bytes | None = None,
     now: Callable[[], float] = time.time,
     heartbeat_s: float = 15.0,
+    hosts: HostCheck | None = None,
 ) -> web.Application:
-    """The triage page over ``store``; ``token`` None: no authentication (loopback only)."""
+    """The triage page over ``store``; ``token`` None: no authentication (loopback only).
+    ``hosts``: the Host names it answers to (default: the address each connection came in on,
+    and the loopback names on loopback)."""
     guard = Guard(token, secret)
     routes = _Routes(store, guard, publish_feedback, links or LinkTemplates(), now, heartbeat_s)
-    app = web.Application(middlewares=[guard.middleware], client_max_size=64 * 1024)
+    # The Host check comes first: a rebinding page must learn nothing, not even that it needs a token.
+    middlewares = [(hosts or HostCheck()).middleware, client_cookie, guard.middleware]
+    app = web.Application(middlewares=middlewares, client_max_size=64 * 1024)
     app.on_response_prepare.append(security_headers)
 
     async def end_streams(_: web.Application) -> None:
