@@ -43,7 +43,7 @@ from servewatch.models.detect.events import incident_event
 from servewatch.models.detect.lifecycle import Transition
 from servewatch.models.explain.wording import event_id
 from servewatch.models.windows.excerpt import excerpt
-from servewatch.models.windows.segments import parse_key
+from servewatch.models.windows.segments import join_key, parse_key
 from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 from servewatch.schemas.change_marker import ChangeMarker, ChangeRef
@@ -207,7 +207,7 @@ class ChangeWatch:
 
     def _fire(self, condition: RollbackCondition, result: RollbackCheck, after: list[Row]) -> AnomalyEvent:
         marker = self.marker
-        key = result.where if result.where and result.where != marker.model else f"model={marker.model}"
+        key = result.where if result.where and result.where != marker.model else join_key({"model": marker.model})
         summary = (
             f"Rollback condition met after change {marker.id} on {marker.model} ('{marker.description}'): "
             f"{condition.text}; {result.detail}."

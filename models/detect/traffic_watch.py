@@ -10,6 +10,7 @@ from servewatch.models.detect.events import incident_event
 from servewatch.models.detect.lifecycle import IncidentTracker, Transition
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.stats.traffic import HOURS, TrafficModel
+from servewatch.models.windows.segments import join_key
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal
 
 
@@ -76,7 +77,7 @@ class TrafficWatch:
         end: float, k: int, x: dict[Hashable, Any], score: float,
     ) -> AnomalyEvent:  # fmt: skip
         usual = traffic.expected(x)
-        key = f"model={model}"
+        key = join_key({"model": model})
         resolved = transition is Transition.RESOLVED
         if resolved:
             summary = f"Resolved: traffic of model {model} is back: {k:,} requests in the window, {usual:,.0f} usual."

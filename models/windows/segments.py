@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import sys
 from array import array
 from collections.abc import Mapping, Sequence
@@ -53,9 +54,55 @@ def _clean(label: str | None) -> str | None:
     return label.strip() or None if label is not None else None
 
 
+#: In a key's label value: ``|`` (it ends a label) as ``%7C``, and ``%`` as ``%25`` where it
+#: would otherwise read as one of these two escapes. ``=`` needs none: a label's name never
+#: holds one, so a label is split at its first. A value with neither ``|`` nor such a ``%``
+#: is its own escape: those keys (and the detector states stored under them) never change.
+_ESCAPED = re.compile(r"\||%(?=7C|25)")
+_ESCAPES = re.compile(r"%(7C|25)")
+
+
+def escape_label(value: str) -> str:
+    """A label value as a segment key holds it (``unescape_label`` gives it back).
+
+    >>> escape_label("org/llama=v2"), escape_label("a|b"), escape_label("100%"), escape_label("%7C")
+    ('org/llama=v2', 'a%7Cb', '100%', '%257C')
+    """
+    if "|" not in value and "%" not in value:
+        return value
+    return _ESCAPED.sub(lambda m: "%7C" if m[0] == "|" else "%25", value)
+
+
+def unescape_label(value: str) -> str:
+    """A label value as it was before ``escape_label``.
+
+    >>> [unescape_label(escape_label(v)) for v in ("a|b", "%7C", "%%257C|", "50%")]
+    ['a|b', '%7C', '%%257C|', '50%']
+    """
+    if "%" not in value:
+        return value
+    return _ESCAPES.sub(lambda m: "|" if m[1] == "7C" else "%", value)
+
+
+def join_key(labels: Mapping[str, str]) -> str:
+    """The segment key of ``labels``, in their order (``parse_key`` reads it back).
+
+    >>> join_key({"model": "org/llama=v2", "route": "a|b"})
+    'model=org/llama=v2|route=a%7Cb'
+    """
+    return "|".join(f"{name}={escape_label(value)}" for name, value in labels.items())
+
+
 def parse_key(key: str) -> dict[str, str]:
-    """Labels of a segment key (``model=a|route=b`` -> ``{"model": "a", "route": "b"}``)."""
+    """Labels of a segment key (``model=a|route=b`` -> ``{"model": "a", "route": "b"}``), their
+    values as the requests had them (what events and pages show).
+
+    >>> parse_key("model=org/llama=v2|route=a%7Cb")
+    {'model': 'org/llama=v2', 'route': 'a|b'}
+    """
     labels = dict(part.split("=", 1) for part in key.split("|") if "=" in part)
+    if "%" in key:  # only then can a value hold an escape: the common key costs no more
+        labels = {name: unescape_label(value) for name, value in labels.items()}
     labels.setdefault("model", "other")
     return labels
 
@@ -253,8 +300,9 @@ class Segmenter:
             elif dim == "output_band":
                 value = band_of(output_tokens, self.output_band_edges, self._output_labels)
             else:
-                # '|' and '=' separate labels in the key; keep them out of values.
-                value = values[dim].replace("|", "/").replace("=", ":")
+                # Escaped, never replaced: the labels read back from the key (what events,
+                # titles and the triage page show) are the requests' own.
+                value = escape_label(values[dim])
             parts.append(f"{dim}={value}")
         return "|".join(parts)
 

@@ -11,13 +11,14 @@ import logging
 import os
 import ssl
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import IO, TYPE_CHECKING, Any, TextIO
 
 from pydantic import ValidationError
 
 from servewatch.pipeline.dev.broker import EmbeddedBroker
+from servewatch.pipeline.notify.config import ENV_PREFIX as NOTIFY_PREFIX
 from servewatch.pipeline.settings import Settings
 from servewatch.schemas.request_log import RequestLog
 
@@ -66,14 +67,43 @@ def describe_settings_error(exc: ValidationError) -> str:
     return "; ".join(lines)
 
 
-def warn_unknown_variables() -> None:
-    """A ``SERVEWATCH_*`` variable no setting reads is a typo more often than not: say so, with
-    the closest known name."""
-    known = {f"SERVEWATCH_{name.upper()}" for name in Settings.model_fields}
-    for variable in sorted(v for v in os.environ if v.startswith("SERVEWATCH_") and v not in known):
-        close = difflib.get_close_matches(variable, sorted(known), n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
-        logger.warning("unknown setting %s ignored%s", variable, hint)
+#: ``SERVEWATCH_*`` variables read outside ``Settings``: the Apache Kafka jars of the test
+#: brokers (``pipeline.dev.apache_kafka``).
+OTHER_VARIABLES = frozenset({"SERVEWATCH_KAFKA_JARS"})
+
+
+def known_variables() -> frozenset[str]:
+    """Every ``SERVEWATCH_*`` name read as it is (the notifier's sink fields are a family)."""
+    return frozenset(f"SERVEWATCH_{name.upper()}" for name in Settings.model_fields) | OTHER_VARIABLES
+
+
+def variable_is_read(variable: str, known: frozenset[str] | None = None) -> bool:
+    """Whether something reads ``variable``: a setting, one of ``OTHER_VARIABLES``, or a
+    notifier sink's field, ``SERVEWATCH_NOTIFY__<SINK>__<FIELD>``. The notify config checks
+    the sink and the field when it loads (a sink not in the file is refused there), so only
+    the shape is checked here."""
+    if variable in (known_variables() if known is None else known):
+        return True
+    sink, _, field = variable.removeprefix(NOTIFY_PREFIX).partition("__")
+    return variable.startswith(NOTIFY_PREFIX) and bool(sink) and bool(field)
+
+
+def warn_unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """A ``SERVEWATCH_*`` variable nothing reads is a typo more often than not: say so, with
+    the closest known name. Returns the variables warned about."""
+    environ = os.environ if environ is None else environ
+    known = known_variables()
+    unknown = sorted(v for v in environ if v.startswith("SERVEWATCH_") and not variable_is_read(v, known))
+    for variable in unknown:
+        logger.warning("unknown setting %s ignored%s", variable, _hint(variable, sorted(known)))
+    return unknown
+
+
+def _hint(variable: str, names: list[str]) -> str:
+    if variable.startswith("SERVEWATCH_NOTIFY") and "__" in variable:  # meant as a sink's field
+        return f"; a notifier sink's field is {NOTIFY_PREFIX}<SINK NAME>__<FIELD>"
+    close = difflib.get_close_matches(variable, names, n=1)
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 @contextlib.contextmanager

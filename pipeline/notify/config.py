@@ -18,7 +18,8 @@ Shape (YAML)::
 Secrets (webhook URLs, tokens, routing keys, HMAC secrets) are ``SecretStr``: never logged
 or printed. Any field of a sink can come from the environment instead of the file, as
 ``SERVEWATCH_NOTIFY__<SINK NAME>__<FIELD>`` (name upper-cased, other characters as ``_``),
-e.g. ``SERVEWATCH_NOTIFY__PAGER__ROUTING_KEY``; the environment wins.
+e.g. ``SERVEWATCH_NOTIFY__PAGER__ROUTING_KEY``; the environment wins. Receivers' URLs, from
+either, are checked as the config loads (``check_http_url``).
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ import difflib
 import os
 import re
 import tomllib
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
+import httpx
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -105,6 +109,47 @@ class Retry(BaseModel):
     give_up_after: Duration = Field(default=24 * 3600.0, description="Then the notification is dead-lettered.")
 
 
+def check_http_url(url: str) -> str:
+    """``url`` if a request can be built to it: http or https, a host that parses, a port in
+    range. Checked when the config loads, so that ``check-config`` reports a bad URL and the
+    notifier never starts with a sink that can only fail. Reasons quote at most the host or
+    port, never the path (a Slack webhook's path is its secret) nor a user:password@."""
+    if (reason := _unsplittable(url)) is not None:
+        raise ValueError(f"not a valid URL: {reason}")
+    try:  # what the sinks' requests are built with
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:  # not a ValueError: said as one, for pydantic
+        raise ValueError(f"not a valid URL: {exc}") from None
+    if parsed.scheme not in ("http", "https"):
+        raise ValueError("the URL must start with http:// or https://")
+    if not parsed.host:
+        raise ValueError("the URL has no host")
+    if "%" in parsed.raw_host.decode("ascii", "replace") and ":" not in parsed.host:  # httpx escapes a space
+        raise ValueError(f"the URL's host {parsed.host!r} holds characters no host name can")
+    return url
+
+
+def _unsplittable(url: str) -> str | None:
+    """Why urllib cannot read ``url`` (an unclosed ``[`` of an IPv6 address, a port out of
+    range), with any user:password@ it quotes cut out; None when it can."""
+    try:
+        urllib.parse.urlsplit(url).port  # noqa: B018 (reading the port checks it)
+    except ValueError as exc:
+        userinfo = url.partition("//")[2].partition("/")[0].rpartition("@")[0]
+        return str(exc).replace(userinfo, "[redacted]") if userinfo else str(exc)
+    return None
+
+
+def _check_secret_url(url: SecretStr) -> SecretStr:
+    check_http_url(url.get_secret_value())
+    return url
+
+
+#: A receiver's URL, checked as the config loads (``check_http_url``).
+ReceiverUrl = Annotated[str, AfterValidator(check_http_url)]
+SecretReceiverUrl = Annotated[SecretStr, AfterValidator(_check_secret_url)]
+
+
 class _Sink(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -120,7 +165,7 @@ class SlackWebhook(_Sink):
     """Slack incoming webhook: one new message per notification (a webhook cannot edit)."""
 
     type: Literal["slack"]
-    url: SecretStr
+    url: SecretReceiverUrl
     min_interval: Duration = 1.0  # Slack allows about one message a second per webhook
 
 
@@ -130,7 +175,7 @@ class SlackBot(_Sink):
     type: Literal["slack_bot"]
     token: SecretStr
     channel: str
-    api_url: str = "https://slack.com/api"
+    api_url: ReceiverUrl = "https://slack.com/api"
     min_interval: Duration = 1.0
 
 
@@ -139,14 +184,14 @@ class PagerDuty(_Sink):
 
     type: Literal["pagerduty"]
     routing_key: SecretStr
-    url: str = "https://events.pagerduty.com/v2/enqueue"
+    url: ReceiverUrl = "https://events.pagerduty.com/v2/enqueue"
 
 
 class Alertmanager(_Sink):
     """Alertmanager ``/api/v2/alerts``: one alert per member incident, re-sent while firing."""
 
     type: Literal["alertmanager"]
-    url: str = Field(description="Base URL, e.g. http://alertmanager:9093.")
+    url: ReceiverUrl = Field(description="Base URL, e.g. http://alertmanager:9093.")
     bearer_token: SecretStr | None = None
     # Alertmanager expires an alert not re-sent before its endsAt; Prometheus re-sends every
     # minute. A group that did not change is re-sent at repeat_interval, so 1 m by default here.
@@ -157,7 +202,7 @@ class Webhook(_Sink):
     """Any HTTP endpoint: the group and its members as JSON, optionally HMAC-SHA256 signed."""
 
     type: Literal["webhook"]
-    url: str
+    url: ReceiverUrl
     secret: SecretStr | None = Field(default=None, description="Signs each request (X-Servewatch-Signature).")
     headers: dict[str, str] = Field(default_factory=dict)
 

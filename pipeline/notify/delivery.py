@@ -5,7 +5,8 @@ reaches a receiver before its resolve, and a receiver that is slow or down holds
 queue only, never another sink's. A failed attempt is retried with exponential backoff and
 jitter (tenacity), never sooner than the receiver's ``Retry-After``; after the sink's
 ``give_up_after`` the notification is ``abandoned``. A receiver that refuses a payload for
-good (4xx other than 429) gets it ``rejected`` at once. Either way the outcome is handed
+good (4xx other than 429) gets it ``rejected`` at once, and so does one that cannot even be
+turned into a request (a URL that does not parse, a bug). Either way the outcome is handed
 to ``on_outcome`` (which books it and dead-letters failures) and counted per sink.
 """
 
@@ -34,6 +35,8 @@ NOTIFICATIONS = Counter(
     ["sink", "outcome"],
 )
 QUEUED = Gauge("servewatch_notify_queued", "Notifications waiting for their sink, in flight included.", ["sink"])
+#: Enough of an unexpected failure's message to say what broke.
+_DETAIL_CHARS = 500
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,17 @@ class SinkRunner:
             logger.error("sink %s: gave up on %s after %d attempts: %s", self.sink.name,
                          item.note.idempotency_key, attempts, exc)  # fmt: skip
             return Result("abandoned", attempts, {}, str(exc))
+        except Exception as exc:
+            return self._unsendable(item, attempts, exc)
+
+    def _unsendable(self, item: Planned, attempts: int, exc: Exception) -> Result:
+        """A notification the sink could not even turn into a request (a bug, or a config the
+        loader let through): rejected, so it is booked, reported and dead-lettered like any
+        other failure instead of escaping as a traceback and staying in flight for good."""
+        detail = f"could not send: {type(exc).__name__}: {exc}"[:_DETAIL_CHARS]
+        logger.error("sink %s: %s dead-lettered: %s", self.sink.name, item.note.idempotency_key, detail)
+        logger.debug("sink %s: the failure", self.sink.name, exc_info=exc)  # the traceback, with --verbose
+        return Result("rejected", attempts, {}, detail)
 
     def _wait(self, state: RetryCallState) -> float:
         # initial·2^n plus up to one ``initial`` of jitter, so that notifiers that failed together

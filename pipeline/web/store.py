@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
+from servewatch.models.windows.segments import join_key
 from servewatch.schemas.anomaly import AnomalyEvent, Status
 from servewatch.schemas.change_marker import ChangeMarker
 from servewatch.schemas.change_report import ChangeReport
@@ -43,7 +44,7 @@ def segment_key(segment: dict[str, str]) -> str:
     >>> segment_key({"model": "m", "route": "chat", "prompt_band": "<4k"})
     'model=m|route=chat|prompt_band=<4k'
     """
-    return "|".join(f"{name}={value}" for name, value in segment.items())
+    return join_key(segment)
 
 
 @dataclass(frozen=True)

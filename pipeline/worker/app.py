@@ -120,6 +120,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     stage_one = StageOne(settings)
     stage_two = StageTwo(settings)
     stage_two.bank.series = []  # the worker publishes judged windows for charts (servewatch.series)
+    metrics.watch_open_windows(stage_one, stage_two)  # the progress line counts what they hold
     engines = JudgeEngines(settings)
     # Detector state survives restarts and rebalances in a changelog-backed table keyed by
     # segment. ``use_partitioner``: the producer places each key, by the same partitioner

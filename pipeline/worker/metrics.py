@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import urllib.request
+from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
+
+from servewatch.models.windows.window import COLUMN_OF
+
+if TYPE_CHECKING:
+    from servewatch.pipeline.worker.stage_one import StageOne
+    from servewatch.pipeline.worker.stage_two import StageTwo
 
 RECORDS = Counter("servewatch_records", "Request logs accepted.")
 MESSAGES = Counter("servewatch_messages", "Kafka messages read from the requests topic.")
@@ -56,19 +63,51 @@ def _total(name: str, **labels: str) -> float:
     )
 
 
+class _Watched:
+    """The worker's two stages, once it has them (one worker per process), for
+    ``accounting_line`` to count what its open windows hold."""
+
+    stages: tuple[StageOne, StageTwo] | None = None
+
+
+def watch_open_windows(one: StageOne, two: StageTwo) -> None:
+    """Let ``accounting_line`` count the records in these stages' open windows."""
+    _Watched.stages = (one, two)
+
+
+def open_window_records(one: StageOne, two: StageTwo) -> int:
+    """Records this worker holds in windows not judged yet: decoded and waiting to be folded,
+    in stage 1's open windows, and merged into stage 2's windows waiting for their turn.
+
+    Counted from the windows, not as accepted less judged, late and duplicates: stage 2
+    judges partials whoever read their records sent, another worker or this one before a
+    restart, so this process's counters of the two stages do not describe the same records
+    (that difference went negative after a restart)."""
+    requests = COLUMN_OF["requests"]
+    held = one.pending_records
+    held += sum(int(window.block.sums[: len(window), requests].sum()) for window in one.windower.open.values())
+    held += sum(
+        int(pending.block.sums[: len(pending.by_segment), requests].sum()) for pending in two.assembler.pending.values()
+    )
+    return held
+
+
 def accounting_line() -> str:
     """This process's record accounting in one line (the worker's progress log and its summary
-    on exit): read = accepted + dead-lettered; accepted = judged + late + duplicates + in windows."""
+    on exit): read = accepted + dead-lettered. Stage 2 judges what any worker read (another
+    one, or this one before a restart), so judged, late and duplicates need not add up to
+    what this process read; "in open windows" is what this worker holds now (see
+    ``open_window_records``; none before ``watch_open_windows``)."""
     accepted = _total("servewatch_records_total")
     judged = _total("servewatch_judged_records_total")
     late = _total("servewatch_late_records_total")
     duplicates = _total("servewatch_duplicate_records_total")
     dead = _total("servewatch_dead_letters_total")
     events = _total("servewatch_anomaly_events_total")
-    waiting = accepted - judged - late - duplicates
+    waiting = open_window_records(*_Watched.stages) if _Watched.stages is not None else 0
     return (
         f"{accepted + dead:,.0f} records read: {judged:,.0f} judged, {late:,.0f} late, {duplicates:,.0f} duplicates, "
-        f"{waiting:,.0f} in open windows, {dead:,.0f} dead-lettered; {events:,.0f} events"
+        f"{waiting:,} in open windows, {dead:,.0f} dead-lettered; {events:,.0f} events"
     )
 
 

@@ -5,8 +5,9 @@ group's next notification) or raises:
 
 - ``RetryableError``: try again later (429, 5xx, timeouts, refused connections), honouring
   ``retry_after`` when the receiver gave one;
-- ``RejectedError``: the receiver refused this payload for good (4xx other than 429);
-  retrying cannot help, so it is dead-lettered with the receiver's answer.
+- ``RejectedError``: the receiver refused this payload for good (4xx other than 429), or
+  no request can be built to it (a URL that does not parse); retrying cannot help, so it
+  is dead-lettered with the receiver's answer or the reason.
 """
 
 from __future__ import annotations
@@ -70,14 +71,28 @@ def retry_after_s(value: str | None, now: float | None = None) -> float | None:
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
+def build_post(
+    client: httpx.AsyncClient, url: str, *, content: bytes, headers: dict[str, str], timeout: float
+) -> httpx.Request:
+    """The POST request, or ``RejectedError``: a URL or a header value it cannot be built from
+    (a malformed host, a character a header cannot carry) fails alike on every attempt."""
+    try:
+        return client.build_request("POST", url, content=content, headers=headers, timeout=timeout)
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:  # UnicodeEncodeError is a ValueError
+        raise RejectedError(f"cannot build the request ({type(exc).__name__}: {exc})") from exc
+
+
 async def post(
     client: httpx.AsyncClient, url: str, *, content: bytes, headers: dict[str, str], timeout: float
 ) -> httpx.Response:
     """POST and sort the outcome into accepted (returned), retryable or rejected (raised)."""
+    request = build_post(client, url, content=content, headers=headers, timeout=timeout)
     try:
-        response = await client.post(url, content=content, headers=headers, timeout=timeout)
+        response = await client.send(request)
     except httpx.TimeoutException as exc:
         raise RetryableError(f"timed out after {timeout:g} s ({type(exc).__name__})") from exc
+    except (httpx.UnsupportedProtocol, httpx.LocalProtocolError) as exc:  # our request, not the network
+        raise RejectedError(f"cannot send the request ({type(exc).__name__}: {exc})") from exc
     except httpx.TransportError as exc:
         raise RetryableError(f"could not reach the receiver ({type(exc).__name__}: {exc})") from exc
     if response.is_success:
