@@ -487,3 +487,25 @@ def test_the_fixture_can_be_hostile_everywhere_a_log_reaches() -> None:
     assert "<!channel>" in note.group.summary and "<!channel>" in note.members[0].segment["route"]
     assert any("<!channel>" in str(row.get("content_excerpt")) for row in note.members[0].evidence)
     assert note.members[0].signal is Signal.TTFT and note.sink == "s"
+
+
+@pytest.mark.parametrize(
+    "url, secret",
+    [
+        ("https://hooks.test/in?token=S3CR3T-T0K3N", "S3CR3T-T0K3N"),
+        ("https://hooks.test/hooks/S3CR3T-PATH-T0K3N", "S3CR3T-PATH-T0K3N"),
+        ("https://bot:S3CR3T-PASSW0RD@hooks.test/in", "S3CR3T-PASSW0RD"),
+    ],
+)
+async def test_a_receiver_quoting_its_url_back_leaks_no_credential(url: str, secret: str) -> None:
+    # A proxy's error page that echoes the request line: the refusal's message and answer are
+    # what the notifier logs and writes to the deliveries and dead-letter topics.
+    def echo(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(400, text=f"bad request: POST {request.url} ({request.url.query.decode()})")
+
+    config = Webhook(name="hook", type="webhook", url=url)  # type: ignore[arg-type]
+    assert secret not in repr(config) and secret not in str(config.model_dump())
+    with pytest.raises(RejectedError) as refused:
+        await WebhookSink(config, client_for(echo), 5.0).send(sample_notification())
+    assert secret not in str(refused.value) and secret not in refused.value.answer
+    assert "[redacted]" in refused.value.answer

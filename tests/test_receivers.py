@@ -228,7 +228,7 @@ def test_the_sample_config_is_valid_and_points_every_sink_at_the_receiver() -> N
         "slack_api": sinks["slack_bot"].api_url,  # type: ignore[union-attr]
         "pagerduty": sinks["pagerduty"].url,  # type: ignore[union-attr]
         "alertmanager": sinks["alertmanager"].url,  # type: ignore[union-attr]
-        "webhook": sinks["webhook"].url,  # type: ignore[union-attr]
+        "webhook": sinks["webhook"].url.get_secret_value(),  # type: ignore[union-attr]
     }
     assert raw == urls
     assert sinks["webhook"].secret.get_secret_value() == "demo-secret"  # type: ignore[union-attr]

@@ -202,7 +202,7 @@ class Webhook(_Sink):
     """Any HTTP endpoint: the group and its members as JSON, optionally HMAC-SHA256 signed."""
 
     type: Literal["webhook"]
-    url: ReceiverUrl
+    url: SecretReceiverUrl  # a receiver's URL often carries its token (``?token=``, a path segment)
     secret: SecretStr | None = Field(default=None, description="Signs each request (X-Servewatch-Signature).")
     headers: dict[str, str] = Field(default_factory=dict)
 

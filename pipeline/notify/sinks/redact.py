@@ -12,16 +12,20 @@ message and answer before the error leaves the sink.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from urllib.parse import parse_qsl, quote, urlsplit
 
 import httpx
 
 from servewatch.pipeline.notify.sinks.base import NotifyError, RejectedError, RetryableError, post
 
 REDACTED = "[redacted]"
+#: Shorter query values are not taken for credentials (tokens are longer than this).
+MIN_SECRET_CHARS = 8
 
 
 def hide(text: str, secrets: Iterable[str]) -> str:
-    for secret in secrets:
+    # Longest first: a URL that is a secret contains its query string, which is one too.
+    for secret in sorted(secrets, key=len, reverse=True):
         if secret:  # an empty secret would "match" between every two characters
             text = text.replace(secret, REDACTED)
     return text
@@ -38,6 +42,26 @@ def redacted(exc: NotifyError, secrets: Iterable[str]) -> NotifyError:
     return NotifyError(message)
 
 
+def url_secrets(url: str) -> list[str]:
+    """What in a receiver's URL may be a credential: its query string (``?token=...``), each
+    query value long enough to be one, its user info's password, and these as a receiver that
+    quotes them back would encode them.
+
+    >>> url_secrets("https://user:pa55w0rd@hooks.example.com/in?token=T0K3N-L0NG&x=1")
+    ['token=T0K3N-L0NG&x=1', 'T0K3N-L0NG', 'pa55w0rd', 'token%3DT0K3N-L0NG%26x%3D1']
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # malformed (``http://[::1/x``): the request fails to build; hide all of it
+        return [url]
+    found = [parts.query] if parts.query else []
+    # A short value (``x=1``) is no credential, and hiding it would cut every "1" from the text.
+    found += [value for _, value in parse_qsl(parts.query) if len(value) >= MIN_SECRET_CHARS]
+    if parts.password:
+        found.append(parts.password)
+    return found + [quote(secret, safe="") for secret in found if quote(secret, safe="") != secret]
+
+
 async def post_hiding(
     client: httpx.AsyncClient,
     url: str,
@@ -47,7 +71,8 @@ async def post_hiding(
     timeout: float,
     secrets: Iterable[str],
 ) -> httpx.Response:
-    """``base.post``, its failures redacted."""
+    """``base.post``, its failures redacted of ``secrets`` and of what in ``url`` may be one."""
+    secrets = [*secrets, *url_secrets(url)]
     try:
         return await post(client, url, content=content, headers=headers, timeout=timeout)
     except NotifyError as exc:

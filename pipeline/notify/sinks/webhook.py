@@ -96,7 +96,7 @@ class WebhookSink:
             timestamp = int(self._clock())
             headers[TIMESTAMP_HEADER] = str(timestamp)
             headers[SIGNATURE_HEADER] = sign(self._config.secret.get_secret_value().encode(), timestamp, body)
-        await post_hiding(
-            self._client, self._config.url, content=body, headers=headers, timeout=self._timeout, secrets=secrets
-        )
+        url = self._config.url.get_secret_value()
+        secrets.append(url)  # a receiver's URL may carry its credential anywhere, in its path too
+        await post_hiding(self._client, url, content=body, headers=headers, timeout=self._timeout, secrets=secrets)
         return {}
