@@ -174,10 +174,13 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         for event in events:  # the change a step follows is its first suspect
             mention_change(event, changes, settings.window_s, settings.change_horizon_windows)
         await resolve(events, evidence_reader.read, evidence_budget, segment_key_of)
+        sent = []
         for event in events:
             # By model: every incident of a model reaches the one worker that groups them.
             model = event.segment.get("model", "other").encode()
-            await topics.incidents.send(key=model, value=event.model_dump_json().encode())
+            sent.append(await topics.incidents.send(key=model, value=event.model_dump_json().encode()))
+        for delivery in sent:  # on the broker, not in the producer's buffer: see store_and_publish
+            await delivery
 
     async def publish_series() -> None:
         """Judged windows as chart points (``SeriesPoint``), by segment, and as per-segment gauges."""
@@ -259,11 +262,13 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
                 logger.exception("failed to group an incident event; published as it came")
                 told = []
             model = event.segment.get("model", "other").encode()  # by model: see topics.ANOMALIES
-            await topics.anomalies.send(key=model, value=event.model_dump_json().encode())
+            # Each record on the broker before the next incident is read, so the incident's
+            # offset is never committed ahead of what it published (a kill -9 loses no page).
+            await (await topics.anomalies.send(key=model, value=event.model_dump_json().encode()))
             logger.info("anomaly %s %s %s: %s", event.status.value, event.signal.value, event.severity.value,
                         event.summary)  # fmt: skip
             for group in told:
-                await topics.anomalies.send(key=model, value=group.model_dump_json().encode())
+                await (await topics.anomalies.send(key=model, value=group.model_dump_json().encode()))
                 logger.info("incident group %s: %s", group.transition, group.title)
 
     async def send_partials_and_ack(partials: list[WindowStats]) -> None:
@@ -298,8 +303,12 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         await store_and_publish(events)
 
     async def store_and_publish(events: list[AnomalyEvent]) -> None:
-        save_states()
+        # Events first, on the broker, then the state that says they happened: a crash in
+        # between replays the windows from the older state and publishes them again (a
+        # consumer dedups on fingerprint, status and window), where the other order would
+        # restore an incident as firing whose firing event was never published.
         await publish(events)
+        save_states()
         await publish_series()
         if stage_two.late_letters:  # records that came after their window was judged
             letters, stage_two.late_letters = stage_two.late_letters, []
