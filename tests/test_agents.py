@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import orjson
@@ -26,8 +27,12 @@ class Captured:
     def __init__(self) -> None:
         self.values: list[bytes] = []
 
-    async def __call__(self, *, key: Any = None, value: bytes, partition: int | None = None) -> None:
+    async def __call__(self, *, key: Any = None, value: bytes, partition: int | None = None) -> asyncio.Future[None]:
         self.values.append(value)
+        # As ``Topic.send``: awaiting the send queues the record, awaiting its result waits for delivery.
+        delivered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        delivered.set_result(None)
+        return delivered
 
 
 @pytest.fixture
