@@ -38,7 +38,7 @@ from servewatch.pipeline.kafka import BrokerProbe, KafkaAuth, read_topic
 from servewatch.pipeline.seek_guard import hold_flow_while_seeking
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.topics import DETECTOR_STATE_TABLE, Topics, declare_topics
-from servewatch.pipeline.worker import metrics, segment_metrics, tansu_transport
+from servewatch.pipeline.worker import kafka_transport, metrics, segment_metrics, tansu_transport
 from servewatch.pipeline.worker.decode import Source, dead_letter, internal_error, read_incident_event, why_unreadable
 from servewatch.pipeline.worker.engine_stage import JudgeEngines
 from servewatch.pipeline.worker.evidence import KafkaMessageReader, resolve
@@ -64,8 +64,9 @@ _PROFILES: dict[str, dict[str, Any]] = {
 
 
 def _scheme(profile: str) -> str:
-    """Faust transport per broker kind: Tansu needs shorter fetch long-polls (see tansu_transport)."""
-    return tansu_transport.register() if profile == "tansu" else "kafka"
+    """Faust transport per broker kind: Tansu needs shorter fetch long-polls (``tansu_transport``),
+    Kafka gets an idempotent producer (``kafka_transport``)."""
+    return tansu_transport.register() if profile == "tansu" else kafka_transport.register()
 
 
 def _faust_credentials(auth: KafkaAuth) -> faust.SASLCredentials | faust.SSLCredentials | None:

@@ -1,0 +1,20 @@
+"""The Faust transport each broker profile gets (no broker: the clients are built, not started)."""
+
+from __future__ import annotations
+
+import pytest
+
+from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.worker.app import faust_app
+
+
+@pytest.mark.parametrize("profile, idempotent", [("kafka", True), ("tansu", False)])
+async def test_the_workers_producer_is_idempotent_on_kafka_and_plain_on_tansu(profile: str, idempotent: bool) -> None:
+    app = faust_app(Settings(broker="127.0.0.1:9", broker_profile=profile))
+    client = app.producer._new_producer()  # what Faust starts, built without connecting
+    try:
+        # aiokafka keeps a transaction manager (producer id, sequence numbers) only when idempotent,
+        # and refuses idempotence with any acks but "all".
+        assert (client._txn_manager is not None) is idempotent
+    finally:
+        await client.stop()
