@@ -37,3 +37,22 @@ def test_commands_have_their_own_ports_and_listen_on_the_loopback_by_default() -
     port = serve(registry_for(command_modules("notifier")), settings.metrics_host, 0)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
         assert b"servewatch_notify_queued" in page.read()
+
+
+def test_a_taken_metrics_port_stops_the_command_with_one_line() -> None:
+    import socket
+
+    import pytest
+
+    from servewatch.pipeline.cli.common import CommandError, serve_metrics
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(CommandError) as stopped:
+            serve_metrics(Settings(metrics_port=port), "notifier")
+    line = stopped.value.line()
+    assert line.startswith(f"servewatch notify: metrics port 127.0.0.1:{port} is taken") and "\n" not in line
+    assert "SERVEWATCH_METRICS_PORT" in line
+    serve_metrics(Settings(metrics_port=0), "worker")  # 0: no metrics, nothing to take

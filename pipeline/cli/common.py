@@ -345,10 +345,14 @@ def serve_metrics(settings: Settings, command: Command) -> None:
     registry = registry_for(command_modules(command, delivers=bool(settings.notify_config)))
     try:
         serve(registry, settings.metrics_host, port)
-    except OSError as exc:  # a second process on one host: its metrics need their own port
-        log.warning("%s metrics not served: %s:%d is taken (%s); set SERVEWATCH_METRICS_PORT", command,
-                    settings.metrics_host, port, exc.strerror)  # fmt: skip
-        return
+    except OSError as exc:
+        # A second process on one host, or another program: running on without the metrics a
+        # dashboard and its staleness alerts read would hide the process from them.
+        raise CommandError(
+            f"metrics port {settings.metrics_host}:{port} is taken ({exc.strerror}): set SERVEWATCH_METRICS_PORT "
+            "to a free port, or to 0 to serve no metrics",
+            "notify" if command == "notifier" else command,
+        ) from None
     log.info("serving %s metrics on %s:%d/metrics", command, settings.metrics_host, port)
 
 

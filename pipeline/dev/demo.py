@@ -26,6 +26,7 @@ from servewatch.models.explain.event_text import event_text, group_text
 from servewatch.pipeline import topics
 from servewatch.pipeline.changes.render import render
 from servewatch.pipeline.changes.store import parse_change_record, write_marker
+from servewatch.pipeline.dev.broker import free_loopback_port
 from servewatch.pipeline.dev.workload import EPOCH, Workload, demo_phases
 from servewatch.pipeline.kafka import PLAINTEXT, KafkaAuth, producer, read_topic
 from servewatch.schemas.anomaly import AnomalyEvent, Status
@@ -81,6 +82,8 @@ def start_worker(
         "SERVEWATCH_LOG_LEVEL": os.environ.get("SERVEWATCH_LOG_LEVEL", "WARNING"),
         **(extra_env or {}),
     }
+    # Its own free metrics port unless one is given: a taken port stops a command.
+    env.setdefault("SERVEWATCH_METRICS_PORT", str(free_loopback_port()))
     return subprocess.Popen(
         [sys.executable, "-m", "servewatch", *command], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL
     )
