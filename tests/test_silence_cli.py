@@ -55,3 +55,9 @@ def test_a_regular_expression_that_does_not_compile_is_one_line(capsys: pytest.C
     assert main(["silence", "add", 'model=~"(llama', "--broker", "kafka:9092"]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 1 and "not a regular expression" in errors[0] and "pydantic" not in errors[0], errors
+
+
+def test_who_silenced_is_given_with_by_as_for_mark_or_with_author(written: list[Silence]) -> None:
+    base = ["silence", "add", "model=m", "--duration", "1h", "--broker", "kafka:9092"]
+    assert main([*base, "--by", "alice"]) == 0 and main([*base, "--author", "bob"]) == 0
+    assert [silence.created_by for silence in written] == ["alice", "bob"]
