@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from servewatch.schemas.anomaly import AnomalyEvent
+from servewatch.schemas.anomaly import AnomalyEvent, Status
 from servewatch.schemas.incident_group import IncidentGroup
 
 
@@ -18,7 +18,9 @@ def event_text(event: AnomalyEvent, when: str, update: bool = False) -> str:
     """Two to four lines for one incident event; ``when`` leads it (a time, a phase);
     ``update``: a later event of an incident already shown."""
     segment = "/".join(v for k, v in event.segment.items() if v != "-")
-    status = "UPDATE" if update or event.transition == "update" else event.status.value.upper()
+    # A resolve always reads as one, however many events of its incident were shown before.
+    resolved = event.status is Status.RESOLVED
+    status = "UPDATE" if not resolved and (update or event.transition == "update") else event.status.value.upper()
     head = (
         f"[{when}] {status:8} {event.severity.value:8} {event.signal.value:5} {segment}  "
         f"score={event.score:.1f} explained_by_load={str(event.explained_by_load).lower()}"

@@ -77,7 +77,9 @@ def _number(value: Any) -> str:
 
 def evidence_table(rows: Sequence[Mapping[str, Any]], segment: Mapping[str, str], links: LinkTemplates) -> str:
     if not rows:
-        return '<p class="empty">none kept</p>'
+        # Evidence is read back for the step that pages (the firing, a step up); a resolve, an
+        # update or an engine's capacity figures carry none: say where to look, not just "none".
+        return '<p class="empty">no requests kept with this event: see the incident\'s firing event</p>'
     head = "".join(f"<th>{h}</th>" for h in ("request", "sample", "finished (UTC)", "instance", "tokens",
                                               "timings", "finish", "excerpt"))  # fmt: skip
     body = []

@@ -10,12 +10,15 @@ forbids both); what the script needs rides on ``data-`` attributes and ``<meta>`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from html import escape
 from urllib.parse import quote, urlencode
 
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
+from servewatch.models.detect.signals import BY_SIGNAL
 from servewatch.models.explain.event_text import utc
+from servewatch.models.explain.wording import describe
 from servewatch.pipeline.web.charts import fmt, sparkline
 from servewatch.pipeline.web.links import LinkTemplates
 from servewatch.pipeline.web.store import Filters, SegmentOverview
@@ -24,6 +27,7 @@ from servewatch.schemas.feedback import Feedback
 from servewatch.schemas.incident_group import IncidentGroup
 
 #: Signals whose values are shares of requests (shown as percentages).
+SIGNAL_NAMES = frozenset(signal.value for signal in Signal)
 RATES = frozenset({"length_truncation", "error_rate", "reasoning_leak", "empty_response", "cache_hit_rate",
                    "preemptions"})  # fmt: skip
 VERDICTS = (("expected", "expected"), ("not_expected", "not expected"), ("acknowledged", "acknowledge"))
@@ -59,9 +63,14 @@ def segment_label(segment: dict[str, str]) -> str:
 
 
 def value_text(signal: str, value: float | None) -> str:
-    if value is None:
+    """A signal's value with its unit, as events word it: ``850 ms``, ``2.10 s``, ``0.20%``,
+    ``45.0 tokens/s``, ``3.0 requests``."""
+    if value is None or not math.isfinite(value):
         return "–"
-    return f"{value * 100:.1f}%" if signal in RATES else fmt(value)
+    spec = BY_SIGNAL.get(Signal(signal)) if signal in SIGNAL_NAMES else None
+    if spec is None:  # a signal of a newer version: its number as it is
+        return f"{value * 100:.1f}%" if signal in RATES else fmt(value)
+    return describe(value, spec.unit)
 
 
 def badge(kind: str, value: str) -> str:
