@@ -230,9 +230,11 @@ def summarise(outcome: DemoOutcome) -> list[str]:
     paging = [e for e in outcome.events if e.pages]
     groups = outcome.groups_that_paged()
     rollbacks = [e for e in paging if e.hints and e.hints[0].code == "rollback_condition_met"]
+    pages = len(groups) + len(rollbacks)  # as a pager receives them: a rollback condition is a page of its own
+    incidents = len({e.fingerprint for e in paging if e not in rollbacks})
     return [
-        f"{len(groups)} incident group{'s' if len(groups) != 1 else ''} paged (one page each), from "
-        f"{len({e.fingerprint for e in paging})} incidents and {len(outcome.events)} anomaly events:",
+        f"{pages} pages: {len(groups)} incident groups (one page each, from {incidents} incidents and "
+        f"{len(outcome.events)} anomaly events) and {len(rollbacks)} rollback conditions:",
         *(f"  {group.title}" for group in groups.values()),
         f"surge explained by load, no page: {'yes' if outcome.surge_explained else 'NO'}",
         f"prefix caching off paged a ttft anomaly: {'yes' if outcome.cache_off_paged else 'NO'}",
