@@ -432,7 +432,7 @@ async def test_the_webhook_sends_the_group_signed() -> None:
     assert await WebhookSink(config, client_for(handler), 5.0, clock=lambda: 1767226000.7).send(note) == {}
     request = seen[0]
     body = json.loads(request.content)
-    assert set(body) == {"group", "members", "status", "seq", "idempotency_key", "sent_at"}
+    assert set(body) == {"group", "members", "status", "transition", "seq", "idempotency_key", "sent_at"}
     assert body["group"]["group"] == GROUP_KEY and len(body["members"]) == 3 and body["seq"] == 4
     assert body["members"][0]["evidence"][1]["request_id"] == "req-7f3a9c"
     assert request.headers["idempotency-key"] == note.idempotency_key == body["idempotency_key"]
@@ -509,3 +509,15 @@ async def test_a_receiver_quoting_its_url_back_leaks_no_credential(url: str, sec
         await WebhookSink(config, client_for(echo), 5.0).send(sample_notification())
     assert secret not in str(refused.value) and secret not in refused.value.answer
     assert "[redacted]" in refused.value.answer
+
+
+async def test_a_webhooks_first_message_of_a_group_is_its_firing_whatever_the_groups_record_says() -> None:
+    handler, seen = recording(httpx.Response(200), httpx.Response(200))
+    sink = WebhookSink(Webhook(name="hook", type="webhook", url="https://hooks.test/in"), client_for(handler), 5.0)  # type: ignore[arg-type]
+    first = sample_notification()
+    moved_on = first.group.model_copy(update={"transition": "update"})  # after group_wait: an update already
+    await sink.send(sample_notification(group=moved_on))
+    await sink.send(sample_notification(seq=2, group=moved_on))
+    bodies = [json.loads(request.content) for request in seen]
+    assert [body["transition"] for body in bodies] == ["firing", "update"]
+    assert bodies[0]["group"]["transition"] == "update"  # the record itself, as on the anomaly topic

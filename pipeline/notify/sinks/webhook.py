@@ -63,6 +63,9 @@ def body_of(note: Notification) -> bytes:
             "group": note.group.model_dump(mode="json"),
             "members": [member.model_dump(mode="json") for member in note.members],
             "status": note.status.value,
+            # What this message is to the receiver (``firing`` the first time it hears of the
+            # group): the group record's own transition may already be an update by then.
+            "transition": note.step,
             "seq": note.seq,
             "idempotency_key": note.idempotency_key,
             "sent_at": note.sent_at,
