@@ -42,6 +42,13 @@ class Settings(BaseSettings):
     broker_profile: Literal["kafka", "tansu"] = Field(
         default="kafka", description="'tansu' applies the timeouts the embedded broker needs (set automatically)."
     )
+    broker_wait_s: float = Field(
+        default=60.0,
+        ge=0,
+        description="How long a long-running command (worker, notify, web, scrape) waits at start for a broker it "
+        "cannot reach (one started after it), trying again after 1 s, doubling up to 15 s, before it gives up "
+        "(exit 2). A broker that answers and refuses (credentials, TLS) is not waited for. 0: no wait.",
+    )
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         default="PLAINTEXT", description="How every Kafka client connects (worker, shipper, scraper, evidence reads)."
     )

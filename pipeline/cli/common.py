@@ -4,6 +4,7 @@ and the errors a command line reports in one line instead of a traceback."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import difflib
 import getpass
@@ -11,9 +12,10 @@ import logging
 import os
 import ssl
 import sys
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from datetime import UTC, datetime
-from typing import IO, TYPE_CHECKING, Any, TextIO
+from typing import IO, TYPE_CHECKING, Any, NamedTuple, TextIO, TypeVar
 
 from pydantic import ValidationError
 
@@ -27,6 +29,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class CommandError(Exception):
     """A command cannot run as asked; its message is the one line the user sees (exit 2),
@@ -38,6 +42,16 @@ class CommandError(Exception):
 
     def line(self) -> str:
         return f"servewatch {self.command}: {self}" if self.command else f"servewatch: {self}"
+
+
+class BrokerUnreachable(CommandError):
+    """``kafka_errors``' error for a broker that was not reached at all (connection refused,
+    name not resolved, no answer), as opposed to one that answered and refused: only this one
+    may pass by waiting (``reach_broker``). ``reason``: the cause, as the line gives it."""
+
+    def __init__(self, message: str, command: str | None, reason: str) -> None:
+        super().__init__(message, command)
+        self.reason = reason
 
 
 def settings_from(args: argparse.Namespace, **overrides: object) -> Settings:
@@ -182,7 +196,8 @@ def hush_unclosed_clients() -> None:
 @contextlib.contextmanager
 def kafka_errors(settings: Settings, command: str, *, connecting: bool = True) -> Iterator[None]:
     """A Kafka client of the command that cannot connect: one line (``CommandError``, exit 2)
-    naming the broker and what to check, instead of aiokafka's log records and a traceback.
+    naming the broker and what to check, instead of aiokafka's log records and a traceback;
+    a ``BrokerUnreachable`` when the broker was not reached at all (``reach_broker`` waits).
 
     ``connecting``: the command is starting its clients (or is a one-shot command), and every
     bootstrap failure is the command's failure. Without it (around a long-running command's
@@ -199,14 +214,16 @@ def kafka_errors(settings: Settings, command: str, *, connecting: bool = True) -
     try:
         yield
     except KafkaError as exc:
-        line = describe_kafka_error(exc, settings, failures.authentication, failures.connection if connecting else [])
-        if line is None or not (connecting or failures.authentication or _refused(exc)):
+        described = _describe(exc, settings, failures.authentication, failures.connection if connecting else [])
+        if described is None or not (connecting or failures.authentication or _refused(exc)):
             raise
         logger.debug("the Kafka client's error", exc_info=True)  # the traceback, with --verbose
         failures.authentication.clear()
         failures.connection.clear()
         hush_unclosed_clients()
-        raise CommandError(line, command) from None
+        if described.unreachable is not None:
+            raise BrokerUnreachable(described.line, command, described.unreachable) from None
+        raise CommandError(described.line, command) from None
     else:
         if connecting and failures.connection:  # held back, and a later attempt connected (another server)
             logger.warning("Kafka %s: %d failed connection attempt(s) before connecting; the last: %s",
@@ -219,6 +236,52 @@ def kafka_errors(settings: Settings, command: str, *, connecting: bool = True) -
             _ActiveFailures.filter = None
             if failures.authentication:  # not raised here (a Faust worker's clients): not hidden either
                 logger.error("authentication failed at Kafka %s: %s", settings.bootstrap, failures.authentication[-1])
+
+
+#: ``reach_broker``'s pause after its first failed attempt, doubled after each until this longest.
+BROKER_RETRY_FIRST_S = 1.0
+BROKER_RETRY_MAX_S = 15.0
+
+
+async def reach_broker(
+    settings: Settings,
+    command: str,
+    contact: Callable[[], Awaitable[T]],
+    *,
+    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> T:
+    """A long-running command's first contact with its broker: ``contact()`` (in
+    ``kafka_errors``), what it returns.
+
+    A service manager (systemd, Kubernetes, compose) often starts the command before its
+    broker is up; failing at once would only make it a crash loop. So a broker that cannot
+    be reached is tried again, with pauses from 1 s doubling up to 15 s, until
+    ``broker_wait_s`` has passed; then its one line, as without waiting. A broker that
+    answers and refuses (credentials, TLS, SASL) or any other error is the one line at once:
+    waiting would not change it. One warning at the first failure, one info line when a
+    later attempt connects; aiokafka's records of each attempt stay held back as in
+    ``kafka_errors``. ``sleep`` and ``clock``: the tests' fakes."""
+    deadline = clock() + settings.broker_wait_s
+    pause, failed = BROKER_RETRY_FIRST_S, 0
+    while True:
+        try:
+            with kafka_errors(settings, command):
+                result = await contact()
+        except BrokerUnreachable as exc:
+            left = deadline - clock()
+            if left <= 0:
+                raise
+            if not failed:
+                logger.warning("Kafka %s not reachable (%s); retrying for up to %g s (SERVEWATCH_BROKER_WAIT_S)",
+                               settings.bootstrap, exc.reason, settings.broker_wait_s)  # fmt: skip
+            failed += 1
+            await sleep(min(pause, left))
+            pause = min(pause * 2, BROKER_RETRY_MAX_S)
+            continue
+        if failed:
+            logger.info("connected to Kafka %s after %d failed attempt(s)", settings.bootstrap, failed)
+        return result
 
 
 def _refused(exc: BaseException) -> bool:
@@ -237,6 +300,22 @@ def describe_kafka_error(
     check; None for an error that is not about reaching or logging in to the broker.
     ``refusals`` and ``failures``: what aiokafka logged of the attempts (the exception it
     raises after a failed bootstrap says only "Unable to bootstrap")."""
+    described = _describe(exc, settings, refusals, failures)
+    return None if described is None else described.line
+
+
+class _Described(NamedTuple):
+    line: str
+    #: The cause, when the broker was not reached at all (None: it answered, and refused).
+    unreachable: str | None = None
+
+
+def _describe(
+    exc: BaseException,
+    settings: Settings,
+    refusals: list[str] | None = None,
+    failures: list[BaseException | str] | None = None,
+) -> _Described | None:
     from aiokafka.errors import KafkaConnectionError, UnsupportedSaslMechanismError
 
     where = f"Kafka {settings.bootstrap}"
@@ -245,27 +324,28 @@ def describe_kafka_error(
         how += f" {settings.sasl_mechanism} as {settings.sasl_username!r}"
     if _refused(exc) or refusals:
         reason = (refusals[-1] if refusals else str(exc)).split(": ", 1)[-1]  # without "[Error 58] SaslAuth..."
-        return (f"authentication failed at {where} ({how}): {reason}; check SERVEWATCH_SASL_USERNAME, "
-                "SERVEWATCH_SASL_PASSWORD and SERVEWATCH_SASL_MECHANISM")  # fmt: skip
+        return _Described(f"authentication failed at {where} ({how}): {reason}; check SERVEWATCH_SASL_USERNAME, "
+                          "SERVEWATCH_SASL_PASSWORD and SERVEWATCH_SASL_MECHANISM")  # fmt: skip
     cause: BaseException | str = (failures or [exc])[-1]
     if isinstance(cause, UnsupportedSaslMechanismError) or isinstance(exc, UnsupportedSaslMechanismError):
-        return (f"{where} does not accept SASL mechanism {settings.sasl_mechanism}: set SERVEWATCH_SASL_MECHANISM "
-                "to one its listener enables")  # fmt: skip
+        return _Described(f"{where} does not accept SASL mechanism {settings.sasl_mechanism}: set "
+                          "SERVEWATCH_SASL_MECHANISM to one its listener enables")  # fmt: skip
     if isinstance(cause, ssl.SSLError):
-        detail = ": ".join(str(part) for part in (cause.reason, getattr(cause, "verify_message", None)) if part)
-        return (f"TLS with {where} failed ({how}): {detail or cause}; check SERVEWATCH_SSL_CAFILE (the CA "
-                "that signed the broker's certificate) and SERVEWATCH_SECURITY_PROTOCOL")  # fmt: skip
+        detail = ": ".join(str(part) for part in (getattr(cause, "reason", None), getattr(cause, "verify_message", None)) if part)
+        return _Described(f"TLS with {where} failed ({how}): {detail or cause}; check SERVEWATCH_SSL_CAFILE (the "
+                          "CA that signed the broker's certificate) and SERVEWATCH_SECURITY_PROTOCOL")  # fmt: skip
     if isinstance(cause, KafkaConnectionError) and "closed" in str(cause):
         # A listener that speaks another protocol (TLS, SASL) closes a connection it cannot read;
         # so does whatever else answers at a wrong address.
-        return (f"{where} closed the connection ({how}): check that the address is a Kafka listener's and that "
-                "SERVEWATCH_SECURITY_PROTOCOL and the SASL and TLS settings are what it expects")  # fmt: skip
+        return _Described(f"{where} closed the connection ({how}): check that the address is a Kafka listener's "
+                          "and that SERVEWATCH_SECURITY_PROTOCOL and the SASL and TLS settings are what it "
+                          "expects")  # fmt: skip
     if isinstance(cause, OSError | TimeoutError) or isinstance(exc, KafkaConnectionError):
         reason = str(cause) or type(cause).__name__
         if isinstance(cause, KafkaConnectionError) and cause is exc:
             reason = "no answer"  # aiokafka's own text names the address tuples again
-        return (f"cannot reach {where} ({reason}); check that the broker is up and the address is right "
-                "(--broker or SERVEWATCH_BROKER)")  # fmt: skip
+        return _Described(f"cannot reach {where} ({reason}); check that the broker is up and the address is "
+                          "right (--broker or SERVEWATCH_BROKER)", unreachable=reason)  # fmt: skip
     return None
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import sys
@@ -32,6 +33,7 @@ from servewatch.pipeline.cli.common import (
     kafka_errors,
     load_settings,
     output,
+    reach_broker,
     serve_metrics,
     settings_from,
     with_broker,
@@ -87,8 +89,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from servewatch.pipeline.worker.app import create_app
 
     with with_broker(settings_from(args), "worker", embedded=args.embedded) as settings:
-        with kafka_errors(settings, "worker"):  # the first contact: a broker not there is one line
-            settings = asyncio.run(ensure_topics_of(settings))  # creates only what is missing
+        # The first contact (creates only the topics that are missing): a broker not up yet is
+        # waited for (SERVEWATCH_BROKER_WAIT_S), one that refuses is one line.
+        settings = asyncio.run(reach_broker(settings, "worker", functools.partial(ensure_topics_of, settings)))
         app, topics = create_app(settings)
         if settings.notify_config:  # the worker delivers too (`servewatch notify` does it on its own)
             from servewatch.pipeline.cli.notify import load_notify_config

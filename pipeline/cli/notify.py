@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import sys
 import time
 import uuid
@@ -20,6 +21,7 @@ from servewatch.pipeline.cli.common import (
     kafka_errors,
     login_name,
     parse_time,
+    reach_broker,
     serve_metrics,
     settings_from,
     with_broker,
@@ -79,8 +81,8 @@ def cmd_notify(args: argparse.Namespace) -> int:
         raise CommandError("no config: pass --config FILE or set SERVEWATCH_NOTIFY_CONFIG", "notify")
     config = load_notify_config(path, "notify")
     with with_broker(settings_from(args), "notify", embedded=args.embedded) as settings:
-        with kafka_errors(settings, "notify"):
-            asyncio.run(ensure_topics_of(settings))
+        # A broker not up yet is waited for (SERVEWATCH_BROKER_WAIT_S), one that refuses is one line.
+        asyncio.run(reach_broker(settings, "notify", functools.partial(ensure_topics_of, settings)))
         app = faust_app(settings, app_id=notify_app_id(settings))
         add_notifier(app, declare_topics(app, settings.topic_partitions), settings, config)
         serve_metrics(settings, "notifier")

@@ -6,11 +6,15 @@ import argparse
 import asyncio
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import orjson
 
-from servewatch.pipeline.cli.common import Progress, kafka_errors, settings_from, with_broker
+from servewatch.pipeline.cli.common import Progress, reach_broker, settings_from, with_broker
 from servewatch.pipeline.settings import Settings
+
+if TYPE_CHECKING:
+    from servewatch.pipeline.kafka import Producer
 
 
 def cmd_scrape(args: argparse.Namespace) -> int:
@@ -45,16 +49,27 @@ async def _scrape(args: argparse.Namespace, interval_s: float, timeout_s: float,
     from servewatch.pipeline.kafka import KafkaAuth, ensure_topics, producer
     from servewatch.schemas.engine_interval import EngineInterval
 
+    kafka = None
+    if settings is not None and settings.bootstrap is not None:
+        bootstrap, partitions, auth = settings.bootstrap, settings.topic_partitions, KafkaAuth.from_settings(settings)
+
+        async def start() -> Producer:
+            await ensure_topics(bootstrap, partitions, (topics.SCRAPES,), auth=auth)
+            started = producer(bootstrap, auth=auth)
+            try:
+                await started.start()
+            except BaseException:
+                await started.stop()  # a failed start leaves it open; a next attempt makes another
+                raise
+            return started
+
+        # A broker not up yet is waited for (SERVEWATCH_BROKER_WAIT_S), one that refuses is one line.
+        kafka = await reach_broker(settings, "scrape", start)
+    # Only now: a SIGTERM or Ctrl-C while the broker is waited for ends the command at once
+    # (nothing is scraped yet), instead of only once the broker answers or the wait is over.
     stop = asyncio.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
         asyncio.get_running_loop().add_signal_handler(signum, stop.set)
-    kafka = None
-    if settings is not None and settings.bootstrap is not None:
-        auth = KafkaAuth.from_settings(settings)
-        with kafka_errors(settings, "scrape"):  # a broker not there at start: one line
-            await ensure_topics(settings.bootstrap, settings.topic_partitions, (topics.SCRAPES,), auth=auth)
-            kafka = producer(settings.bootstrap, auth=auth)
-            await kafka.start()
     record = open(args.record, "ab") if args.record else None  # noqa: SIM115 - closed below
     out = None if not args.out else sys.stdout.buffer if args.out == "-" else open(args.out, "ab")  # noqa: SIM115
     sent = 0

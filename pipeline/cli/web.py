@@ -16,7 +16,7 @@ import logging
 import signal
 from collections.abc import Callable
 
-from servewatch.pipeline.cli.common import CommandError, kafka_errors, settings_from
+from servewatch.pipeline.cli.common import CommandError, reach_broker, settings_from
 from servewatch.pipeline.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -74,11 +74,20 @@ async def serve_web(
         raise CommandError(str(exc), "web") from None
     auth = KafkaAuth.from_settings(settings)
     store = TriageStore()
-    publisher = FeedbackPublisher(bootstrap, auth)
-    # Start-up only: once serving, the page's readers retry a broker that went away (``follow``).
-    with kafka_errors(settings, "web"):
+
+    async def start() -> FeedbackPublisher:
         await ensure_topics(bootstrap, settings.topic_partitions, auth=auth)
-        await publisher.start()
+        started = FeedbackPublisher(bootstrap, auth)
+        try:
+            await started.start()
+        except BaseException:
+            await started.stop()  # a failed start leaves its producer open; a next attempt makes another
+            raise
+        return started
+
+    # Start-up only: a broker not up yet is waited for (SERVEWATCH_BROKER_WAIT_S), one that
+    # refuses is one line; once serving, the page's readers retry a broker that went away (``follow``).
+    publisher = await reach_broker(settings, "web", start)
     client = httpx.AsyncClient(timeout=5.0)
     annotator = None
     if settings.grafana_url and settings.grafana_token is not None:
