@@ -331,7 +331,8 @@ def _describe(
         return _Described(f"{where} does not accept SASL mechanism {settings.sasl_mechanism}: set "
                           "SERVEWATCH_SASL_MECHANISM to one its listener enables")  # fmt: skip
     if isinstance(cause, ssl.SSLError):
-        detail = ": ".join(str(part) for part in (getattr(cause, "reason", None), getattr(cause, "verify_message", None)) if part)
+        parts = (getattr(cause, "reason", None), getattr(cause, "verify_message", None))  # set by OpenSSL only
+        detail = ": ".join(str(part) for part in parts if part)
         return _Described(f"TLS with {where} failed ({how}): {detail or cause}; check SERVEWATCH_SSL_CAFILE (the "
                           "CA that signed the broker's certificate) and SERVEWATCH_SECURITY_PROTOCOL")  # fmt: skip
     if isinstance(cause, KafkaConnectionError) and "closed" in str(cause):
