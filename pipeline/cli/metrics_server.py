@@ -39,12 +39,13 @@ def metrics_of(modules: Iterable[ModuleType]) -> list[MetricWrapperBase]:
 def command_modules(command: Command, delivers: bool = False) -> list[ModuleType]:
     """The modules whose metrics ``command`` serves; ``delivers``: a worker that notifies too."""
     from servewatch.pipeline.notify import delivery
+    from servewatch.pipeline.worker import partition_watchdog
 
     if command == "notifier":
-        return [delivery]
+        return [delivery, partition_watchdog]
     from servewatch.pipeline.worker import metrics, segment_metrics
 
-    return [metrics, segment_metrics, *([delivery] if delivers else [])]
+    return [metrics, segment_metrics, partition_watchdog, *([delivery] if delivers else [])]
 
 
 def registry_for(modules: Iterable[ModuleType]) -> CollectorRegistry:

@@ -34,6 +34,7 @@ from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.topics import NOTIFY_STATE_TABLE, Topics
 from servewatch.pipeline.worker.decode import Source, describe
 from servewatch.pipeline.worker.decode import dead_letter as letter_for
+from servewatch.pipeline.worker.partition_watchdog import add_partition_watchdog
 from servewatch.pipeline.worker.stage_one import partition_of
 from servewatch.schemas.dead_letter import DeadLetter
 from servewatch.schemas.delivery import Delivery
@@ -48,6 +49,7 @@ def add_notifier(app: faust.App, topics: Topics, settings: Settings, config: Not
     assert settings.bootstrap is not None
     partitions = settings.topic_partitions
     anomalies = topics.anomalies.get_topic_name()
+    add_partition_watchdog(app, settings)  # once per app: the worker's carries it already when it delivers
     # Keys and values as bytes: the producer hashes the model's bytes exactly as it does the
     # anomaly records' keys, so ``use_partitioner`` puts a model's state on its records'
     # partition number, and writes may come from the timer and the sinks' tasks too.

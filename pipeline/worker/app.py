@@ -42,6 +42,7 @@ from servewatch.pipeline.worker import kafka_transport, metrics, segment_metrics
 from servewatch.pipeline.worker.decode import Source, dead_letter, internal_error, read_incident_event, why_unreadable
 from servewatch.pipeline.worker.engine_stage import JudgeEngines
 from servewatch.pipeline.worker.evidence import KafkaMessageReader, resolve
+from servewatch.pipeline.worker.partition_watchdog import add_partition_watchdog
 from servewatch.pipeline.worker.stage_one import StageOne, partition_of
 from servewatch.pipeline.worker.stage_two import StageTwo
 from servewatch.schemas.anomaly import AnomalyEvent
@@ -115,6 +116,7 @@ def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
 
 def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     app = faust_app(settings)
+    add_partition_watchdog(app, settings)  # a partition that stops moving is reported and fetched again
     assert settings.bootstrap is not None
     auth = KafkaAuth.from_settings(settings)
     topics = declare_topics(app, settings.topic_partitions)
