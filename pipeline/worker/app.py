@@ -291,7 +291,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             except Exception as exc:
                 logger.exception("failed to process message %s/%s", source.partition, source.offset)
                 letters, partials = [internal_error(event.value, source, exc)], []
-                event.ack()
+                stage_one.acknowledge_in_order(source.partition or 0, event)
             for letter in letters:
                 await publish_dead_letter(letter)
             await send_partials_and_ack(partials)

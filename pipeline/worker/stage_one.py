@@ -187,6 +187,14 @@ class StageOne:
                 out.append((k, orjson.dumps({"windows": chunk, "watermarks": marks if last else {}})))
         return out
 
+    def acknowledge_in_order(self, partition: int, token: Any) -> None:
+        """A message that could not be processed (it was dead-lettered whole): acknowledged
+        after every earlier message of its partition, never at once. Faust commits the end of
+        the first run of acknowledged offsets, past an unacknowledged one below it, so acking
+        it at once would commit past earlier messages still feeding open windows."""
+        self.fold_pending()  # earlier messages first in the queue
+        self.unacked.setdefault(partition, deque()).append((token, -math.inf))
+
     def safe_to_ack(self) -> list[Any]:
         """Tokens of messages all of whose windows have been released (call after sending partials)."""
         safe: list[Any] = []
