@@ -46,15 +46,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The suite as the README runs it (``pytest``: no test paths, no ``-m``) leaves out the
-    broker-backed tests, a set of their own (``-m integration``, which ``.ci/run`` runs next):
+    broker-backed tests and the long simulations, a set of their own (``-m "integration or
+    long"``, which ``.ci/run`` runs next):
     the default suite stays within minutes on two cores. Named test files or a ``-m`` run
     what they name. Without ``--kafka apache``, tests that need Apache Kafka itself (a
     cluster, leader failover) are deselected: the default suite needs no JVM."""
     if not config.option.markexpr and config.args_source is not pytest.Config.ArgsSource.ARGS:
-        broker_backed = [item for item in items if item.get_closest_marker("integration") is not None]
-        if broker_backed:
-            config.hook.pytest_deselected(items=broker_backed)
-            items[:] = [item for item in items if item.get_closest_marker("integration") is None]
+        marked = [item for item in items if any(item.get_closest_marker(m) for m in ("integration", "long"))]
+        if marked:
+            config.hook.pytest_deselected(items=marked)
+            items[:] = [item for item in items if item not in set(marked)]
     if BROKER_KIND == "apache":
         for item in items:  # behaviour known to differ on Apache Kafka: an expected failure, with why
             differs = item.get_closest_marker("apache_differs")

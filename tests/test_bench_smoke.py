@@ -17,6 +17,7 @@ def run(*args: str) -> str:
     return done.stdout
 
 
+@pytest.mark.long
 def test_scale_benchmark_runs_and_the_cap_holds() -> None:
     out = run("-m", "bench.scale", "--segments", "5", "1000", "1200", "--windows", "3")
     rows = [line.split() for line in out.splitlines() if "µs  cap" in line]

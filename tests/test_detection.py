@@ -98,6 +98,7 @@ def test_replay_is_deterministic() -> None:
     assert first == second and first
 
 
+@pytest.mark.long
 def test_flat_traffic_stays_quiet_for_hours() -> None:
     """Three simulated hours of normal traffic: no page at all."""
     events = replay(Workload((Phase("normal", 3 * 3600),), base_rate=4.0, seed=11))

@@ -4,6 +4,7 @@ tolerance of the group's signals in its model. And the chart points the worker p
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.pipeline.dev.workload import Phase, Workload
@@ -33,6 +34,7 @@ def slower_decode() -> Workload:
     return Workload((Phase("normal", 900), Phase("slower", 600, decode_slowdown=1.5)), seed=5)
 
 
+@pytest.mark.long
 def test_expected_widens_the_groups_signals_in_its_model_and_nothing_else() -> None:
     def pages(events: list[AnomalyEvent], model: str) -> list[AnomalyEvent]:
         return [e for e in events if e.pages and e.transition == "firing" and e.segment["model"] == model]

@@ -38,7 +38,9 @@ def result(name: str) -> ScenarioResult:
     return _results[name]
 
 
-@pytest.mark.parametrize("name", [s.name for s in SCENARIOS])
+@pytest.mark.parametrize(
+    "name", [pytest.param(s.name, marks=pytest.mark.long) if s.name == "daily_cycle" else s.name for s in SCENARIOS]
+)
 def test_scenario_pages_what_it_must_and_nothing_before(name: str) -> None:
     r = result(name)
     assert not r.false_pages, [(e.signal, e.window_start) for e in r.false_pages]
