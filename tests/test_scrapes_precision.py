@@ -62,3 +62,15 @@ def test_prefix_caching_off_pages_the_engines_hit_rate() -> None:
     hit = [e for e in run.pages if e.signal is Signal.CACHE_HIT_RATE]
     assert hit and hit[0].hints[0].code == "prefix_cache_ineffective"
     assert min(e.window_end for e in hit) - fault <= 60.0
+
+
+def test_decode_twice_as_slow_pages_the_engines_inter_token_latency_within_three_windows() -> None:
+    # The engines' inter-token latency is judged at the batch they run: a slower decode holds
+    # requests longer and fills the batch, which explains only a share of the rise.
+    workload, run = scenario(SimPhase("decode_slow", 300.0, decode_slowdown=2.0))
+    fault = workload.start + NORMAL_S
+    assert all(e.window_end > fault for e in run.pages), "quiet before the fault"
+    itl = sorted((e for e in run.pages if e.signal is Signal.ITL and e.transition == "firing"),
+                 key=lambda e: e.window_end)  # fmt: skip
+    assert itl and itl[0].window_end - fault <= 40.0
+    assert itl[0].hints[0].code == "decode_slowdown"

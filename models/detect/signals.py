@@ -230,6 +230,14 @@ CONTEXT_CV2 = 1.0
 #: at the same memory, whether more requests run (a surge, a slower engine holding them
 #: longer) or longer ones (a burst of long prompts).
 KV_DEMAND = ("kv_demand_tokens", "kv_demand_tokens")
+#: An engine's inter-token latency is judged at the batch it decodes (its busy slots, which
+#: scrapes measure) and the output tokens/s it serves. Each decode step reads every running
+#: request's KV, so a burst that fills the batch slows every token, however few requests
+#: arrived (long answers hold their slots): arrivals under-predict it. The figures' mean
+#: still shows a slowdown: output tokens/s are the batch over the inter-token latency, so a
+#: decode s times slower raises the batch (Little's law, where slots are free) by as much
+#: as it lowers tokens/s per running request, and moves the index by half of log s at most.
+ENGINE_DECODE_DEMAND = ("model_running", "model_output_tokens_per_s")
 
 
 def _kv_usage(window: Any, load: dict[str, float]) -> Reading | None:
@@ -304,7 +312,7 @@ ENGINE_SPECS: tuple[SignalSpec, ...] = (
                _latency(**_QUEUE_LIKE), what="mean queue time"),
     SignalSpec(Signal.PREFILL_TIME, "latency", _engine_latency("prefill_time", 0.005), _latency(),
                what="mean prefill time"),
-    SignalSpec(Signal.ITL, "latency", _engine_latency("itl", 0.001), _latency(DECODE_DEMAND, elasticity=0.1),
+    SignalSpec(Signal.ITL, "latency", _engine_latency("itl", 0.001), _latency(ENGINE_DECODE_DEMAND),
                what="mean inter-token latency"),
     # Proportional to the running requests (elasticity 1, no hinge: each holds one context),
     # learned within a physical range (a burst of long prompts runs fewer, fuller contexts).

@@ -38,7 +38,9 @@ here answers one way it broke:
 Demand deliberately means arrivals (requests and tokens asking to be served), never
 uncached tokens or concurrency: a disabled prefix cache multiplies uncached tokens, and
 any slowdown raises concurrency (Little's law), so conditioning on them would explain
-away the very faults servewatch exists to catch.
+away the very faults servewatch exists to catch. The one exception is an engine's
+inter-token latency, set by the batch it decodes, which its scrapes measure
+(``models.detect.signals.ENGINE_DECODE_DEMAND`` says why that still shows a slowdown).
 
 ``score_one`` returns the *surprise*, ``-log10`` of the upper-tail probability of the
 observation under the predictive distribution: 2 means 1 in 100, 4 means 1 in 10,000.
