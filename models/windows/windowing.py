@@ -82,9 +82,6 @@ class Windower:
     max_future_s: float = math.inf
     dedup: bool = False
     duplicates: int = 0  # records dropped as a request_id already seen in their window
-    # End of the newest window closed: an older one closing again (stragglers reopened it)
-    # is no step of event time for the learned lateness.
-    closed_until: float = -math.inf
     # window start -> sorted runs of the hashes of the request ids folded into it
     _seen_ids: dict[float, list[np.ndarray]] = field(default_factory=dict, repr=False)
 
@@ -238,9 +235,8 @@ class Windower:
         for start in starts:
             window = self.open.pop(start)
             self._seen_ids.pop(start, None)
-            if self.lateness is not None and start + self.window_s > self.closed_until:
+            if self.lateness is not None:
                 self.lateness.window_closed()
-            self.closed_until = max(self.closed_until, start + self.window_s)
             self.rows_hint = len(window)
             self.segmenter.note_seen(window.segment_ids, start + self.window_s)
             partials = window.partials(self.segmenter.keys)

@@ -145,13 +145,21 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     # its messages) never look like a segment's (``model=...|route=...``).
     stage_two.bank.restore = engines.bank.restore = restore
 
+    unsent_states: list[Any] = []  # changelog records of states written, not yet on the broker
+
     def save_states(every_one: bool = False, occasion: str = "") -> None:
         """Store what is due (``every_one``: every segment's and engine's latest). Never raises:
         state is a cache of what the models learned, never worth an event or the worker."""
         try:
             for bank in (stage_two.bank, engines.bank):
                 for key, state in bank.states_to_save(every_one):
-                    state_table[key.encode()] = orjson.dumps(state)
+                    # What ``state_table[key] = value`` does, keeping the changelog record's
+                    # future, so that ``states_delivered`` can wait for it.
+                    raw_key = key.encode()
+                    value = orjson.dumps(state)
+                    unsent_states.append(state_table.send_changelog(state_table.partition_for_key(raw_key),
+                                                                    raw_key, value))  # fmt: skip
+                    state_table.data[raw_key] = value
                 while bank.expired:  # segments idle for segment_idle_s: their state and gauges go too
                     key = bank.expired.pop()
                     state_table.pop(key.encode(), None)
@@ -305,13 +313,24 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             return
         await store_and_publish(events)
 
+    async def states_delivered() -> None:
+        while unsent_states:
+            try:
+                await unsent_states.pop(0)
+            except Exception as exc:  # a cache, as in save_states: counted, never fatal
+                metrics.STATE_WRITE_FAILURES.inc()
+                logger.warning("detector state not stored (%s): a restart would relearn those segments", exc)
+
     async def store_and_publish(events: list[AnomalyEvent]) -> None:
-        # Events first, on the broker, then the state that says they happened: a crash in
-        # between replays the windows from the older state and publishes them again (a
-        # consumer dedups on fingerprint, status and window), where the other order would
-        # restore an incident as firing whose firing event was never published.
+        # Events first, on the broker, then the state that says they happened, then (when
+        # this returns) the partials' offsets may be committed. A crash before the state is
+        # on the broker replays the windows from the older state and publishes the same
+        # events again (same fingerprints: a consumer dedups on fingerprint, status and
+        # window); state first would restore an incident as firing whose firing was never
+        # published, and offsets committed ahead of the state would open it a second time.
         await publish(events)
         save_states()
+        await states_delivered()
         await publish_series()
         if stage_two.late_letters:  # records that came after their window was judged
             letters, stage_two.late_letters = stage_two.late_letters, []
