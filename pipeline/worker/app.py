@@ -322,14 +322,13 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
                 logger.warning("detector state not stored (%s): a restart would relearn those segments", exc)
 
     async def store_and_publish(events: list[AnomalyEvent]) -> None:
-        # Events first, on the broker, then the state that says they happened, then (when
-        # this returns) the partials' offsets may be committed. A crash before the state is
-        # on the broker replays the windows from the older state and publishes the same
-        # events again (same fingerprints: a consumer dedups on fingerprint, status and
-        # window); state first would restore an incident as firing whose firing was never
-        # published, and offsets committed ahead of the state would open it a second time.
-        await publish(events)
+        # State, then events, both on the broker before this returns (and the partials'
+        # offsets may be committed). Publishing first made a worker that took over a killed
+        # one open its incidents a second time under new fingerprints (test_recovery_kafka),
+        # cause not yet pinned; this order can still lose a firing whose state reached the
+        # broker when its event did not (test_kill_loop_kafka).
         save_states()
+        await publish(events)
         await states_delivered()
         await publish_series()
         if stage_two.late_letters:  # records that came after their window was judged
