@@ -103,7 +103,9 @@ def main() -> None:
     args = parser.parse_args()
     with EmbeddedBroker() as broker:
         asyncio.run(ensure_topics(broker.bootstrap, PARTITIONS))
-        worker = start_worker(broker.bootstrap, {"SERVEWATCH_APP_ID": f"latency-{uuid.uuid4().hex[:6]}"})
+        app_id = f"latency-{uuid.uuid4().hex[:6]}"
+        # The embedded broker's profile, whatever the environment names.
+        worker = start_worker(broker.bootstrap, {"SERVEWATCH_APP_ID": app_id, "SERVEWATCH_BROKER_PROFILE": "tansu"})
         try:
             latencies = asyncio.run(run(broker.bootstrap, args.history, args.incident, args.rate))
         finally:

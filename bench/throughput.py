@@ -184,8 +184,9 @@ def main() -> None:
         print(" ".join(str(rate) for rate in replay_child(path, int(expected), int(repeat))))
         return
 
-    if args.kafka == "apache":
-        os.environ["SERVEWATCH_BROKER_PROFILE"] = "kafka"  # the worker's transport and timeouts
+    # The worker's transport and timeouts follow the broker this run starts, whatever the caller's
+    # environment says (Tansu refuses the idempotent producer the Kafka profile asks for).
+    os.environ["SERVEWATCH_BROKER_PROFILE"] = "kafka" if args.kafka == "apache" else "tansu"
     print(f"machine: {os.cpu_count()} cores; broker ({args.kafka}), producer, consumer and worker share them",
           flush=True)  # fmt: skip
     records = fleet_records(args.records, rate=args.rate)
