@@ -147,3 +147,44 @@ def test_a_message_that_failed_is_acknowledged_only_after_the_earlier_ones() -> 
     assert one.safe_to_ack() == []  # m0 still feeds the open window T0
     one.process(orjson.dumps([log("b", T0 + 25)]), Source("requests", 1, 2), token="m2", wall=wall)
     assert one.safe_to_ack() == ["m0", "m1"]
+
+
+def test_a_partials_message_is_let_go_once_its_windows_are_judged_and_in_stored_state() -> None:
+    """A worker killed while a window waits in stage 2 for another partition, or before a quiet
+    segment's state was stored, must read that window's partials again: their message is
+    acknowledged only once both are done."""
+    config = Settings(window_s=10, allowed_lateness_s=0, max_lateness_s=0, topic_partitions=2, state_every_windows=3)
+    one, two = StageOne(config), StageTwo(config)
+    one.process(orjson.dumps([log(f"r{i}", T0 + i / 10) for i in range(25)]), Source("requests", 0, 0))
+    _, partials = one.process(orjson.dumps([log("later", T0 + 25)]), Source("requests", 0, 1))
+    for n, (via, bundle) in enumerate(one.bundles(partials, 2)):
+        two.receive(bundle, via, now=0.0, token=f"m{n}")
+    ((via, fed),) = [(via, token) for via, held in two.unacked.items() for token, until in held if until > T0]
+    two.bank.states_to_save(every_one=True)
+    assert two.judged_records == 0 and fed not in two.judged_and_stored()  # T0 waits for partition 1
+
+    two.heartbeat(1, T0 + 25, via, now=0.0)
+    two.release_due(now=0.0)
+    assert two.judged_records == 25
+    assert two.bank.states_to_save() == []  # judged once: not due (every 3 windows)
+    assert fed not in two.judged_and_stored()  # so a crash now would lose what it taught
+    # No more partials: once quiet for idle_flush_s, the segments judged last are stored.
+    assert not two.quiet(now=config.idle_flush_s / 2) and two.quiet(now=config.idle_flush_s)
+    assert [key for key, _ in two.bank.states_to_save(unsaved=True)] == [partials[0].key]
+    assert two.judged_and_stored() == [fed]
+
+
+def test_a_segment_gone_quiet_is_stored_and_holds_no_acknowledgement_back() -> None:
+    config = Settings(window_s=10, allowed_lateness_s=0, max_lateness_s=0, topic_partitions=1, state_every_windows=3)
+    one, two = StageOne(config), StageTwo(config)
+    batches = [[log(f"a{i}", T0 + i / 10, model="quiet") for i in range(25)]]
+    batches += [[log(f"b{w}-{i}", T0 + 10 * w + i / 10, model="busy") for i in range(25)] for w in range(10)]
+    stored_until = []
+    for offset, batch in enumerate(batches):
+        _, partials = one.process(orjson.dumps(batch), Source("requests", 0, offset))
+        for via, bundle in one.bundles(partials, 1):
+            two.receive(bundle, via, now=0.0)
+        two.bank.states_to_save()
+        stored_until.append(two.bank.stored_until())
+    # The quiet segment's one window holds stored_until at T0 until it is 2 x 3 windows old.
+    assert stored_until[2:6] == [T0] * 4 and stored_until[-1] > T0 + 30

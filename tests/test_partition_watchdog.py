@@ -373,6 +373,17 @@ async def reading(bootstrap: str, topic: str, partitions: int, lose: set[tuple[i
     return Reader(client, lose)
 
 
+async def _reported_once(
+    consumer: AIOKafkaWatched, watchdog: PartitionWatchdog, clock: Clock, topic: str, reason: str, step_s: float
+) -> None:
+    """Nothing more is reported over three more periods: the stall was counted once, for ``reason``."""
+    for _ in range(3):
+        clock.advance(step_s)
+        assert await check_partitions(consumer, watchdog) == []
+    assert stalled_total(topic, reason) == 1
+    assert stalled_total(topic, "commit_behind" if reason == "no_progress" else "no_progress") == 0
+
+
 @pytest.mark.integration
 async def test_a_partition_whose_fetch_stalls_behind_the_watchdogs_back_is_reported_once_and_read_again(
     broker: Broker,
@@ -400,11 +411,7 @@ async def test_a_partition_whose_fetch_stalls_behind_the_watchdogs_back_is_repor
         # Its recovery read the rest, once each; nothing else was ever reported.
         await until("every record read", lambda: len(reader.reads) == partitions * (first + more))
         assert sorted(reader.reads) == [(p, o) for p in range(partitions) for o in range(first + more)]
-        for _ in range(3):
-            clock.advance(10)
-            assert await check_partitions(consumer, watchdog) == []
-        assert stalled_total(topic, "no_progress") == 1
-        assert stalled_total(topic, "commit_behind") == 0
+        await _reported_once(consumer, watchdog, clock, topic, "no_progress", step_s=10)
     finally:
         task.cancel()
         await reader.client.stop()
@@ -439,11 +446,7 @@ async def test_a_commit_pinned_behind_a_lost_record_is_re_read_from_it_and_moves
         assert reads == sorted(
             [(0, o) for o in range(each)] + [(0, o) for o in range(3, each)] + [(1, o) for o in range(each)]
         )
-        for _ in range(3):
-            clock.advance(100)
-            assert await check_partitions(consumer, watchdog) == []
-        assert stalled_total(topic, "commit_behind") == 1
-        assert stalled_total(topic, "no_progress") == 0
+        await _reported_once(consumer, watchdog, clock, topic, "commit_behind", step_s=100)
     finally:
         task.cancel()
         await reader.client.stop()

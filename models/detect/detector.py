@@ -150,6 +150,9 @@ class SegmentDetectors:
     # anomalous windows moved since: that is stored at once, whatever the cadence.
     unsaved: int = 0
     transitioned: bool = False
+    # Start of the first window judged since ``state()`` was last taken (inf: none): what a
+    # crash now would have to judge again (``DetectorBank.stored_until``).
+    unsaved_from: float = math.inf
 
     @property
     def usual(self) -> Baseline:
@@ -225,6 +228,8 @@ class SegmentDetectors:
             return []  # a replayed window changes nothing (idempotent)
         self.last_window_end = window.end
         self.unsaved += 1
+        if self.unsaved_from == math.inf:
+            self.unsaved_from = window.start
         templates = {} if templates is None else templates
         config = self.config
         load = window.load()
@@ -535,6 +540,7 @@ class DetectorBank:
     restored: int = 0  # segments whose state was restored
     discarded: int = 0  # stored states refused (another version, or corrupt): started fresh
     clock: float = -math.inf  # event time: the latest window end judged
+    window_s: float = math.inf  # the windows' length (of the last judged)
     traffic: TrafficWatch = field(init=False)  # requests per model per window (models going dark)
     # Windows' requests per model not judged yet, and the latest window requests started in.
     _traffic_pending: dict[tuple[float, float], dict[str, int]] = field(default_factory=dict, repr=False)
@@ -577,19 +583,29 @@ class DetectorBank:
             del self.detectors[key]
         return len(gone)
 
-    def states_to_save(self, every_one: bool = False) -> list[tuple[str, dict[str, Any]]]:
+    def states_to_save(self, every_one: bool = False, unsaved: bool = False) -> list[tuple[str, dict[str, Any]]]:
         """(key, state) of segments judged ``save_every`` windows since last saved, or whose
-        lifecycle moved (an event, or a run of anomalous windows in progress); of every
+        lifecycle moved (an event, or a run of anomalous windows in progress), or whose oldest
+        unsaved window is ``2 * save_every`` windows old (a segment gone sparse: it must not
+        hold ``stored_until`` back); with ``unsaved``, of every segment judged since it was
+        last saved (the input went quiet: no later window will make them due); of every
         segment with ``every_one`` (before a worker lets its segments go)."""
         due = []
         every = self.save_every
+        stale = math.inf if unsaved else self.clock - 2 * every * self.window_s
         for key, detectors in self.detectors.items():
-            if every_one or detectors.unsaved >= every or detectors.transitioned:
-                detectors.unsaved, detectors.transitioned = 0, False
+            if every_one or detectors.unsaved >= every or detectors.transitioned or detectors.unsaved_from < stale:
+                detectors.unsaved, detectors.transitioned, detectors.unsaved_from = 0, False, math.inf
                 due.append((key, detectors.state()))
         if every_one or self.traffic.judged >= every:  # each model's traffic, as often as a segment's
             due += self.traffic.states()
         return due
+
+    def stored_until(self) -> float:
+        """Event time up to which every judged window is in the states taken for storage:
+        the inputs of windows ending by then may be let go (their offsets committed); a
+        later window's would be needed to judge it again after a crash."""
+        return min((detectors.unsaved_from for detectors in self.detectors.values()), default=math.inf)
 
     def observe(self, window: WindowStats) -> list[AnomalyEvent]:
         detectors = self.segment(window.key)
@@ -598,6 +614,7 @@ class DetectorBank:
             self.records_skipped += int(window.requests)
             return []
         self.windows_judged += 1
+        self.window_s = window.length
         return detectors.observe(window, self.pooled, self.templates, self.series, self.tolerances)
 
     def observe_all(self, windows: list[WindowStats], final: bool = False) -> list[AnomalyEvent]:

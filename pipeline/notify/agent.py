@@ -22,9 +22,9 @@ from typing import Any
 
 import faust
 import httpx
-from faust.types import FutureMessage
 from pydantic import ValidationError
 
+from servewatch.pipeline.durable_table import DurableWrites
 from servewatch.pipeline.kafka import KafkaAuth
 from servewatch.pipeline.notify.config import NotifyConfig
 from servewatch.pipeline.notify.notifier import Notifier, Storage
@@ -56,27 +56,19 @@ def add_notifier(app: faust.App, topics: Topics, settings: Settings, config: Not
     table = app.Table(NOTIFY_STATE_TABLE, default=None, key_type=bytes, value_type=bytes, partitions=partitions,
                       use_partitioner=True)  # fmt: skip
 
-    unacked: list[FutureMessage] = []  # changelog records of states written, not yet on the broker
+    # A state reported durable must be on the broker (``DurableWrites``); a failure reaches
+    # the notifier through ``flush``.
+    writes = DurableWrites(table)
 
     def save(model: str, raw: bytes) -> None:
-        # What ``table[key] = raw`` does, keeping the changelog record's future: the
-        # producer's own flush can return before a record that is still on its way from
-        # Faust's buffer to the client (it waits 0.1 s at most), and a state reported
-        # durable must be on the broker.
-        key = model.encode()
-        unacked.append(table.send_changelog(table.partition_for_key(key), key, raw))
-        table.data[key] = raw
-
-    async def flush() -> None:
-        while unacked:
-            await unacked.pop(0)
+        writes.put(model.encode(), raw)
 
     def owns(model: str) -> bool:
         mine = {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == anomalies}
         return partition_of(model, partitions) in mine
 
     storage = Storage(load=lambda model: table.get(model.encode()), save=save,
-                      keys=lambda: [key.decode() for key in list(table.keys())], flush=flush)  # fmt: skip
+                      keys=lambda: [key.decode() for key in list(table.keys())], flush=writes.delivered)  # fmt: skip
     client = httpx.AsyncClient(headers={"User-Agent": "servewatch-notify"}, follow_redirects=False)
 
     async def publish_delivery(delivery: Delivery) -> None:

@@ -34,6 +34,7 @@ from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.models.explain.changes import ChangeBook, mention_change
 from servewatch.models.windows.window import WindowStats
 from servewatch.pipeline import tuning
+from servewatch.pipeline.durable_table import DurableWrites
 from servewatch.pipeline.kafka import BrokerProbe, KafkaAuth, read_topic
 from servewatch.pipeline.seek_guard import hold_flow_while_seeking
 from servewatch.pipeline.settings import Settings
@@ -145,21 +146,20 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     # its messages) never look like a segment's (``model=...|route=...``).
     stage_two.bank.restore = engines.bank.restore = restore
 
-    unsent_states: list[Any] = []  # changelog records of states written, not yet on the broker
+    def state_not_delivered(exc: BaseException) -> None:  # a cache, as in save_states: counted, never fatal
+        metrics.STATE_WRITE_FAILURES.inc()
+        logger.warning("detector state not stored (%s): a restart would relearn those segments", exc)
+
+    state_writes = DurableWrites(state_table, on_failure=state_not_delivered)
 
     def save_states(every_one: bool = False, occasion: str = "") -> None:
         """Store what is due (``every_one``: every segment's and engine's latest). Never raises:
         state is a cache of what the models learned, never worth an event or the worker."""
         try:
+            quiet = stage_two.quiet()
             for bank in (stage_two.bank, engines.bank):
-                for key, state in bank.states_to_save(every_one):
-                    # What ``state_table[key] = value`` does, keeping the changelog record's
-                    # future, so that ``states_delivered`` can wait for it.
-                    raw_key = key.encode()
-                    value = orjson.dumps(state)
-                    unsent_states.append(state_table.send_changelog(state_table.partition_for_key(raw_key),
-                                                                    raw_key, value))  # fmt: skip
-                    state_table.data[raw_key] = value
+                for key, state in bank.states_to_save(every_one, unsaved=quiet and bank is stage_two.bank):
+                    state_writes.put(key.encode(), orjson.dumps(state))
                 while bank.expired:  # segments idle for segment_idle_s: their state and gauges go too
                     key = bank.expired.pop()
                     state_table.pop(key.encode(), None)
@@ -171,8 +171,15 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     partials_partitions = settings.topic_partitions
 
     async def send_partials(partials: list[WindowStats]) -> None:
-        for partition, bundle in stage_one.bundles(partials, partials_partitions):
+        """Send, then wait until every bundle is on the broker: the requests messages they
+        cover are acknowledged next, and Faust's flush before a commit can miss a record
+        still on its way from its buffer to the client (``DurableWrites`` says more)."""
+        sent = [
             await topics.partials.send(key=None, value=bundle, partition=partition)
+            for partition, bundle in stage_one.bundles(partials, partials_partitions)
+        ]
+        for delivery in sent:
+            await delivery
 
     evidence_budget = settings.evidence_budget()
     segment_key_of = settings.segmenter().key_of_row  # a scan's filter: never registers a segment
@@ -304,32 +311,32 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
                 await publish_dead_letter(letter)
             await send_partials_and_ack(partials)
 
+    # One judging step at a time, from judging to its state on the broker: the agents and the
+    # timer interleave at every await, and a step's state taken while another step's events are
+    # still on their way would be stored before them (see ``store_and_publish``).
+    judging = asyncio.Lock()
+
     async def judge_and_publish(judge: Callable[[], list[AnomalyEvent]]) -> None:
         """Run one stage-2 step; a bug in judging costs that step, never the worker."""
-        try:
-            events = judge()
-        except Exception:
-            logger.exception("stage 2 failed to judge windows")
-            return
-        await store_and_publish(events)
-
-    async def states_delivered() -> None:
-        while unsent_states:
+        async with judging:
             try:
-                await unsent_states.pop(0)
-            except Exception as exc:  # a cache, as in save_states: counted, never fatal
-                metrics.STATE_WRITE_FAILURES.inc()
-                logger.warning("detector state not stored (%s): a restart would relearn those segments", exc)
+                events = judge()
+            except Exception:
+                logger.exception("stage 2 failed to judge windows")
+                return
+            await store_and_publish(events)
+            for message in stage_two.judged_and_stored():  # their windows' states and events are on the broker
+                message.ack()
 
     async def store_and_publish(events: list[AnomalyEvent]) -> None:
-        # State, then events, both on the broker before this returns (and the partials'
-        # offsets may be committed). Publishing first made a worker that took over a killed
-        # one open its incidents a second time under new fingerprints (test_recovery_kafka),
-        # cause not yet pinned; this order can still lose a firing whose state reached the
-        # broker when its event did not (test_kill_loop_kafka).
-        save_states()
+        # Events, then state, both on the broker before this returns and the partials that
+        # fed them are acknowledged (``StageTwo.judged_and_stored``). A kill between the two
+        # leaves the state from before the events, and the partials unacknowledged: the next
+        # worker judges those windows again and publishes the same events (same fingerprints),
+        # at least once. Stored first, a state that says "firing" would hide an event never sent.
         await publish(events)
-        await states_delivered()
+        save_states()
+        await state_writes.delivered()
         await publish_series()
         if stage_two.late_letters:  # records that came after their window was judged
             letters, stage_two.late_letters = stage_two.late_letters, []
@@ -340,24 +347,30 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
 
     @app.agent(topics.partials)
     async def detect_anomalies(stream: faust.StreamT) -> None:
-        async for event in stream.events():
-            await judge_and_publish(partial(stage_two.receive, event.value, via=event.message.partition))
+        # noack: a partials message is acknowledged (its offset committed) once every window it
+        # fed was judged and the state covering them stored (``StageTwo.judged_and_stored``): a
+        # worker killed while a window waits for other partitions' partials, or before a quiet
+        # segment's state was stored, reads them again and judges those windows as it would have.
+        async for event in cast(faust.Stream, stream).noack().events():
+            via = event.message.partition
+            await judge_and_publish(partial(stage_two.receive, event.value, via=via, token=event))
 
     @app.agent(topics.scrapes)
     async def judge_engine_intervals(stream: faust.StreamT) -> None:
         async for event in stream.events():
             message = event.message
             source = Source(topic=message.topic, partition=message.partition, offset=message.offset)
-            try:
-                events, letters = engines.receive(event.value, source)
-            except Exception as exc:
-                logger.exception("failed to judge engine interval %s/%s", source.partition, source.offset)
-                events, letters = [], [internal_error(event.value, source, exc)]
-            for letter in letters:
-                logger.warning("dead letter (%s) at scrapes %s/%s: %s", letter.reason, source.partition,
-                               source.offset, letter.error)  # fmt: skip
-                await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
-            await store_and_publish(events)
+            async with judging:
+                try:
+                    events, letters = engines.receive(event.value, source)
+                except Exception as exc:
+                    logger.exception("failed to judge engine interval %s/%s", source.partition, source.offset)
+                    events, letters = [], [internal_error(event.value, source, exc)]
+                for letter in letters:
+                    logger.warning("dead letter (%s) at scrapes %s/%s: %s", letter.reason, source.partition,
+                                   source.offset, letter.error)  # fmt: skip
+                    await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
+                await store_and_publish(events)
 
     probe = BrokerProbe(settings.bootstrap, auth)
     broker_silent = [False]
@@ -407,7 +420,11 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     async def store_every_state(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
         # States are stored every few windows (SERVEWATCH_STATE_EVERY_WINDOWS): a worker that
         # stops on purpose stores what it learned since, for whoever takes its segments.
-        save_states(every_one=True, occasion=" on shutdown")
+        async with judging:  # not in the middle of a step whose events are on their way
+            save_states(every_one=True, occasion=" on shutdown")
+            await state_writes.delivered()
+            for message in stage_two.judged_and_stored():  # committed on the way out, if Faust still can
+                message.ack()
 
     @app.on_partitions_revoked.connect
     async def hand_over_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
@@ -421,12 +438,14 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             # Their state is in the table (stored every few windows; now every segment's
             # latest): whoever judges them next restores it, and so will this worker if they
             # come back, rather than keep a copy that the other worker has since moved past.
-            save_states(every_one=True, occasion=" on revocation")
+            async with judging:  # not in the middle of a step whose events are on their way
+                save_states(every_one=True, occasion=" on revocation")
             for key in [k for k in stage_two.bank.detectors if partition_of(k, partials_partitions) in judged_here]:
                 segment_metrics.forget_segment(key)  # whoever judges it now publishes its gauges
             stage_two.bank.forget(lambda key: partition_of(key, partials_partitions) in judged_here)
             for via in judged_here:
                 stage_two.assembler.released_until.pop(via, None)
+                stage_two.unacked.pop(via, None)  # whoever judges them next reads them again
                 with contextlib.suppress(KeyError):
                     metrics.JUDGED_UNTIL.remove(str(via))
             engines.bank.forget(lambda key: partition_of(key, partials_partitions) in engines_here)

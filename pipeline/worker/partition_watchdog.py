@@ -91,13 +91,17 @@ def commit_lag_bound(settings: Settings) -> float:
     slowest partition's event time has passed its window's end plus the allowed lateness
     (``window_s`` + ``max_lateness_s`` at most). A record up to ``max_future_s`` ahead of
     the clock is taken, and holds its window, and so its partition's offsets, that much
-    longer (``models.windows.windowing.Windower``).
+    longer (``models.windows.windowing.Windower``). A partials message is acknowledged once
+    its windows were judged (``assembler_max_wait_s`` at most after their end) and are in
+    stored state (``2 * state_every_windows`` windows at most; ``StageTwo.judged_and_stored``).
 
     >>> from servewatch.pipeline.settings import Settings
     >>> commit_lag_bound(Settings(window_s=10, max_lateness_s=120, max_future_s=300))
     490.0
     """
-    return settings.window_s + settings.max_lateness_s + settings.max_future_s + COMMIT_LAG_MARGIN_S
+    requests = settings.window_s + settings.max_lateness_s + settings.max_future_s
+    partials = settings.window_s * (1 + 2 * settings.state_every_windows) + settings.assembler_max_wait_s
+    return max(requests, partials) + COMMIT_LAG_MARGIN_S
 
 
 @dataclass(frozen=True)

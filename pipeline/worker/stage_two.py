@@ -7,7 +7,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -37,6 +39,12 @@ class StageTwo:
     late_records: int = 0
     judged_records: int = 0
     _skipped_logged_at: float = field(init=False, default=-math.inf)
+    # Partials messages not acknowledged yet, per partials partition in offset order, with the
+    # end of the newest window each fed: let go only once those windows were judged and are in
+    # stored state (``judged_and_stored``). A worker killed while a window waits here for other
+    # partitions' partials, or before a quiet segment's state was stored, reads them again.
+    unacked: dict[int, deque[tuple[Any, float]]] = field(init=False, default_factory=dict)
+    _partials_heard: float = field(init=False, default=-math.inf)  # monotonic time partials last came
 
     def __post_init__(self) -> None:
         self.assembler = WindowAssembler(
@@ -75,13 +83,15 @@ class StageTwo:
     def heartbeat(self, source: int, watermark: float, via: int, now: float | None = None) -> None:
         self.assembler.heartbeat(source, watermark, time.monotonic() if now is None else now, via)
 
-    def receive(self, raw: bytes, via: int, now: float | None = None) -> list[AnomalyEvent]:
+    def receive(self, raw: bytes, via: int, now: float | None = None, token: Any = None) -> list[AnomalyEvent]:
         """One bundle from stage 1 (see ``StageOne.bundles``): merge, advance, judge what is due.
+        ``token`` (its message) comes back from ``judged_and_stored`` once all it fed is judged.
 
         An unreadable bundle is logged and dropped: the topic is internal, so this is a bug
         or a version skew, and it must not stop the worker.
         """
         now = time.monotonic() if now is None else now
+        held = self.unacked.setdefault(via, deque()) if token is not None else None
         try:
             bundle = orjson.loads(raw)
             if "windows" in bundle:
@@ -91,12 +101,36 @@ class StageTwo:
             marks = [(int(source), float(mark)) for source, mark in bundle["watermarks"].items()]
         except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
             logger.error("unreadable partials bundle dropped: %s", exc)
+            if held is not None:
+                held.append((token, -math.inf))
             return []
+        if held is not None:
+            held.append((token, max((partial.end for partial in partials), default=-math.inf)))
+        if partials:
+            self._partials_heard = now
         for partial in partials:
             self.add(partial, now, via)
         for source, mark in marks:
             self.heartbeat(source, mark, via, now)
         return self.release_due(now) if marks else []
+
+    def judged_and_stored(self) -> list[Any]:
+        """Tokens of held messages (``receive``) whose every window was judged and is covered by
+        the states taken for storage: once those are on the broker, the messages may be acknowledged."""
+        stored = self.bank.stored_until()
+        done: list[Any] = []
+        for via, waiting in self.unacked.items():
+            bound = min(self.assembler.released_until.get(via, -math.inf), stored)
+            while waiting and waiting[0][1] <= bound:  # in order: Kafka commits a prefix of offsets
+                done.append(waiting.popleft()[0])
+        return done
+
+    def quiet(self, now: float | None = None) -> bool:
+        """Messages wait for stored state while no partials came for ``idle_flush_s``: the
+        input went quiet, and the segments judged last are to be stored now (see
+        ``DetectorBank.states_to_save``), or their messages would never be let go."""
+        now = time.monotonic() if now is None else now
+        return now - self._partials_heard >= self.settings.idle_flush_s and any(self.unacked.values())
 
     def release_due(self, now: float | None = None) -> list[AnomalyEvent]:
         return self._judge(self.assembler.due(time.monotonic() if now is None else now))
