@@ -5,15 +5,37 @@ producer's own flush can return before a record still on its way from that buffe
 client (Faust waits 0.1 s at most). A state that covers offsets about to be committed, or a
 notification reported done, must be on the broker first: ``DurableWrites`` writes as the
 table does, keeps each record's future, and ``delivered`` awaits them in order.
+
+Writes come from timers and hooks too, where Faust has no current event: its RocksDB store
+takes the partition of a write from the current event's message (and asserts there is one),
+so each write is made under a stand-in event of the key's own partition. Under a real
+event of another partition (a scrape's, a partials message of another partition) it would
+land in that partition's database, which the worker drops when the partition moves.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from faust.streams import _current_event
+
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Message:
+    partition: int
+
+
+@dataclass(frozen=True)
+class _AtPartition:
+    """What a Faust store reads of the current event when writing: its message's partition."""
+
+    message: _Message
 
 
 class DurableWrites:
@@ -27,10 +49,16 @@ class DurableWrites:
         self.on_failure = on_failure
         self.unsent: list[Any] = []  # changelog records written, not yet acknowledged
 
-    def put(self, key: bytes, value: bytes) -> None:
+    def put(self, key: bytes, value: bytes, partition: int) -> None:
+        """Write ``key`` (of ``partition``: the table's partitioner places it there too)."""
         table = self.table
-        self.unsent.append(table.send_changelog(table.partition_for_key(key), key, value))
-        table.data[key] = value
+        self.unsent.append(table.send_changelog(partition, key, value))
+        at = _AtPartition(_Message(partition))
+        token = _current_event.set(weakref.ref(at))  # type: ignore[arg-type]
+        try:
+            table.data[key] = value
+        finally:
+            _current_event.reset(token)
 
     async def delivered(self) -> None:
         while self.unsent:

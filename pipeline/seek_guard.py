@@ -15,11 +15,18 @@ judges.
 recovery resumes it right after the seek, with the read offsets the seek set; what was
 fetched before is fetched again and applied once (the notifier's ``ModelState.apply`` and
 the worker's window tables ignore replays). ``faust_app`` guards every app it builds.
+
+A partition with no committed offset (or 0) is the same hole wider: aiokafka seeks only to
+a committed offset above 0, so the records fetched before the seek are not fetched again
+at all (a worker that took over an internal topic's partition nobody had committed on yet
+never grouped its first incidents). The guard seeks such partitions to their beginning,
+which is where the group's reset policy (``earliest``) starts them anyway.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 
 class SeekingConsumer(Protocol):
@@ -32,6 +39,10 @@ class SeekingConsumer(Protocol):
     def resume_flow(self) -> None: ...
 
     async def perform_seek(self) -> None: ...
+
+    async def seek_to_committed(self) -> Mapping[Any, int | None]: ...
+
+    async def seek(self, partition: Any, offset: int) -> None: ...
 
 
 def hold_flow_while_seeking(consumer: SeekingConsumer) -> None:
@@ -52,5 +63,15 @@ def hold_flow_while_seeking(consumer: SeekingConsumer) -> None:
                 consumer.resume_flow()
             raise
 
+    to_committed = consumer.seek_to_committed
+
+    async def seek_to_committed() -> Mapping[Any, int | None]:
+        committed = await to_committed()
+        for partition, offset in committed.items():
+            if offset is None or offset <= 0:  # not sought by aiokafka: from the beginning
+                await consumer.seek(partition, 0)
+        return committed
+
     perform_seek.holds_flow = True  # type: ignore[attr-defined]
     consumer.perform_seek = perform_seek  # type: ignore[method-assign]
+    consumer.seek_to_committed = seek_to_committed  # type: ignore[method-assign]

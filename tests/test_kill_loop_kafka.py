@@ -106,12 +106,6 @@ async def _anomaly_events(bootstrap: str) -> list[AnomalyEvent]:
     return events
 
 
-@pytest.mark.xfail(
-    reason="passes in most runs; in some, a sparse segment's incidents diverge from the replay's after a "
-    "restart (fired later, under another start, or not at all): the models a new segment borrows from its "
-    "model's others (latency templates, pooled rates) live in memory only, not in the state table",
-    strict=False,
-)
 def test_every_replayed_incident_is_published_by_a_worker_killed_again_and_again(tmp_path: Path) -> None:
     detector_env = {"SERVEWATCH_LATENESS_PRIOR_S": "2"}  # in-order traffic: its last windows close sooner
     jsonl = tmp_path / "requests.jsonl"

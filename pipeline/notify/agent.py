@@ -61,7 +61,7 @@ def add_notifier(app: faust.App, topics: Topics, settings: Settings, config: Not
     writes = DurableWrites(table)
 
     def save(model: str, raw: bytes) -> None:
-        writes.put(model.encode(), raw)
+        writes.put(model.encode(), raw, partition_of(model, partitions))
 
     def owns(model: str) -> bool:
         mine = {tp.partition for tp in app.assignor.assigned_actives() if tp.topic == anomalies}

@@ -146,27 +146,32 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     # its messages) never look like a segment's (``model=...|route=...``).
     stage_two.bank.restore = engines.bank.restore = restore
 
-    def state_not_delivered(exc: BaseException) -> None:  # a cache, as in save_states: counted, never fatal
+    # A state write that failed: every state is written again at the next step, and until one
+    # succeeds no partials message is acknowledged (the windows they fed are in no stored state).
+    state_failed = [False]
+
+    def state_not_delivered(exc: BaseException, occasion: str = "") -> None:  # a cache: counted, never fatal
         metrics.STATE_WRITE_FAILURES.inc()
-        logger.warning("detector state not stored (%s): a restart would relearn those segments", exc)
+        logger.warning("detector state not stored%s (%r): a restart would relearn those segments", occasion, exc)
+        state_failed[0] = True
 
     state_writes = DurableWrites(state_table, on_failure=state_not_delivered)
 
     def save_states(every_one: bool = False, occasion: str = "") -> None:
         """Store what is due (``every_one``: every segment's and engine's latest). Never raises:
         state is a cache of what the models learned, never worth an event or the worker."""
+        every_one, state_failed[0] = every_one or state_failed[0], False
         try:
             quiet = stage_two.quiet()
             for bank in (stage_two.bank, engines.bank):
                 for key, state in bank.states_to_save(every_one, unsaved=quiet and bank is stage_two.bank):
-                    state_writes.put(key.encode(), orjson.dumps(state))
+                    state_writes.put(key.encode(), orjson.dumps(state), partition_of(key, partials_partitions))
                 while bank.expired:  # segments idle for segment_idle_s: their state and gauges go too
                     key = bank.expired.pop()
                     state_table.pop(key.encode(), None)
                     segment_metrics.forget_segment(key)
         except Exception as exc:
-            metrics.STATE_WRITE_FAILURES.inc()
-            logger.warning("detector state not stored%s (%s): a restart would relearn those segments", occasion, exc)
+            state_not_delivered(exc, occasion)
 
     partials_partitions = settings.topic_partitions
 
@@ -325,8 +330,9 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
                 logger.exception("stage 2 failed to judge windows")
                 return
             await store_and_publish(events)
-            for message in stage_two.judged_and_stored():  # their windows' states and events are on the broker
-                message.ack()
+            if not state_failed[0]:
+                for message in stage_two.judged_and_stored():  # their windows' states and events are on the broker
+                    message.ack()
 
     async def store_and_publish(events: list[AnomalyEvent]) -> None:
         # Events, then state, both on the broker before this returns and the partials that
