@@ -50,9 +50,10 @@ class DurableWrites:
         self.unsent: list[Any] = []  # changelog records written, not yet acknowledged
 
     def put(self, key: bytes, value: bytes, partition: int) -> None:
-        """Write ``key`` (of ``partition``: the table's partitioner places it there too)."""
+        """Write ``key``, whose partition is ``partition``. The changelog record is placed by
+        the table's own partitioner (``use_partitioner``), which puts the key there too."""
         table = self.table
-        self.unsent.append(table.send_changelog(partition, key, value))
+        self.unsent.append(table.send_changelog(table.partition_for_key(key), key, value))
         at = _AtPartition(_Message(partition))
         token = _current_event.set(weakref.ref(at))  # type: ignore[arg-type]
         try:

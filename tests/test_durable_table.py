@@ -28,10 +28,13 @@ class PartitionedStore(dict[bytes, bytes]):
 class Table:
     def __init__(self) -> None:
         self.data = PartitionedStore()
-        self.sent: list[tuple[int, bytes, bytes]] = []
+        self.sent: list[tuple[int | None, bytes, bytes]] = []
         self.futures: list[asyncio.Future[None]] = []
 
-    def send_changelog(self, partition: int, key: bytes, value: bytes) -> asyncio.Future[None]:
+    def partition_for_key(self, key: bytes) -> int | None:
+        return None  # ``use_partitioner``: the producer places the record
+
+    def send_changelog(self, partition: int | None, key: bytes, value: bytes) -> asyncio.Future[None]:
         self.sent.append((partition, key, value))
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.futures.append(future)
@@ -44,7 +47,7 @@ async def test_a_write_from_a_timer_lands_in_its_keys_partition_and_is_awaited()
     writes.put(b"a", b"1", partition=3)  # no current event, as in a timer
     writes.put(b"b", b"2", partition=1)
     assert table.data == {b"a": b"1", b"b": b"2"} and table.data.partition_of == {b"a": 3, b"b": 1}
-    assert [partition for partition, _, _ in table.sent] == [3, 1]
+    assert [key for _, key, _ in table.sent] == [b"a", b"b"]
     assert current_event() is None  # the stand-in is gone again
 
     waiting = asyncio.create_task(writes.delivered())
