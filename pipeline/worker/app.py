@@ -330,9 +330,14 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
                 logger.exception("stage 2 failed to judge windows")
                 return
             await store_and_publish(events)
-            if not state_failed[0]:
-                for message in stage_two.judged_and_stored():  # their windows' states and events are on the broker
-                    message.ack()
+            acknowledge_judged()
+
+    def acknowledge_judged() -> None:
+        """Acknowledge the partials messages whose windows' events and states are on the broker
+        (none while a state write has failed: those windows are in no stored state)."""
+        if not state_failed[0]:
+            for message in stage_two.judged_and_stored():
+                message.ack()
 
     async def store_and_publish(events: list[AnomalyEvent]) -> None:
         # Events, then state, both on the broker before this returns and the partials that
@@ -429,8 +434,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
         async with judging:  # not in the middle of a step whose events are on their way
             save_states(every_one=True, occasion=" on shutdown")
             await state_writes.delivered()
-            for message in stage_two.judged_and_stored():  # committed on the way out, if Faust still can
-                message.ack()
+            acknowledge_judged()  # committed on the way out, if Faust still can
 
     @app.on_partitions_revoked.connect
     async def hand_over_revoked(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:

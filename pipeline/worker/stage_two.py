@@ -117,11 +117,15 @@ class StageTwo:
     def judged_and_stored(self) -> list[Any]:
         """Tokens of held messages (``receive``) whose every window was judged and is covered by
         the states taken for storage: once those are on the broker, the messages may be acknowledged."""
-        stored = self.bank.stored_until()
+        stored: float | None = None  # a pass over every segment: only when a message is judged
         done: list[Any] = []
         for via, waiting in self.unacked.items():
-            bound = min(self.assembler.released_until.get(via, -math.inf), stored)
-            while waiting and waiting[0][1] <= bound:  # in order: Kafka commits a prefix of offsets
+            released = self.assembler.released_until.get(via, -math.inf)
+            while waiting and waiting[0][1] <= released:  # in order: Kafka commits a prefix of offsets
+                if stored is None:
+                    stored = self.bank.stored_until()
+                if waiting[0][1] > stored:
+                    break
                 done.append(waiting.popleft()[0])
         return done
 
