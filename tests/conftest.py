@@ -44,6 +44,16 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["SERVEWATCH_BROKER_PROFILE"] = "kafka" if BROKER_KIND == "apache" else "tansu"
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` (``addopts``): the default set on every core; a ``-m`` run (the broker-backed
+    sets) one test at a time. Those start brokers, workers and notifiers, and kill them: run
+    side by side on two cores they would compete with the processes under test, and each
+    xdist worker would start its own session broker."""
+    if config.option.markexpr:
+        return 0
+    return None  # xdist's own count
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The suite as the README runs it (``pytest``: no test paths, no ``-m``) leaves out the
     broker-backed tests and the long simulations, a set of their own (``-m "integration or
