@@ -6,14 +6,17 @@ share one thread):
   that is not there), and nothing raises;
 * client-side TTFT tracks the server's own: never below it (the server's interval lies
   inside the client's), the median difference under 25 % of the median server TTFT, and a
-  rank correlation of at least 0.8 (what the client adds is transport, not noise);
+  rank correlation of at least 0.8 (what the client adds is transport, not noise). These
+  comparisons, and the cached prefixes' below, need a client that kept its schedule: on a
+  machine so busy that its sends ran late (``RunSummary.late_s``, same run) they are
+  skipped, saying so;
 * prefix-cached requests prefill faster, seen by the server and by the client;
 * the profile of loadgen's own logs matches the profile it replayed, within these
   tolerances (about 200 requests; sampling error, not bias, sets them): prompt and output
   p50 within 15 %, p90 within 25 %; shared-prefix share within 0.1, each top prefix's share
   of them within 0.12 and its shared length within 25 % + one 16-token cache block; the
   ``length`` share among stops and lengths within 0.08; route shares within 0.1; the
-  inter-arrival CV within 0.3;
+  inter-arrival CV within 0.3 (timed by the client: skipped as above when it ran late);
 * a concurrency ramp finds the knee at the server's slot count, throughput growing up to
   it and not beyond.
 
@@ -39,7 +42,7 @@ from servewatch.models.workload.sample import RequestSpec
 from servewatch.pipeline.cli.main import main
 from servewatch.pipeline.dev.children import start_announcing, stop
 from servewatch.pipeline.dev.openai_server import OpenAIServer, Served, ServerConfig, read_served
-from servewatch.pipeline.loadgen import LoadGenerator, Outcome, Target
+from servewatch.pipeline.loadgen import LoadGenerator, Outcome, RunSummary, Target
 from servewatch.pipeline.loadgen.prompts import PromptBuilder
 from servewatch.schemas.request_log import RequestLog
 from servewatch.schemas.workload_profile import WorkloadProfile
@@ -95,29 +98,48 @@ class ChildServer:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ChildServer]:
-    """Slots enough that nothing queues: TTFT is prefill, 2 ms + 0.25 ms per uncached token (long
-    enough that a loaded machine's scheduling jitter stays small beside it)."""
-    child = ChildServer(tmp_path_factory.mktemp("server"), "--slots", "64", "--itl-s", "0.002",
-                        "--prefill-s-per-token", "0.00025")  # fmt: skip
+    """Slots enough that nothing queues: TTFT is prefill, 2 ms + 1 ms per uncached token (0.4 s
+    for the median prompt). A loaded machine delays the client's event loop by tens of
+    milliseconds (a median of 66 ms with two test workers and three busy loops on two cores):
+    the prefill must dwarf that, or the comparisons below measure the machine."""
+    child = ChildServer(tmp_path_factory.mktemp("server"), "--slots", "256", "--itl-s", "0.002",
+                        "--prefill-s-per-token", "0.001")  # fmt: skip
     yield child
     stop(child.process)
 
 
-def run_open_loop(target: Target, sampler: WorkloadSampler, rate: float, seconds: float, **kw: Any) -> list[Outcome]:
+def run_open_loop(
+    target: Target, sampler: WorkloadSampler, rate: float, seconds: float, **kw: Any
+) -> tuple[list[Outcome], RunSummary]:
     outcomes: list[Outcome] = []
 
-    async def go() -> None:
+    async def go() -> RunSummary:
         async with LoadGenerator(target, sampler, on_outcome=outcomes.append, **kw) as generator:
             summary = await generator.open_loop(rate, seconds)
             assert summary.shed == 0
+            return summary
 
-    asyncio.run(go())
-    return outcomes
+    return outcomes, asyncio.run(go())
 
 
 @pytest.fixture(scope="module")
-def replayed(server: ChildServer, profile: WorkloadProfile) -> list[Outcome]:
+def replay(server: ChildServer, profile: WorkloadProfile) -> tuple[list[Outcome], RunSummary]:
     return run_open_loop(Target(server.url, "m"), WorkloadSampler(profile, seed=4), 40.0, 5.0, seed=4)
+
+
+@pytest.fixture(scope="module")
+def replayed(replay: tuple[list[Outcome], RunSummary]) -> list[Outcome]:
+    return replay[0]
+
+
+def skip_if_the_client_fell_behind(summary: RunSummary, typical_s: float) -> None:
+    """Timing comparisons need a client that kept its schedule: one whose sends ran later than a
+    quarter of a typical TTFT (``late_s``, measured in the same run) was starved of CPU, and
+    what it measured is the machine's load, not its own accuracy."""
+    if summary.late_s > 0.25 * typical_s:
+        pytest.skip(f"the machine is too busy to compare timings: the client's sends ran up to "
+                    f"{1000 * summary.late_s:.0f} ms behind schedule, against a typical TTFT of "
+                    f"{1000 * typical_s:.0f} ms")  # fmt: skip
 
 
 def test_every_request_is_a_valid_request_log(replayed: list[Outcome], server: ChildServer) -> None:
@@ -134,33 +156,38 @@ def test_every_request_is_a_valid_request_log(replayed: list[Outcome], server: C
         assert len(outcome.gaps) == log.completion_tokens - 1
 
 
-def test_client_ttft_tracks_the_servers(replayed: list[Outcome], server: ChildServer) -> None:
+def test_client_ttft_tracks_the_servers(replay: tuple[list[Outcome], RunSummary], server: ChildServer) -> None:
+    replayed, summary = replay
     served = server.served()
     client = np.array([o.log.ttft_s for o in replayed], dtype=float)
     own = np.array([served[o.log.request_id].ttft_s for o in replayed], dtype=float)
     difference = client - own
-    assert np.all(difference > -1e-3)  # the server's interval lies inside the client's
+    assert np.all(difference > -1e-3)  # the server's interval lies inside the client's, busy or not
+    skip_if_the_client_fell_behind(summary, float(np.median(own)))
     assert np.median(difference) < 0.25 * np.median(own)
     assert spearmanr(client, own).statistic > 0.8
     print(f"client - server TTFT: median {1000 * np.median(difference):.2f} ms on a median server TTFT of "
           f"{1000 * np.median(own):.1f} ms; Spearman {spearmanr(client, own).statistic:.3f}")  # fmt: skip
 
 
-def test_cached_prefixes_prefill_faster(replayed: list[Outcome], server: ChildServer) -> None:
+def test_cached_prefixes_prefill_faster(replay: tuple[list[Outcome], RunSummary], server: ChildServer) -> None:
+    replayed, summary = replay
     served = server.served()
     hit = [o for o in replayed if (o.log.cached_tokens or 0) >= 64]
     miss = [o for o in replayed if o.log.cached_tokens == 0]
     assert len(hit) > 30 and len(miss) > 30
+    assert all(o.log.prefix_hash for o in hit)
+    skip_if_the_client_fell_behind(summary, float(np.median([served[o.log.request_id].ttft_s for o in miss])))
     for ttft in (lambda o: served[o.log.request_id].ttft_s, lambda o: o.log.ttft_s):  # server, then client
         per_token = {name: np.median([ttft(o) / o.log.prompt_tokens for o in group])
                      for name, group in (("hit", hit), ("miss", miss))}  # fmt: skip
         assert per_token["hit"] < 0.8 * per_token["miss"]
-    assert all(o.log.prefix_hash for o in hit)
 
 
 def test_a_profile_of_loadgens_logs_matches_the_profile_it_replayed(
-    replayed: list[Outcome], profile: WorkloadProfile
+    replay: tuple[list[Outcome], RunSummary], profile: WorkloadProfile, server: ChildServer
 ) -> None:
+    replayed, summary = replay
     again = WorkloadProfiler().learn_many(o.log for o in replayed).profile("m")
     deviations = {}
     for name in ("prompt", "output"):
@@ -186,8 +213,11 @@ def test_a_profile_of_loadgens_logs_matches_the_profile_it_replayed(
     assert set(again.routes) == {"chat", "rag"} and abs(again.routes["chat"] - profile.routes["chat"]) < 0.1
     assert again.arrivals.interarrival_cv is not None and profile.arrivals.interarrival_cv is not None
     deviations["inter-arrival CV"] = again.arrivals.interarrival_cv - profile.arrivals.interarrival_cv
-    assert abs(deviations["inter-arrival CV"]) < 0.3
     print("profile round trip:", {k: round(v, 3) for k, v in deviations.items()})
+    # Arrivals are timed by the client's clock: what a starved client logs is the machine's load.
+    served = server.served()
+    skip_if_the_client_fell_behind(summary, float(np.median([served[o.log.request_id].ttft_s for o in replayed])))
+    assert abs(deviations["inter-arrival CV"]) < 0.3
 
 
 def test_a_ramp_finds_the_knee_at_the_servers_slots(tmp_path: Path) -> None:
