@@ -124,20 +124,25 @@ def status_of(received: Received) -> tuple[str, str]:
     return kind, "resolved" if "resolved" in text else "firing"
 
 
-def by_sink_and_status(receiver: LocalReceiver, models: tuple[str, ...]) -> Counter[tuple[str, str, str]]:
-    """(sink, model, status) of every accepted request."""
-    seen: Counter[tuple[str, str, str]] = Counter()
+def classified(receiver: LocalReceiver, models: tuple[str, ...]) -> list[tuple[tuple[str, str, str], float]]:
+    """(sink, model, status) of every accepted request, with its arrival time, in order."""
     # A PagerDuty resolve carries only its dedup_key: the trigger with the same key names the model.
     pager_model = {r.body["dedup_key"]: r.body["payload"]["component"] for r in receiver.received
                    if r.kind == "pagerduty" and r.body["event_action"] == "trigger"}  # fmt: skip
+    out = []
     for received in receiver.received:
         text = orjson.dumps(received.body).decode()
         model = next((m for m in models if m in text), "?")
         if received.kind == "pagerduty":
             model = pager_model.get(received.body["dedup_key"], "?")
         kind, status = status_of(received)
-        seen[(kind, model, status)] += 1
-    return seen
+        out.append(((kind, model, status), received.at))
+    return out
+
+
+def by_sink_and_status(receiver: LocalReceiver, models: tuple[str, ...]) -> Counter[tuple[str, str, str]]:
+    """How many accepted requests each (sink, model, status) had."""
+    return Counter(key for key, _ in classified(receiver, models))
 
 
 def _past(rfc3339: str, at: float) -> bool:
