@@ -109,6 +109,16 @@ def grouped(grouper: IncidentGrouper, events: list[AnomalyEvent]) -> list[Anomal
     return out
 
 
+async def receiving(bootstrap: str, tmp_path: Path) -> tuple[LocalReceiver, Path]:
+    """The topics, a started receiver for every sink kind, and a notifier config pointing at it."""
+    await ensure_topics(bootstrap, 4)
+    receiver = LocalReceiver()
+    await receiver.start()
+    config = tmp_path / "notify.yaml"
+    config.write_text(config_yaml(receiver.urls()))
+    return receiver, config
+
+
 def status_of(received: Received) -> tuple[str, str]:
     """(sink kind, group status) of one accepted request, from its payload."""
     body = received.body
@@ -168,11 +178,7 @@ async def test_every_group_reaches_every_sink_exactly_once_through_faults_silenc
     broker: Broker, tmp_path: Path
 ) -> None:
     bootstrap = broker.bootstrap
-    await ensure_topics(bootstrap, 4)
-    receiver = LocalReceiver()
-    await receiver.start()
-    config = tmp_path / "notify.yaml"
-    config.write_text(config_yaml(receiver.urls()))
+    receiver, config = await receiving(bootstrap, tmp_path)
     env = {"SERVEWATCH_APP_ID": f"notify-test-{uuid.uuid4().hex[:8]}", "SERVEWATCH_LOG_LEVEL": "INFO",
            "SERVEWATCH_NOTIFY_CONFIG": str(config)}  # fmt: skip
     check = subprocess.run([sys.executable, "-m", "servewatch", "check-config", str(config)], capture_output=True,

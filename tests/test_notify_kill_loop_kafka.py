@@ -27,15 +27,14 @@ from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.pipeline.dev.broker import free_loopback_port
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
 from servewatch.pipeline.dev.receivers import Fault, LocalReceiver
-from servewatch.pipeline.kafka import ensure_topics
 from tests.conftest import Broker
 from tests.test_notify_kafka import (
     by_sink_and_status,
     classified,
-    config_yaml,
     grouped,
     incidents,
     produce,
+    receiving,
     recorded,
     sigkill,
     until,
@@ -102,11 +101,7 @@ async def _all_out(bootstrap: str, receiver: LocalReceiver, status: str) -> None
 
 async def test_no_notification_is_lost_when_the_notifier_is_killed_ten_times(broker: Broker, tmp_path: Path) -> None:
     bootstrap = broker.bootstrap
-    await ensure_topics(bootstrap, 4)
-    receiver = LocalReceiver()
-    await receiver.start()
-    config = tmp_path / "notify.yaml"
-    config.write_text(config_yaml(receiver.urls()))
+    receiver, config = await receiving(bootstrap, tmp_path)
     env = {"SERVEWATCH_APP_ID": f"notify-kill-{uuid.uuid4().hex[:8]}", "SERVEWATCH_NOTIFY_CONFIG": str(config)}
     grouper, draw = IncidentGrouper(), random.Random(KILL_SEED)
     notifier, metrics_port = await _start(bootstrap, env)
