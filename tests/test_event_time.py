@@ -89,6 +89,32 @@ def test_a_host_30_s_behind_is_judged_with_a_learned_lateness() -> None:
     assert 30.0 <= replay.stage_one.windower.allowed_lateness <= 45.0
 
 
+def test_a_backlog_ten_minutes_old_is_counted_late_and_no_window_waits_for_it() -> None:
+    """Live traffic on time (a message a second, 40 requests), and halfway through one message
+    of 2,000 records ten minutes old (a host's backlog, shipped at once): they are counted
+    late, and the allowed lateness (how long after its end a window is judged) is back to its
+    usual value within two minutes of event time; it never moves at all, in fact."""
+    replay, sent, burst_at, burst = Replay(Settings()), 0, 300, 2000
+    allowed: list[float] = []
+    for second in range(600):
+        rows = [log(f"a{second}-{i}", T0 + second + i / 40) for i in range(40)]
+        if second == burst_at:
+            rows += [log(f"old-{i}", T0 + second - 600.0 + i / 100) for i in range(burst)]
+        sent += len(rows)
+        replay.feed(orjson.dumps(rows), second)
+        allowed.append(replay.stage_one.windower.allowed_lateness)
+        if second == burst_at - 1:
+            late_before = replay.stage_two.late_records
+    late_at_burst = replay.stage_two.late_records - late_before
+    replay.finish()
+    judged, late, duplicates = _accounted(replay)
+    assert judged + late + duplicates == sent and duplicates == 0
+    assert late_at_burst >= burst and late <= burst + 40  # the backlog, and at most a second of the rest
+    usual = allowed[burst_at - 1]
+    assert max(allowed[burst_at + 120 :]) <= usual
+    assert max(allowed) <= usual
+
+
 def test_with_a_fixed_lateness_the_skewed_host_is_counted_late_not_lost() -> None:
     replay, sent = _skewed_hosts(Settings(allowed_lateness_s=1.0, max_lateness_s=0))
     judged, late, _ = _accounted(replay)

@@ -8,12 +8,18 @@ but behind its source's batching), and a host's clock may run behind. A record's
 delivered. A fixed allowed lateness either drops the records of a slow or skewed host
 (too small) or delays every window (too large); this learns it instead.
 
-``LearnedLateness`` keeps a histogram of disorder on log-spaced bins, fading with a
-half-life counted in closed windows (event time, so a replay learns as the live worker
-would), and allows the ``quantile`` (99.9 %) of it, between ``floor_s`` and ``cap_s``. It
-starts from ``prior_s`` (10 s: Filebeat's flush, the slowest common default), held as a
-small mass that real observations outweigh and that fades like them. A host further
-behind than ``cap_s`` is not waited for: its records are counted late, never silently lost.
+``LearnedLateness`` learns from *arrival intervals* (the records that arrived between two
+window closes), not from records one by one: each interval gives one figure, the disorder
+of its ``record_quantile`` (99.9 %) record, and the allowed lateness is the ``quantile``
+(95 %) of those figures over recent intervals, on log-spaced bins fading with a half-life
+counted in closed windows (event time, so a replay learns as the live worker would), between
+``floor_s`` and ``cap_s``. What happens in most intervals is waited for: a host always 30 s
+behind, a shipper that flushes once a minute (every sixth interval). A burst of stragglers
+is one interval however many records it holds (a backlog shipped at once, a host back from
+an outage), so it does not stretch every window's wait for half an hour: its records are
+counted late, never silently lost, as are those of a host further behind than ``cap_s``.
+It starts from ``prior_s`` (10 s: Filebeat's flush, the slowest common default), held as a
+few intervals' worth that real ones outweigh and that fades like them.
 
 >>> lateness = LearnedLateness(floor_s=1.0, cap_s=120.0, prior_s=10.0)
 >>> round(lateness.value, 1)  # the prior, rounded up to its bin's edge
@@ -29,6 +35,10 @@ True
 ...     quiet.observe(np.zeros(100))
 ...     quiet.window_closed()
 >>> quiet.value
+1.0
+>>> quiet.observe(np.full(2000, 600.0))  # a backlog ten minutes old, shipped at once
+>>> quiet.window_closed()
+>>> quiet.value  # counted late, not waited for
 1.0
 """
 
@@ -48,14 +58,17 @@ class LearnedLateness:
     floor_s: float = 1.0
     cap_s: float = 120.0
     prior_s: float = 10.0
-    quantile: float = 0.999
+    quantile: float = 0.95  # of arrival intervals: what happens in one of 20 is not waited for
+    record_quantile: float = 0.999  # of one interval's records: its disorder
     half_life_windows: float = 30.0  # five minutes of 10 s windows
-    prior_weight: float = 100.0
-    counts: np.ndarray = field(init=False, repr=False)
+    prior_weight: float = 5.0  # intervals
+    counts: np.ndarray = field(init=False, repr=False)  # intervals per disorder bin, faded
+    arriving: np.ndarray = field(init=False, repr=False)  # records per bin since the last close
     value: float = field(init=False)
 
     def __post_init__(self) -> None:
         self.counts = np.zeros(len(EDGES))
+        self.arriving = np.zeros(len(EDGES))
         if self.prior_s > 0:
             self.counts[self._bin(np.array([self.prior_s]))[0]] = self.prior_weight
         self._fade = 0.5 ** (1.0 / self.half_life_windows)
@@ -68,12 +81,17 @@ class LearnedLateness:
     def observe(self, disorder: np.ndarray) -> None:
         """Count records that arrived ``disorder`` seconds behind their partition's newest."""
         if len(disorder):
-            self.counts += np.bincount(self._bin(np.maximum(disorder, 0.0)), minlength=len(EDGES))
-            self.value = self._allowed()
+            self.arriving += np.bincount(self._bin(np.maximum(disorder, 0.0)), minlength=len(EDGES))
 
     def window_closed(self) -> None:
-        """Fade what was learned by one window's half-life step."""
+        """Fade what was learned by one window's half-life step, and learn the interval that
+        arrived since the last close (if any records did) as one figure."""
         self.counts *= self._fade
+        total = self.arriving.sum()
+        if total > 0:
+            cumulative = np.cumsum(self.arriving)
+            self.counts[int(np.searchsorted(cumulative, self.record_quantile * total, side="left"))] += 1.0
+            self.arriving[:] = 0.0
         self.value = self._allowed()
 
     def _allowed(self) -> float:
