@@ -80,8 +80,8 @@ def profile() -> WorkloadProfile:
 
 
 def narrow_profile() -> WorkloadProfile:
-    """Every request alike (200-token prompt, 60-token answer): a ramp's latency moves only with load."""
-    rows = [{"model": "m", "timestamp": DAY0 + i, "e2e_s": 0.5, "prompt_tokens": 200, "completion_tokens": 60,
+    """Every request alike (200-token prompt, 20-token answer): a ramp's latency moves only with load."""
+    rows = [{"model": "m", "timestamp": DAY0 + i, "e2e_s": 0.5, "prompt_tokens": 200, "completion_tokens": 20,
              "finish_reason": "stop"} for i in range(100)]  # fmt: skip
     return WorkloadProfiler().learn_many(rows).profile("m")
 
@@ -221,13 +221,16 @@ def test_a_profile_of_loadgens_logs_matches_the_profile_it_replayed(
 
 
 def test_a_ramp_finds_the_knee_at_the_servers_slots(tmp_path: Path) -> None:
-    child = ChildServer(tmp_path, "--slots", "4", "--itl-s", "0.002", "--itl-growth", "0.02")
+    # 20 ms a token and 0.2 s of prefill: a starved client's few milliseconds a chunk cannot
+    # double a step's TTFT or inter-token latency the way the slots running out do.
+    child = ChildServer(tmp_path, "--slots", "4", "--itl-s", "0.02", "--itl-growth", "0.02",
+                        "--prefill-s-per-token", "0.001")  # fmt: skip
     try:
 
         async def go() -> Any:
             target = Target(child.url, "m")
             async with LoadGenerator(target, WorkloadSampler(narrow_profile(), seed=1), seed=1) as generator:
-                return await generator.ramp([1, 2, 4, 8, 16], step_s=1.5)
+                return await generator.ramp([1, 2, 4, 8, 16], step_s=2.5)
 
         report = asyncio.run(go())
     finally:
