@@ -8,7 +8,7 @@ share one thread):
   inside the client's), the median difference under 25 % of the median server TTFT, and a
   rank correlation of at least 0.8 (what the client adds is transport, not noise). These
   comparisons, and the cached prefixes' below, need a client that kept its schedule: on a
-  machine so busy that its sends ran late (``RunSummary.late_s``, same run) they are
+  machine so busy that its sends ran late (``RunSummary.late_p90_s``, same run) they are
   skipped, saying so;
 * prefix-cached requests prefill faster, seen by the server and by the client;
 * the profile of loadgen's own logs matches the profile it replayed, within these
@@ -133,13 +133,14 @@ def replayed(replay: tuple[list[Outcome], RunSummary]) -> list[Outcome]:
 
 
 def skip_if_the_client_fell_behind(summary: RunSummary, typical_s: float) -> None:
-    """Timing comparisons need a client that kept its schedule: one whose sends ran later than a
-    quarter of a typical TTFT (``late_s``, measured in the same run) was starved of CPU, and
-    what it measured is the machine's load, not its own accuracy."""
-    if summary.late_s > 0.25 * typical_s:
-        pytest.skip(f"the machine is too busy to compare timings: the client's sends ran up to "
-                    f"{1000 * summary.late_s:.0f} ms behind schedule, against a typical TTFT of "
-                    f"{1000 * typical_s:.0f} ms")  # fmt: skip
+    """Timing comparisons need a client that kept its schedule: one whose sends ran a tenth of
+    a typical TTFT late or more, one time in ten (``late_p90_s``, measured in the same run),
+    was starved of CPU, and what it measured is the machine's load, not its own accuracy.
+    (The worst lateness is no guide: one hiccup of another process moves it.)"""
+    if summary.late_p90_s > 0.1 * typical_s:
+        pytest.skip(f"the machine is too busy to compare timings: one send in ten ran "
+                    f"{1000 * summary.late_p90_s:.0f} ms or more behind schedule, against a typical "
+                    f"TTFT of {1000 * typical_s:.0f} ms")  # fmt: skip
 
 
 def test_every_request_is_a_valid_request_log(replayed: list[Outcome], server: ChildServer) -> None:

@@ -16,6 +16,9 @@ from servewatch.pipeline.dev.real_runs import RealRunWorkload
 from servewatch.pipeline.dev.scenarios import BY_NAME, SCENARIOS, ScenarioResult, run_scenario
 from servewatch.schemas.anomaly import Severity, Signal, Status
 
+#: Tens of simulated hours: with the broker-backed set (``.ci/run``), not the README's default.
+pytestmark = pytest.mark.long
+
 _results: dict[str, ScenarioResult] = {}
 
 

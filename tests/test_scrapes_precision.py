@@ -12,9 +12,14 @@ from __future__ import annotations
 
 from functools import cache
 
+import pytest
+
 from servewatch.pipeline.dev.serving_sim import CHAT_MODEL, SimPhase, TraceWorkload
 from servewatch.pipeline.dev.sim_scrapes import ScrapeRun, run_scrape_scenario
 from servewatch.schemas.anomaly import Signal
+
+#: Hours of simulated scrapes: with the broker-backed set (``.ci/run``), not the README's default.
+pytestmark = pytest.mark.long
 
 #: Normal traffic before the phase under test: the engines' baselines and capacity grow up
 #: (capacity is trusted after 30 scrapes, a baseline is young below 30 learned windows).
