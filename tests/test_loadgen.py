@@ -16,7 +16,8 @@ share one thread):
   p50 within 15 %, p90 within 25 %; shared-prefix share within 0.1, each top prefix's share
   of them within 0.12 and its shared length within 25 % + one 16-token cache block; the
   ``length`` share among stops and lengths within 0.08; route shares within 0.1; the
-  inter-arrival CV within 0.3 (timed by the client: skipped as above when it ran late);
+  inter-arrival CV within 0.3 (timed by the client: skipped as above when its sends ran a
+  quarter of the mean gap late);
 * a concurrency ramp finds the knee at the server's slot count, throughput growing up to
   it and not beyond.
 
@@ -132,15 +133,16 @@ def replayed(replay: tuple[list[Outcome], RunSummary]) -> list[Outcome]:
     return replay[0]
 
 
-def skip_if_the_client_fell_behind(summary: RunSummary, typical_s: float) -> None:
-    """Timing comparisons need a client that kept its schedule: one whose sends ran a tenth of
-    a typical TTFT late or more, one time in ten (``late_p90_s``, measured in the same run),
-    was starved of CPU, and what it measured is the machine's load, not its own accuracy.
-    (The worst lateness is no guide: one hiccup of another process moves it.)"""
-    if summary.late_p90_s > 0.1 * typical_s:
+def skip_if_the_client_fell_behind(summary: RunSummary, typical_s: float, share: float = 0.05) -> None:
+    """Timing comparisons need a client that kept its schedule: one whose sends ran ``share`` of
+    the ``typical_s`` it measures late or more, one time in ten (``late_p90_s``, measured in
+    the same run), was starved of CPU, and what it measured is the machine's load, not its own
+    accuracy: its reads of the answers lag several times more than its sends (the worst
+    lateness is no guide either: one hiccup of another process moves it)."""
+    if summary.late_p90_s > share * typical_s:
         pytest.skip(f"the machine is too busy to compare timings: one send in ten ran "
-                    f"{1000 * summary.late_p90_s:.0f} ms or more behind schedule, against a typical "
-                    f"TTFT of {1000 * typical_s:.0f} ms")  # fmt: skip
+                    f"{1000 * summary.late_p90_s:.1f} ms or more behind schedule, against a typical "
+                    f"{1000 * typical_s:.0f} ms measured")  # fmt: skip
 
 
 def test_every_request_is_a_valid_request_log(replayed: list[Outcome], server: ChildServer) -> None:
@@ -186,7 +188,7 @@ def test_cached_prefixes_prefill_faster(replay: tuple[list[Outcome], RunSummary]
 
 
 def test_a_profile_of_loadgens_logs_matches_the_profile_it_replayed(
-    replay: tuple[list[Outcome], RunSummary], profile: WorkloadProfile, server: ChildServer
+    replay: tuple[list[Outcome], RunSummary], profile: WorkloadProfile
 ) -> None:
     replayed, summary = replay
     again = WorkloadProfiler().learn_many(o.log for o in replayed).profile("m")
@@ -215,9 +217,9 @@ def test_a_profile_of_loadgens_logs_matches_the_profile_it_replayed(
     assert again.arrivals.interarrival_cv is not None and profile.arrivals.interarrival_cv is not None
     deviations["inter-arrival CV"] = again.arrivals.interarrival_cv - profile.arrivals.interarrival_cv
     print("profile round trip:", {k: round(v, 3) for k, v in deviations.items()})
-    # Arrivals are timed by the client's clock: what a starved client logs is the machine's load.
-    served = server.served()
-    skip_if_the_client_fell_behind(summary, float(np.median([served[o.log.request_id].ttft_s for o in replayed])))
+    # Arrivals are timed by the client's clock, against gaps of 25 ms on average (40/s): what a
+    # client that fell behind by a fraction of that logs is the machine's load.
+    skip_if_the_client_fell_behind(summary, 1.0 / 40.0, share=0.25)
     assert abs(deviations["inter-arrival CV"]) < 0.3
 
 
