@@ -87,20 +87,22 @@ class LearnedLateness:
         """Fade what was learned by one window's half-life step, and learn the interval that
         arrived since the last close (if any records did) as one figure."""
         self.counts *= self._fade
-        total = self.arriving.sum()
-        if total > 0:
-            cumulative = np.cumsum(self.arriving)
-            self.counts[int(np.searchsorted(cumulative, self.record_quantile * total, side="left"))] += 1.0
+        if self.arriving.sum() > 0:
+            self.counts[_quantile_bin(self.arriving, self.record_quantile)] += 1.0
             self.arriving[:] = 0.0
         self.value = self._allowed()
 
     def _allowed(self) -> float:
-        total = self.counts.sum()
-        if total <= 0:
+        if self.counts.sum() <= 0:
             return max(self.floor_s, min(self.prior_s, self.cap_s))
-        index = int(np.searchsorted(np.cumsum(self.counts), self.quantile * total, side="left"))
-        upper = float(EDGES[min(index, len(EDGES) - 1)])
+        upper = float(EDGES[_quantile_bin(self.counts, self.quantile)])
         return float(min(self.cap_s, max(self.floor_s, upper)))
+
+
+def _quantile_bin(counts: np.ndarray, quantile: float) -> int:
+    """The bin holding the ``quantile`` of a histogram with a positive total."""
+    index = int(np.searchsorted(np.cumsum(counts), quantile * counts.sum(), side="left"))
+    return min(index, len(counts) - 1)
 
 
 def disorder_of(times: np.ndarray, newest_before: float) -> np.ndarray:
