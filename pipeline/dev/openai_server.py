@@ -228,6 +228,7 @@ class OpenAIServer(LoopbackServer):
                 await response.write(chunk(None))  # the role first, as engines do: not a token
             async with contextlib.aclosing(self._tokens(words, count, account)) as tokens:
                 async for token in tokens:
+                    account.stamp()  # before the write, which may wait on a slow reader
                     await response.write(chunk(token))
                     account.token()
             await response.write(chunk("", finish))
@@ -276,10 +277,15 @@ class _Account:
     queue_s: float | None = None
     ttft_s: float | None = None
 
-    def token(self) -> None:
-        """A token went out to the client."""
+    def stamp(self) -> None:
+        """A token is handed to the client's stream: the first one sets TTFT, on the server's
+        clock as an engine's is (time spent in the write itself is the client's to see)."""
         if self.ttft_s is None:
             self.ttft_s = time.perf_counter() - self.started
+
+    def token(self) -> None:
+        """A token went out to the client."""
+        self.stamp()
         self.sent += 1
 
     def usage(self) -> dict[str, Any]:
