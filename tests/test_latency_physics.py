@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import random
 
-from servewatch.models.detect.signal_detector import DetectorConfig, SignalDetector
+from servewatch.models.detect.signal_detector import DetectorConfig, SignalDetector, Verdict
 from servewatch.models.detect.signals import BY_SIGNAL, Reading
 from servewatch.models.stats.latency import LoadConditionedLatency
 from servewatch.schemas.anomaly import Signal
@@ -63,3 +63,48 @@ def test_a_lone_wild_window_followed_by_calm_counts_as_the_tails() -> None:
     for _ in range(8):
         model.learn_one(demand(1.0), usual)
     assert model.predict_one(demand(1.0)).nu < nu_before  # heavier tails than it thought
+
+
+def judged(factors: list[tuple[float, dict[str, float]]]) -> list[Verdict]:
+    """Verdicts of a trained TTFT detector on windows at ``factor`` times the usual TTFT, at
+    the usual demand (plus ``extra`` inputs), each learned or noted as the worker does."""
+    config = DetectorConfig()
+    model = trained()
+    usual = model.predict_one(demand(1.0)).expected
+    detector = SignalDetector(BY_SIGNAL[Signal.TTFT], model, tracker=config.tracker())
+    verdicts = []
+    for factor, extra in factors:
+        reading = Reading(value=usual * factor, x={**demand(1.0), **extra}, n=50)
+        verdict = detector.judge(reading, config)
+        detector.learn_if_normal(reading, verdict)
+        verdicts.append(verdict)
+    return verdicts
+
+
+def test_a_window_beyond_the_critical_surprise_fires_on_its_own() -> None:
+    # 2.2x: anomalous (1 in a million), but one window: the incident waits for a second.
+    (anomalous,) = judged([(2.2, {})])
+    assert anomalous.pages and DetectorConfig().threshold <= anomalous.score < DetectorConfig().critical
+    assert not anomalous.sustained
+    # 3x: beyond 1 in 100 million at the segment's own tails, as strong as any pair of windows.
+    (critical,) = judged([(3.0, {})])
+    assert critical.pages and critical.score >= DetectorConfig().critical and critical.sustained
+
+
+def test_the_window_after_a_paging_one_is_judged_for_persistence() -> None:
+    # A fault's first full window (2x), then one that alone would not page (1.45x): together,
+    # beyond the echo noise leaves after a wild window, the fault lasts.
+    first, second = judged([(2.0, {}), (1.45, {})])
+    assert first.pages and second.pages
+    (alone,) = judged([(1.45, {})])
+    assert not alone.pages
+    # Back to usual after the wild window: nothing lasts.
+    assert not judged([(2.0, {}), (1.0, {})])[1].pages
+
+
+def test_a_window_load_explained_leaves_no_pair_behind() -> None:
+    # A burst fills every slot: its queue is load (explained). The window after it, still
+    # draining at 1.45x, is not a fault that lasts: what load explains does not persist.
+    burst, after = judged([(2.0, {"saturated": 1.0}), (1.45, {})])
+    assert burst.explained and not burst.pages
+    assert not after.pages

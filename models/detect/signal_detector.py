@@ -28,7 +28,7 @@ class DetectorConfig:
     """Knobs shared by every segment's detectors."""
 
     threshold: float = 4.0  # surprise (-log10 p) at which a window is anomalous
-    critical: float = 8.0  # surprise at which a paging window is critical
+    critical: float = 8.0  # surprise at which a paging window is critical, and fires its incident alone
     min_requests: int = 5  # fewer samples behind a latency or share: no verdict, nothing learned
     fire_after: int = 2
     fire_within: int = 3
@@ -180,7 +180,10 @@ class SignalDetector:
             # windows an incident asks for: the incident fires on them, as on a rate's CUSUM, rather
             # than wait for a third window that would count the same evidence again. A burst's
             # ordinary window followed by a wild one does not qualify: that needs a second look.
-            sustained = pages and judged.paired >= config.threshold and judged.weaker >= config.threshold - 1.0
+            # Nor does one wild window, unless it alone is as strong as such a pair ever is
+            # (``critical``: 1 in 100 million at the segment's own heavy tails).
+            paired = judged.paired >= config.threshold and judged.weaker >= config.threshold - 1.0
+            sustained = pages and (paired or conditioned >= config.critical)
             return Verdict(score, expected, pages, explained, math.exp(prediction.level),
                            "drift" if drifting and pages else None, learnable=learnable,
                            drifting=drifting, sustained=sustained, prediction=kept)  # fmt: skip
@@ -296,14 +299,19 @@ class SignalDetector:
         still tells how heavy the segment's tails are (``note_unlearned``). Inside a paging
         incident nothing is learned: its quieter windows are the fault too (a lasting change
         is adopted instead, after ``adopt_after`` windows). An incident load explains (info)
-        still teaches the slopes."""
+        still teaches the slopes. A window the engines' saturation explained leaves the next
+        one no pair (``LoadConditionedLatency.unpair``)."""
         if not verdict.learnable or self.paging:
             self.note_unlearned(reading, verdict)
-            return False
-        if verdict.pages:
-            return False
-        self.learn(reading)
-        return True
+            learned = False
+        elif verdict.pages:
+            learned = False
+        else:
+            self.learn(reading)
+            learned = True
+        if verdict.cause == "saturated":  # a full engine's queue: the next window pairs with none
+            self.model.unpair()
+        return learned
 
     def learn(self, reading: Reading) -> None:
         self.model.learn_one(reading.x, reading.bad if self.spec.kind == "rate" else reading.value)

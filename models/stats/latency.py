@@ -499,6 +499,13 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         self._set_numbers(_TAIL, [share, run, z, rho, echo, pending])
         self._set_numbers(_RECENT, [recent])
 
+    def unpair(self) -> None:
+        """The window just seen forms no pair with the next one (``pair_surprise``): its rise
+        was the engines' capacity binding (the detector's call: a surge or a burst filled
+        every slot), and a queue draining after it is that load's aftermath, not a fault that
+        lasts. Its residual still counted for the tails as usual."""
+        self._set_numbers(_TAIL + 2, [0.0])
+
     def predict_one(self, x: dict[Hashable, Any]) -> Prediction:
         return self._predict(x, self.numbers)
 

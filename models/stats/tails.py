@@ -45,8 +45,6 @@ TAIL_PRIOR_WINDOWS = 100.0
 TAIL_MEMORY = 1000.0
 #: Standard errors added to the estimated share before it sets the tails (``tail_bound``).
 TAIL_CAUTION = 1.5
-#: A window this surprising alone (1 in 10,000) speaks for itself: no pair with the next.
-PAIR_PREVIOUS_MAX = 4.0
 
 
 def upper_tail_surprise(z: float) -> float:
@@ -263,19 +261,25 @@ def pair_surprise(z: float, last_z: float, rho: float, nu: float, echo: float = 
     ``sqrt(1 - rho^2)``), and no more than what the first leaves unexplained. After a window
     beyond ``TAIL_Z`` the correlation is at least ``echo`` (``tail_step``).
 
-    Meant for moderate shifts, neither window remarkable alone: a previous window that was
-    (``last_z`` beyond ``PAIR_PREVIOUS_MAX`` in surprise) has spoken for itself, and the
-    window after a wild one is mostly its echo, so no pair is formed then.
+    Meant for a fault that lasts: two moderate windows, neither remarkable alone, or a wild
+    window and the one after it. After a wild window the pair counts only what its echo
+    leaves unexplained, so a burst's fading window adds little, while a fault's next window,
+    still well above the echo, says the fault goes on. (A window whose rise the engines'
+    saturation explained leaves no pair at all: ``LoadConditionedLatency.unpair``.)
 
     >>> round(pair_surprise(3.5, 3.6, 0.0, 1000.0), 1), round(pair_surprise(3.5, -0.2, 0.0, 1000.0), 1)
     (7.3, 0.0)
-    >>> pair_surprise(5.0, 12.0, 0.4, 1000.0)  # the echo of a wild window
-    0.0
+    >>> # What the pair adds to the window alone: after a wild window of 12 sds, 2 sds are
+    >>> # mostly its echo; 3.5 sds after one of 6 stand well above it.
+    >>> round(pair_surprise(2.0, 12.0, 0.15, 1000.0) - student_surprise(2.0, 1000.0), 1)
+    0.4
+    >>> round(pair_surprise(3.5, 6.0, 0.15, 1000.0) - student_surprise(3.5, 1000.0), 1)
+    2.4
     >>> pair_surprise(3.5, 3.6, 0.5, 1000.0) < pair_surprise(3.5, 3.6, 0.0, 1000.0)
     True
     """
     m = min(z, last_z)
-    if m <= 0.0 or student_surprise(last_z, nu) >= PAIR_PREVIOUS_MAX:
+    if m <= 0.0:
         return 0.0
     if last_z > TAIL_Z:  # after a wild window, its echo as the segment's wild windows have shown it
         rho = max(rho, echo)
