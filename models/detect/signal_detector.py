@@ -181,9 +181,11 @@ class SignalDetector:
             # than wait for a third window that would count the same evidence again. A burst's
             # ordinary window followed by a wild one does not qualify: that needs a second look.
             # Nor does one wild window, unless it alone is as strong as such a pair ever is
-            # (``critical``: 1 in 100 million at the segment's own heavy tails).
+            # (``critical``: 1 in 100 million at the segment's own heavy tails, where a model
+            # learns them; a series judged with Gaussian tails waits for a second point).
             paired = judged.paired >= config.threshold and judged.weaker >= config.threshold - 1.0
-            sustained = pages and (paired or conditioned >= config.critical)
+            alone = model.tails_learned and conditioned >= config.critical
+            sustained = pages and (paired or alone)
             return Verdict(score, expected, pages, explained, math.exp(prediction.level),
                            "drift" if drifting and pages else None, learnable=learnable,
                            drifting=drifting, sustained=sustained, prediction=kept)  # fmt: skip

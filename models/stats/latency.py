@@ -53,7 +53,7 @@ import bisect
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from river import base
 
@@ -263,6 +263,9 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
     """
 
     __slots__ = ()
+    #: Its tails are learned, so a window at the critical surprise is as rare as it says and
+    #: fires its incident alone (``SignalDetector.judge``).
+    tails_learned: ClassVar[bool] = True
     STATE_SIZE = _STATE_SIZE + 1  # and the windows learned
     n_learned = count(_STATE_SIZE)
     elasticity = param("elasticity")

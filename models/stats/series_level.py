@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from typing import Any, Literal, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple
 
 from river import base
 
@@ -48,6 +48,9 @@ from servewatch.models.stats.tails import TWO_LOOKS, clipped_square_mean, pair_s
 SCALE_PRIOR_POINTS = 4.0
 #: Degrees of freedom the residuals are judged with: Gaussian (see the module's docstring).
 GAUSSIAN = 1000.0
+#: A point this surprising alone (1 in 10,000) speaks for itself and pairs with no next one:
+#: the model learns no echo of wild points, so a spike's fading point would pass for a fault's.
+PAIR_PREVIOUS_MAX = 4.0
 
 
 class _Params(NamedTuple):
@@ -102,6 +105,8 @@ class SeriesLevel(CompactState, base.SupervisedAnomalyDetector):
     """
 
     __slots__ = ()
+    #: Gaussian tails, not learned: a lone wild point waits for a second (``SignalDetector.judge``).
+    tails_learned: ClassVar[bool] = False
     STATE_SIZE = 4
     level = number(0)
     var = number(1)
@@ -182,7 +187,11 @@ class SeriesLevel(CompactState, base.SupervisedAnomalyDetector):
             return Judgement(prediction, 0.0, 0.0, False, True, 0.0)
         z = self._residual(value)
         alone = upper_tail_surprise(z) if z > 0 else 0.0
-        paired = pair_surprise(z, self.last_z, 0.0, GAUSSIAN) if self.n_learned > self.grace_windows else 0.0
+        paired = (
+            pair_surprise(z, self.last_z, 0.0, GAUSSIAN, previous_max=PAIR_PREVIOUS_MAX)
+            if self.n_learned > self.grace_windows
+            else 0.0
+        )
         surprise = max(max(alone, paired) - TWO_LOOKS, 0.0)
         return Judgement(prediction, surprise, surprise, False, True, max(paired - TWO_LOOKS, 0.0))
 

@@ -254,7 +254,9 @@ def tail_step(
     return share, 0.0, echo, pending
 
 
-def pair_surprise(z: float, last_z: float, rho: float, nu: float, echo: float = NO_ECHO) -> float:
+def pair_surprise(
+    z: float, last_z: float, rho: float, nu: float, echo: float = NO_ECHO, previous_max: float = math.inf
+) -> float:
     """``-log10 P(both >= m)`` for two consecutive residuals whose smaller one is ``m``, with
     lag-one correlation ``rho``: the first at least ``m``, then the second given the first
     (its conditional mean ``rho`` times the first's expected size beyond ``m``, its sd
@@ -265,7 +267,9 @@ def pair_surprise(z: float, last_z: float, rho: float, nu: float, echo: float = 
     window and the one after it. After a wild window the pair counts only what its echo
     leaves unexplained, so a burst's fading window adds little, while a fault's next window,
     still well above the echo, says the fault goes on. (A window whose rise the engines'
-    saturation explained leaves no pair at all: ``LoadConditionedLatency.unpair``.)
+    saturation explained leaves no pair at all: ``LoadConditionedLatency.unpair``.) A model
+    that learns no echo (``SeriesLevel``) forms no pair after a window at least
+    ``previous_max`` surprising alone: it cannot tell a fault's next window from an echo.
 
     >>> round(pair_surprise(3.5, 3.6, 0.0, 1000.0), 1), round(pair_surprise(3.5, -0.2, 0.0, 1000.0), 1)
     (7.3, 0.0)
@@ -279,7 +283,7 @@ def pair_surprise(z: float, last_z: float, rho: float, nu: float, echo: float = 
     True
     """
     m = min(z, last_z)
-    if m <= 0.0:
+    if m <= 0.0 or student_surprise(last_z, nu) >= previous_max:
         return 0.0
     if last_z > TAIL_Z:  # after a wild window, its echo as the segment's wild windows have shown it
         rho = max(rho, echo)
