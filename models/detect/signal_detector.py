@@ -301,29 +301,26 @@ class SignalDetector:
         still tells how heavy the segment's tails are (``note_unlearned``). Inside a paging
         incident nothing is learned: its quieter windows are the fault too (a lasting change
         is adopted instead, after ``adopt_after`` windows). An incident load explains (info)
-        still teaches the slopes. A window the engines' saturation explained leaves the next
-        one no pair (``LoadConditionedLatency.unpair``)."""
+        still teaches the slopes."""
         if not verdict.learnable or self.paging:
             self.note_unlearned(reading, verdict)
-            learned = False
-        elif verdict.pages:
-            learned = False
-        else:
-            self.learn(reading)
-            learned = True
-        if verdict.cause == "saturated":  # a full engine's queue: the next window pairs with none
-            self.model.unpair()
-        return learned
+            return False
+        if verdict.pages:
+            return False
+        self.learn(reading)
+        return True
 
     def learn(self, reading: Reading) -> None:
         self.model.learn_one(reading.x, reading.bad if self.spec.kind == "rate" else reading.value)
 
     def note_unlearned(self, reading: Reading, verdict: Verdict) -> None:
         """A window the model does not learn (latency models only): it still sets the next
-        window's pair, and outside an incident it counts towards how heavy the segment's
-        tails are (``LoadConditionedLatency.note_unlearned``)."""
+        window's pair, unless the engines' saturation explained it (a full engine's queue
+        draining is that load's aftermath, not a fault that lasts), and outside an incident it
+        counts towards how heavy the segment's tails are (``LoadConditionedLatency.note_unlearned``)."""
         if self.spec.kind == "latency":
-            self.model.note_unlearned(reading.x, reading.value, tails=not self.firing, drift=verdict.drifting)
+            self.model.note_unlearned(reading.x, reading.value, tails=not self.firing, drift=verdict.drifting,
+                                      pairs=verdict.cause != "saturated")  # fmt: skip
 
     def note_run(self, pages: bool, reading: Reading, adopt_after: int) -> bool:
         """Count the anomalous windows of the current run; True when it is long enough to adopt.

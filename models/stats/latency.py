@@ -479,14 +479,17 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
              anchor, drift_var, within, recent, *floors, float(n + 1)],
         )  # fmt: skip
 
-    def note_unlearned(self, x: dict[Hashable, Any], y: float, *, tails: bool = True, drift: bool = False) -> None:
+    def note_unlearned(
+        self, x: dict[Hashable, Any], y: float, *, tails: bool = True, drift: bool = False, pairs: bool = True
+    ) -> None:
         """A judged window the model does not learn (it was anomalous): remember its residual
         for the next window's pair, and, with ``tails`` (outside an incident: inside one the
         fault is not the noise), count it towards the tail share. Otherwise the windows that
         show a segment's heavy tails would never teach them. With ``drift`` (the window is
         unlearned because recent windows drift), it goes on into the recent distance from the
         anchor; a window anomalous on its own does not: a fault or a surge is not a drift,
-        and must not leave one behind when it ends."""
+        and must not leave one behind when it ends. Without ``pairs`` (load explained the
+        window) the next window forms no pair with it (``pair_surprise``)."""
         if not self.warm or not (y > 0 and math.isfinite(y)):
             return
         state = self.numbers
@@ -499,15 +502,8 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
             recent = _recent_after(recent, now, self._sign * prediction.drift, self.huber * prediction.sd)
         if tails and self.n_learned >= TAIL_AFTER and self._ordinary(x, self._demand_index(x, state)):
             share, run, echo, pending = tail_step(share, run, z, last_z, rho, self.n_learned, echo, pending)
-        self._set_numbers(_TAIL, [share, run, z, rho, echo, pending])
+        self._set_numbers(_TAIL, [share, run, z if pairs else 0.0, rho, echo, pending])
         self._set_numbers(_RECENT, [recent])
-
-    def unpair(self) -> None:
-        """The window just seen forms no pair with the next one (``pair_surprise``): its rise
-        was the engines' capacity binding (the detector's call: a surge or a burst filled
-        every slot), and a queue draining after it is that load's aftermath, not a fault that
-        lasts. Its residual still counted for the tails as usual."""
-        self._set_numbers(_TAIL + 2, [0.0])
 
     def predict_one(self, x: dict[Hashable, Any]) -> Prediction:
         return self._predict(x, self.numbers)

@@ -220,13 +220,15 @@ class SeriesLevel(CompactState, base.SupervisedAnomalyDetector):
             self.level += a_level * delta
         self.n_learned = n + 1
 
-    def note_unlearned(self, x: dict[Hashable, Any], y: float, *, tails: bool = True, drift: bool = False) -> None:
+    def note_unlearned(
+        self, x: dict[Hashable, Any], y: float, *, tails: bool = True, drift: bool = False, pairs: bool = True
+    ) -> None:
         """A judged point the model does not learn (it was anomalous): it is still the next
-        point's pair. (``tails`` and ``drift`` are ``LoadConditionedLatency``'s: this model
-        learns no tails and has no drift check.)"""
+        point's pair, unless ``pairs`` is off (load explained it). (``tails`` and ``drift``
+        are ``LoadConditionedLatency``'s: this model learns no tails and has no drift check.)"""
         value = self._value(float(y))
         if value is not None and self.warm:
-            self.last_z = self._residual(value)
+            self.last_z = self._residual(value) if pairs else 0.0
 
     def adopt(self, x: dict[Hashable, Any], y: float) -> None:
         """A lasting change was accepted as the new normal: the level is ``y`` from here."""

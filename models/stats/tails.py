@@ -267,7 +267,7 @@ def pair_surprise(
     window and the one after it. After a wild window the pair counts only what its echo
     leaves unexplained, so a burst's fading window adds little, while a fault's next window,
     still well above the echo, says the fault goes on. (A window whose rise the engines'
-    saturation explained leaves no pair at all: ``LoadConditionedLatency.unpair``.) A model
+    saturation explained leaves no pair at all: ``LoadConditionedLatency.note_unlearned``.) A model
     that learns no echo (``SeriesLevel``) forms no pair after a window at least
     ``previous_max`` surprising alone: it cannot tell a fault's next window from an echo.
 
