@@ -511,6 +511,45 @@ async def test_a_receiver_quoting_its_url_back_leaks_no_credential(url: str, sec
     assert "[redacted]" in refused.value.answer
 
 
+def _sink_at(kind: str, url: str, client: httpx.AsyncClient) -> Any:
+    if kind == "pagerduty":
+        return PagerDutySink(PagerDuty(name="pd", type="pagerduty", routing_key=ROUTING_KEY, url=url), client, 5.0)  # type: ignore[arg-type]
+    if kind == "alertmanager":
+        config = Alertmanager(name="am", type="alertmanager", url=url)  # type: ignore[arg-type]
+        return AlertmanagerSink(config, Timing(group_wait=0, group_interval=60, repeat_interval=60), client, 5.0)
+    config = SlackBot(name="bot", type="slack_bot", token=BOT_TOKEN, channel="#oncall", api_url=url)  # type: ignore[arg-type]
+    return SlackBotSink(config, client, 5.0)
+
+
+@pytest.mark.parametrize("kind", ["pagerduty", "alertmanager", "slack_bot"])
+@pytest.mark.parametrize("status", [400, 200])
+@pytest.mark.parametrize(
+    ("url", "secret"),
+    [
+        ("https://relay.test/hook/x9Y8z7W6v5U4t3S2", "x9Y8z7W6v5U4t3S2"),
+        ("https://relay.test/in?token=S3CR3T-T0K3N", "S3CR3T-T0K3N"),
+        ("https://bot:S3CR3T-PASSW0RD@relay.test/in", "S3CR3T-PASSW0RD"),
+    ],
+)
+async def test_every_sinks_url_is_a_secret_kept_out_of_what_its_failures_say(
+    kind: str, status: int, url: str, secret: str
+) -> None:
+    # A relay or proxy in front of PagerDuty, Alertmanager or Slack's Web API whose error page
+    # quotes the request line back; with 200 too, as a captive portal answers.
+    def echo(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(status, text=f"<html>no such route: {request.url.raw_path.decode()}</html>")
+
+    sink = _sink_at(kind, url, client_for(echo))
+    config = sink._config
+    assert secret not in repr(sink) and secret not in repr(config) and secret not in str(config.model_dump())
+    try:
+        await sink.send(sample_notification())
+    except RejectedError as refused:
+        assert secret not in str(refused) and secret not in refused.answer
+    else:
+        assert status == 200 and kind != "slack_bot"  # a 2xx is accepted where no answer is read
+
+
 async def test_a_webhooks_first_message_of_a_group_is_its_firing_whatever_the_groups_record_says() -> None:
     handler, seen = recording(httpx.Response(200), httpx.Response(200))
     sink = WebhookSink(Webhook(name="hook", type="webhook", url="https://hooks.test/in"), client_for(handler), 5.0)  # type: ignore[arg-type]

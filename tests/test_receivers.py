@@ -225,9 +225,9 @@ def test_the_sample_config_is_valid_and_points_every_sink_at_the_receiver() -> N
     }
     raw: dict[str, Any] = {
         "slack": sinks["slack"].url.get_secret_value(),  # type: ignore[union-attr]
-        "slack_api": sinks["slack_bot"].api_url,  # type: ignore[union-attr]
-        "pagerduty": sinks["pagerduty"].url,  # type: ignore[union-attr]
-        "alertmanager": sinks["alertmanager"].url,  # type: ignore[union-attr]
+        "slack_api": sinks["slack_bot"].api_url.get_secret_value(),  # type: ignore[union-attr]
+        "pagerduty": sinks["pagerduty"].url.get_secret_value(),  # type: ignore[union-attr]
+        "alertmanager": sinks["alertmanager"].url.get_secret_value(),  # type: ignore[union-attr]
         "webhook": sinks["webhook"].url.get_secret_value(),  # type: ignore[union-attr]
     }
     assert raw == urls

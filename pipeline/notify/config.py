@@ -175,7 +175,7 @@ class SlackBot(_Sink):
     type: Literal["slack_bot"]
     token: SecretStr
     channel: str
-    api_url: ReceiverUrl = "https://slack.com/api"
+    api_url: SecretReceiverUrl = SecretStr("https://slack.com/api")  # a proxy's may carry a token
     min_interval: Duration = 1.0
 
 
@@ -184,14 +184,14 @@ class PagerDuty(_Sink):
 
     type: Literal["pagerduty"]
     routing_key: SecretStr
-    url: ReceiverUrl = "https://events.pagerduty.com/v2/enqueue"
+    url: SecretReceiverUrl = SecretStr("https://events.pagerduty.com/v2/enqueue")  # a relay's may carry a token
 
 
 class Alertmanager(_Sink):
     """Alertmanager ``/api/v2/alerts``: one alert per member incident, re-sent while firing."""
 
     type: Literal["alertmanager"]
-    url: ReceiverUrl = Field(description="Base URL, e.g. http://alertmanager:9093.")
+    url: SecretReceiverUrl = Field(description="Base URL, e.g. http://alertmanager:9093 (user:password@ allowed).")
     bearer_token: SecretStr | None = None
     # Alertmanager expires an alert not re-sent before its endsAt; Prometheus re-sends every
     # minute. A group that did not change is re-sent at repeat_interval, so 1 m by default here.

@@ -139,7 +139,7 @@ class AlertmanagerSink:
         self._config, self._timing, self._client, self._timeout = config, timing, client, timeout
 
     def __repr__(self) -> str:
-        return f"AlertmanagerSink(name={self.name!r}, url={self._config.url!r})"
+        return f"AlertmanagerSink(name={self.name!r})"
 
     async def send(self, note: Notification) -> dict[str, str]:
         alerts = build_alerts(note, self._timing)
@@ -151,6 +151,6 @@ class AlertmanagerSink:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         body = orjson.dumps([alert.model_dump(mode="json") for alert in alerts])
-        url = f"{self._config.url.rstrip('/')}/api/v2/alerts"
+        url = f"{self._config.url.get_secret_value().rstrip('/')}/api/v2/alerts"
         await post_hiding(self._client, url, content=body, headers=headers, timeout=self._timeout, secrets=[token])
         return {}

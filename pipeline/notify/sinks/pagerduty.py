@@ -167,14 +167,14 @@ class PagerDutySink:
         self._config, self._client, self._timeout = config, client, timeout
 
     def __repr__(self) -> str:
-        return f"PagerDutySink(name={self.name!r}, url={self._config.url!r})"
+        return f"PagerDutySink(name={self.name!r})"
 
     async def send(self, note: Notification) -> dict[str, str]:
         event = build_event(note, self._config.routing_key)
         secret = self._config.routing_key.get_secret_value()
         response = await post_hiding(
             self._client,
-            self._config.url,
+            self._config.url.get_secret_value(),
             content=event.body(),
             headers={"Content-Type": "application/json"},
             timeout=self._timeout,

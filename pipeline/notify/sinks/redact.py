@@ -21,6 +21,8 @@ from servewatch.pipeline.notify.sinks.base import NotifyError, RejectedError, Re
 REDACTED = "[redacted]"
 #: Shorter query values are not taken for credentials (tokens are longer than this).
 MIN_SECRET_CHARS = 8
+#: A path segment this long is taken for a credential even without digits.
+MIN_TOKEN_SEGMENT_CHARS = 24
 
 
 def hide(text: str, secrets: Iterable[str]) -> str:
@@ -44,11 +46,14 @@ def redacted(exc: NotifyError, secrets: Iterable[str]) -> NotifyError:
 
 def url_secrets(url: str) -> list[str]:
     """What in a receiver's URL may be a credential: its query string (``?token=...``), each
-    query value long enough to be one, its user info's password, and these as a receiver that
-    quotes them back would encode them.
+    query value long enough to be one, its user info's password, each path segment that looks
+    like a token (``/services/T0A1/B0C2/x9Y8z7...`` of a Slack webhook, a relay's
+    ``/hook/<token>``), and these as a receiver that quotes them back would encode them.
 
     >>> url_secrets("https://user:pa55w0rd@hooks.example.com/in?token=T0K3N-L0NG&x=1")
     ['token=T0K3N-L0NG&x=1', 'T0K3N-L0NG', 'pa55w0rd', 'token%3DT0K3N-L0NG%26x%3D1']
+    >>> url_secrets("https://hooks.example.com/services/T0A1B2C3D/B0C2D3E4F/x9Y8z7W6v5U4t3S2")
+    ['T0A1B2C3D', 'B0C2D3E4F', 'x9Y8z7W6v5U4t3S2']
     """
     try:
         parts = urlsplit(url)
@@ -57,9 +62,19 @@ def url_secrets(url: str) -> list[str]:
     found = [parts.query] if parts.query else []
     # A short value (``x=1``) is no credential, and hiding it would cut every "1" from the text.
     found += [value for _, value in parse_qsl(parts.query) if len(value) >= MIN_SECRET_CHARS]
+    found += [segment for segment in parts.path.split("/") if _looks_like_token(segment)]
     if parts.password:
         found.append(parts.password)
     return found + [quote(secret, safe="") for secret in found if quote(secret, safe="") != secret]
+
+
+def _looks_like_token(segment: str) -> bool:
+    """A path segment long enough to be a credential that mixes digits in (``services``,
+    ``enqueue`` or ``chat.postMessage`` are words: hiding them would garble every message), or
+    longer than the words of any API's path."""
+    if len(segment) >= MIN_TOKEN_SEGMENT_CHARS:
+        return True
+    return len(segment) >= MIN_SECRET_CHARS and any(c.isdigit() for c in segment) and any(c.isalpha() for c in segment)
 
 
 async def post_hiding(

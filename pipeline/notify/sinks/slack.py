@@ -24,7 +24,7 @@ from servewatch.pipeline.notify.sinks.content import (
     pick_evidence,
     segment_text,
 )
-from servewatch.pipeline.notify.sinks.redact import post_hiding
+from servewatch.pipeline.notify.sinks.redact import hide, post_hiding, url_secrets
 from servewatch.pipeline.notify.sinks.slack_blocks import (
     BUTTON_CHARS,
     FIELD_CHARS,
@@ -174,7 +174,7 @@ class SlackBotSink:
         """One Web API call; its ``{"ok": false, "error": ...}`` answers sorted like HTTP failures."""
         token = self._config.token.get_secret_value()
         headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json; charset=utf-8"}
-        url = f"{self._config.api_url.rstrip('/')}/{method}"
+        url = f"{self._config.api_url.get_secret_value().rstrip('/')}/{method}"
         response = await post_hiding(
             self._client, url, content=body, headers=headers, timeout=self._timeout, secrets=[token]
         )
@@ -182,8 +182,9 @@ class SlackBotSink:
             answer = orjson.loads(response.content)
         except orjson.JSONDecodeError:
             answer = None
-        if not isinstance(answer, dict):
-            raise RejectedError(f"{method}: not a Slack Web API answer", response.status_code, response.text[:200])
+        if not isinstance(answer, dict):  # a proxy's page, which may quote the request back
+            text = hide(response.text[:200], [token, *url_secrets(url)])
+            raise RejectedError(f"{method}: not a Slack Web API answer", response.status_code, text)
         if answer.get("ok") is True:
             return {"channel": str(answer.get("channel", "")), "ts": str(answer.get("ts", ""))}
         error = str(answer.get("error", "unknown_error"))
