@@ -52,21 +52,29 @@ class Settings(BaseSettings):
     security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
         default="PLAINTEXT", description="How every Kafka client connects (worker, shipper, scraper, evidence reads)."
     )
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = "PLAIN"
-    sasl_username: str | None = None
-    sasl_password: SecretStr | None = None
+    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
+        default="PLAIN", description="SASL mechanism, with security_protocol SASL_PLAINTEXT or SASL_SSL."
+    )
+    sasl_username: str | None = Field(default=None, description="SASL user.")
+    sasl_password: SecretStr | None = Field(default=None, description="SASL password (never logged or printed).")
     ssl_cafile: str | None = Field(default=None, description="CA bundle for SSL/SASL_SSL (default: the system's).")
     ssl_certfile: str | None = Field(default=None, description="Client certificate (mutual TLS).")
     ssl_keyfile: str | None = Field(default=None, description="Client certificate's private key (mutual TLS).")
-    app_id: str = "servewatch"
-    topic_partitions: int = Field(default=4, ge=1)
+    app_id: str = Field(
+        default="servewatch", description="Workers of one app id split the topics' partitions (Faust's app id)."
+    )
+    topic_partitions: int = Field(default=4, ge=1, description="Partitions of each topic servewatch creates.")
     topic_replication: int | None = Field(
         default=None, ge=1,
         description="Replicas of each topic servewatch creates, its tables' changelogs included (default: "
                     "3, or every broker of a smaller cluster; a replica per broker survives a broker's loss "
                     "with min.insync.replicas=2 and producers that wait for all in-sync replicas).",
     )  # fmt: skip
-    max_message_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_message_bytes: int = Field(
+        default=8 * 1024 * 1024, ge=1024,
+        description="Largest message or record line read (larger: dead-lettered as too_large); the worker's "
+                    "producer and fetches allow that much.",
+    )  # fmt: skip
     data_dir: str | None = Field(default=None, description="Faust's data dir; a fresh temp dir when unset.")
     store: Literal["memory://", "rocksdb://"] = Field(
         default="memory://",
@@ -76,7 +84,7 @@ class Settings(BaseSettings):
     )
 
     # -- windows and segments -------------------------------------------------------
-    window_s: float = Field(default=10.0, gt=0)
+    window_s: float = Field(default=10.0, gt=0, description="Seconds of event time per judged window.")
     allowed_lateness_s: float = Field(
         default=1.0,
         ge=0,
@@ -137,10 +145,18 @@ class Settings(BaseSettings):
         description="Records decoded before stage 1 folds them into its windows in one pass (sooner when a "
         "message moves a watermark into the next window, or after half a second). 1: fold every message.",
     )
-    segment_dimensions: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_list)] = DEFAULT_DIMENSIONS
-    prompt_band_edges: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_list)] = (4096, 32768)
-    output_band_edges: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_list)] = (1024,)
-    max_segments: int = Field(default=1000, ge=1)
+    segment_dimensions: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_list)] = Field(
+        default=DEFAULT_DIMENSIONS, description="Labels a segment is keyed by (a JSON list or comma-separated)."
+    )
+    prompt_band_edges: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_list)] = Field(
+        default=(4096, 32768), description="Prompt tokens at which one prompt band ends and the next begins."
+    )
+    output_band_edges: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_list)] = Field(
+        default=(1024,), description="Output tokens at which one output band ends and the next begins."
+    )
+    max_segments: int = Field(
+        default=1000, ge=1, description="Live segments at most; new label combinations beyond share 'overflow'."
+    )
     progress: Literal["auto", "always", "never"] = Field(
         default="auto", description="Commands' running progress line: on a terminal only (auto), always, never."
     )
@@ -187,13 +203,27 @@ class Settings(BaseSettings):
     threshold: float = Field(
         default=_DETECTOR.threshold, gt=0, description="Surprise (-log10 p) that makes a window anomalous."
     )
-    critical: float = Field(default=_DETECTOR.critical, gt=0)
-    min_requests: int = Field(default=_DETECTOR.min_requests, ge=1)
-    fire_after: int = Field(default=_DETECTOR.fire_after, ge=1)
-    fire_within: int = Field(default=_DETECTOR.fire_within, ge=1)
-    resolve_after: int = Field(default=_DETECTOR.resolve_after, ge=1)
-    update_every: int = Field(default=_DETECTOR.update_every, ge=1)
-    grace_windows: int = Field(default=_DETECTOR.grace_windows, ge=1)
+    critical: float = Field(
+        default=_DETECTOR.critical, gt=0,
+        description="Surprise at which an anomalous window is critical, and a latency window fires its incident alone.",
+    )  # fmt: skip
+    min_requests: int = Field(
+        default=_DETECTOR.min_requests, ge=1,
+        description="Fewer requests behind a latency or a share in a window: no verdict, nothing learned.",
+    )  # fmt: skip
+    fire_after: int = Field(
+        default=_DETECTOR.fire_after, ge=1, description="Anomalous windows (of fire_within) that fire an incident."
+    )
+    fire_within: int = Field(default=_DETECTOR.fire_within, ge=1, description="The run fire_after is counted in.")
+    resolve_after: int = Field(
+        default=_DETECTOR.resolve_after, ge=1, description="Normal windows in a row that resolve an incident."
+    )
+    update_every: int = Field(
+        default=_DETECTOR.update_every, ge=1, description="A firing incident's update event every N windows."
+    )
+    grace_windows: int = Field(
+        default=_DETECTOR.grace_windows, ge=1, description="Windows a new segment learns before it may page."
+    )
     state_every_windows: int = Field(
         default=6,
         ge=1,
@@ -206,8 +236,8 @@ class Settings(BaseSettings):
         default=None,
         ge=0,
         description="Serve Prometheus /metrics on this port (default: the command's own, the worker 9464 and "
-        "the notifier 9465; 0: off). Each command serves only its own series. A port already taken is "
-        "warned about, never fatal.",
+        "the notifier 9465; 0: off). Each command serves only its own series. A port already taken stops "
+        "the command with one line, exit 2.",
     )
     metrics_host: str = Field(
         default="127.0.0.1",
@@ -219,7 +249,7 @@ class Settings(BaseSettings):
         description="The notifier's config file (YAML or TOML, see pipeline/notify/config.py); when set, "
         "`servewatch worker` delivers to its sinks too, as `servewatch notify` does on its own.",
     )
-    log_level: str = "INFO"
+    log_level: str = Field(default="INFO", description="Python logging level of every command (or -v).")
 
     # -- change verification (pipeline/changes/) ------------------------------------------------
     watch_changes: bool = Field(

@@ -107,3 +107,14 @@ def test_every_published_metrics_port_listens_beyond_the_containers_loopback() -
         env = service.get("environment", {})
         if "SERVEWATCH_METRICS_PORT" in env and service.get("ports"):
             assert env.get("SERVEWATCH_METRICS_HOST") == "0.0.0.0", name
+
+
+def test_every_setting_is_documented_in_the_readme_with_a_description_in_its_class() -> None:
+    # An operator reads the README's Configuration section, not settings.py: a setting it
+    # does not name is one nobody finds (and `check-config` reports an unknown name as a typo).
+    readme = (ROOT / "README.md").read_text()
+    names = {f"SERVEWATCH_{name.upper()}": field for name, field in Settings.model_fields.items()}
+    undocumented = sorted(env for env in names if env not in readme)
+    assert not undocumented, f"settings not in README.md: {undocumented}"
+    undescribed = sorted(env for env, field in names.items() if not field.description)
+    assert not undescribed, f"settings without a description in pipeline/settings.py: {undescribed}"
