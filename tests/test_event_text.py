@@ -26,3 +26,34 @@ def test_the_triage_page_shows_each_value_with_its_unit() -> None:
     assert value_text("error_rate", 0.002) == "0.20%"
     assert value_text("throughput", 45.0) == "45.0 tokens/s"
     assert value_text("a_signal_of_a_newer_version", 1.5) == "1.5" and value_text("ttft", None) == "–"
+
+
+def test_a_resolved_incidents_page_says_where_its_requests_are_not_just_none() -> None:
+    from servewatch.pipeline.web.detail import evidence_table
+    from servewatch.pipeline.web.links import LinkTemplates
+
+    text = evidence_table([], {"model": "m"}, LinkTemplates())
+    assert "see the incident's firing event" in text and "none kept" not in text
+
+
+def test_the_demos_page_count_is_what_a_pager_received_groups_and_rollback_conditions() -> None:
+    # Two incidents of one group page once; a rollback condition, which the change watcher
+    # publishes beside the groups, is a page of its own (PagerDuty receives it as an incident);
+    # resolves and info events page no one.
+    from servewatch.models.detect.grouping import IncidentGrouper
+    from servewatch.pipeline.dev.demo import DemoOutcome, summarise
+    from servewatch.schemas.anomaly import Severity
+
+    grouper, outcome = IncidentGrouper(), DemoOutcome()
+    for record in (
+        event("a", "chat", hint="prefix_cache_ineffective"),
+        event("b", "rag", hint="prefix_cache_ineffective", end=20.0),
+        event("a", "chat", status=Status.RESOLVED, transition="resolved", end=60.0),
+        event("c", "chat", hint="capacity_saturated", explained=True, severity=Severity.INFO, end=30.0),
+    ):
+        record, told = grouper.add(record)
+        outcome.events.append(record)
+        outcome.groups.extend(told)
+    outcome.events.append(event("r", "chat", hint="rollback_condition_met", severity=Severity.CRITICAL, end=40.0))
+    assert summarise(outcome)[0].startswith("2 pages: 1 incident groups (one page each, from 2 incidents")
+    assert summarise(outcome)[0].endswith("and 1 rollback conditions:")
