@@ -328,3 +328,57 @@ def test_every_duration_flag_reads_the_same_forms() -> None:
     assert [parse_duration(t) for t in ("1h30m", "250ms", "10s", "2.5", "7d")] == [5400.0, 0.25, 10.0, 2.5, 604800.0]
     with pytest.raises(ValueError, match="not a duration"):
         parse_duration("soon")
+
+
+#: Each command that reads a file, given one that is missing ({missing}) or malformed ({bad}):
+#: (arguments, settings, what the one line must name).
+FILE_PROBLEMS = {
+    "replay --in missing": (["replay", "--in", "{missing}"], {}, "No such file"),
+    "replay --scrapes missing": (["replay", "--scrapes", "{missing}"], {}, "No such file"),
+    "replay --out in a missing folder": (
+        ["replay", "--in", "{requests}", "--out", "{missing}/x.jsonl"],
+        {},
+        "No such file",
+    ),
+    "generate --out in a missing folder": (["generate", "--out", "{missing}/x.jsonl"], {}, "No such file"),
+    "backtest-series --in missing": (["backtest-series", "--in", "{missing}"], {}, "No such file"),
+    "backtest-series --in not a series": (["backtest-series", "--in", "{bad}"], {}, "time column"),
+    "profile --in missing": (["profile", "--in", "{missing}"], {}, "No such file"),
+    "compare --in missing": (["compare", "--in", "{missing}", "--at", "1767225600"], {}, "No such file"),
+    "check-config missing": (["check-config", "{missing}"], {}, "cannot read"),
+    "check-config malformed": (["check-config", "{bad}"], {}, "not valid YAML at line 2"),
+    "notify --config malformed": (["notify", "--config", "{bad}"], {}, "not valid YAML at line 2"),
+    "ship --in missing": (["ship", "--in", "{missing}", "--no-follow"], {}, "no such file"),
+    "worker, notify config missing": (["worker"], {"SERVEWATCH_NOTIFY_CONFIG": "{missing}"}, "cannot read"),
+    "worker, notify config malformed": (["worker"], {"SERVEWATCH_NOTIFY_CONFIG": "{bad}"}, "not valid YAML at line 2"),
+    "worker, changes config malformed": (
+        ["worker"],
+        {"SERVEWATCH_CHANGES_CONFIG": "{bad}"},
+        "not valid YAML at line 2",
+    ),
+    "a setting that does not parse": (["replay", "--in", "{requests}"], {"SERVEWATCH_WINDOW_S": "ten"}, "WINDOW_S"),
+}
+
+
+@pytest.mark.parametrize("case", list(FILE_PROBLEMS))
+def test_a_missing_file_or_a_malformed_config_is_at_most_three_lines_and_exit_2(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before any broker is tried (the worker reads its files first): the file and what is
+    wrong with it, no traceback."""
+    write_inputs(tmp_path)
+    (tmp_path / "bad.yaml").write_text("sinks: [\n  - {name: x\n")
+    names = {"missing": str(tmp_path / "nope" / "missing.yaml"), "bad": str(tmp_path / "bad.yaml"),
+             "requests": str(tmp_path / "requests.jsonl")}  # fmt: skip
+    args, settings, named = FILE_PROBLEMS[case]
+    for key in [key for key in os.environ if key.startswith("SERVEWATCH_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("SERVEWATCH_BROKER", NOWHERE)
+    monkeypatch.setenv("SERVEWATCH_BROKER_WAIT_S", "0")
+    monkeypatch.setenv("SERVEWATCH_METRICS_PORT", "0")
+    for key, value in settings.items():
+        monkeypatch.setenv(key, value.format(**names))
+    code = main([arg.format(**names) for arg in args])
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and 1 <= len(errors) <= 3, errors
+    assert named in errors[0] and "Traceback" not in "".join(errors) and "Kafka" not in errors[0], errors

@@ -19,17 +19,15 @@ A condition holds when the estimate crossed its limit and the interval excludes 
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from servewatch.models.compare.report import SIGNALS
 from servewatch.models.compare.rollback import RollbackCondition
+from servewatch.pipeline.config_files import ConfigError, parse_mapping
 from servewatch.pipeline.durations import Duration
-from servewatch.pipeline.notify.config import ConfigError
 
 _POINTS = {spec.name for spec in SIGNALS if spec.points}
 
@@ -106,10 +104,7 @@ class ChangesConfig(BaseModel):
 
 
 def parse_changes_config(text: str, suffix: str) -> ChangesConfig:
-    try:
-        raw: Any = tomllib.loads(text) if suffix == ".toml" else yaml.safe_load(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"not valid {suffix.lstrip('.').upper()}: {exc}") from exc
+    raw: Any = parse_mapping(text, suffix)
     if not isinstance(raw or {}, dict):
         raise ConfigError("the file must hold a mapping (before, after, check_every, rollback)")
     try:

@@ -86,22 +86,26 @@ def _interrupt(signum: int, frame: object) -> None:
 def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
+    from servewatch.pipeline.cli.notify import load_notify_config
     from servewatch.pipeline.worker.app import create_app
 
-    with with_broker(settings_from(args), "worker", embedded=args.embedded) as settings:
+    settings = settings_from(args)
+    # The files first: a config that cannot work is said at once, not after the broker's wait.
+    notify_config = load_notify_config(settings.notify_config, "worker") if settings.notify_config else None
+    changes_config = load_changes_config(settings.changes_config) if settings.watch_changes else None
+    with with_broker(settings, "worker", embedded=args.embedded) as settings:
         # The first contact (creates only the topics that are missing): a broker not up yet is
         # waited for (SERVEWATCH_BROKER_WAIT_S), one that refuses is one line.
         settings = asyncio.run(reach_broker(settings, "worker", functools.partial(ensure_topics_of, settings)))
         app, topics = create_app(settings)
-        if settings.notify_config:  # the worker delivers too (`servewatch notify` does it on its own)
-            from servewatch.pipeline.cli.notify import load_notify_config
+        if notify_config is not None:  # the worker delivers too (`servewatch notify` does it on its own)
             from servewatch.pipeline.notify.agent import add_notifier
 
-            add_notifier(app, topics, settings, load_notify_config(settings.notify_config, "worker"))
-        if settings.watch_changes:  # verifies each change marker: ChangeReports, rollback conditions
+            add_notifier(app, topics, settings, notify_config)
+        if changes_config is not None:  # verifies each change marker: ChangeReports, rollback conditions
             from servewatch.pipeline.changes.agent import add_change_watcher
 
-            add_change_watcher(app, topics, settings, load_changes_config(settings.changes_config))
+            add_change_watcher(app, topics, settings, changes_config)
         tune_gc()  # again: Faust's app, topics and tables live as long as the process
         serve_metrics(settings, "worker")
         worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
@@ -364,6 +368,10 @@ def main(argv: list[str] | None = None) -> int:
     except BrokerError as exc:
         print(f"servewatch: {exc}", file=sys.stderr)
         return 3
+    except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
+        # A file named on the command line or in a setting: what and which, not a traceback.
+        print(f"servewatch {args.command}: {exc.strerror}: {exc.filename}", file=sys.stderr)
+        return 2
     except Exception as exc:
         line = _kafka_failure(exc, args, environment)
         if line is None:

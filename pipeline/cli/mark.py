@@ -115,7 +115,7 @@ def cmd_changes(args: argparse.Namespace) -> int:
 def load_changes_config(path: str | None, command: str = "worker") -> ChangesConfig:
     """The worker's change verification config (``SERVEWATCH_CHANGES_CONFIG``), errors located."""
     from servewatch.pipeline.changes.config import load_changes_config as load
-    from servewatch.pipeline.notify.config import ConfigError
+    from servewatch.pipeline.config_files import ConfigError
 
     try:
         return load(path)

@@ -34,7 +34,8 @@ if TYPE_CHECKING:
 
 
 def load_notify_config(path: str, command: str) -> NotifyConfig:
-    from servewatch.pipeline.notify.config import ConfigError, load_config
+    from servewatch.pipeline.config_files import ConfigError
+    from servewatch.pipeline.notify.config import load_config
 
     try:
         return load_config(path)

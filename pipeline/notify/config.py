@@ -27,7 +27,6 @@ from __future__ import annotations
 import difflib
 import os
 import re
-import tomllib
 import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -47,15 +46,12 @@ from pydantic import (
 )
 
 from servewatch.models.explain.hints import HINT_CODES
+from servewatch.pipeline.config_files import ConfigError, parse_mapping
 from servewatch.pipeline.durations import Duration
 from servewatch.schemas.anomaly import Severity, Signal
 from servewatch.schemas.silence import Matcher
 
 ENV_PREFIX = "SERVEWATCH_NOTIFY__"
-
-
-class ConfigError(ValueError):
-    """The notifier's configuration is unreadable or invalid; the message says where and why."""
 
 
 class Route(BaseModel):
@@ -256,10 +252,7 @@ def _apply_env(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[str, Any
 
 def parse_config(text: str, suffix: str, environ: Mapping[str, str] | None = None) -> NotifyConfig:
     """Parse and validate a config's text (``suffix``: ``.yaml``/``.yml`` or ``.toml``)."""
-    try:
-        raw = tomllib.loads(text) if suffix == ".toml" else yaml.safe_load(text)
-    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"not valid {suffix.lstrip('.').upper()}: {exc}") from exc
+    raw = parse_mapping(text, suffix)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
