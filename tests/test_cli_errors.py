@@ -302,7 +302,14 @@ def test_a_kafka_error_no_command_describes_is_still_one_line(
 
 @pytest.mark.parametrize(
     "args",
-    [["tail", "--signal", "ttfb"], ["tail", "--severity", "loud"], ["worker", "--nope"], [], ["no-such-command"]],
+    [
+        ["tail", "--signal", "ttfb"],
+        ["tail", "--severity", "loud"],
+        ["worker", "--nope"],
+        [],
+        ["no-such-command"],
+        ["changes", "--config", "x.yaml"],
+    ],
 )
 def test_a_command_line_that_does_not_parse_is_one_line(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     """What is wrong and where to look, not the usage block above it (``-h`` prints that)."""
@@ -311,6 +318,8 @@ def test_a_command_line_that_does_not_parse_is_one_line(args: list[str], capsys:
     errors = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and len(errors) == 1, errors
     assert errors[0].startswith("servewatch") and "error:" in errors[0] and errors[0].endswith(" -h)"), errors[0]
+    if args and args[0] in ("tail", "worker", "changes"):
+        assert errors[0].startswith(f"servewatch {args[0]}: error:"), errors[0]  # the command it is about
 
 
 @pytest.mark.parametrize("args", [["-v", "worker"], ["worker", "-v"], ["silence", "add", "model=m", "--verbose"]])

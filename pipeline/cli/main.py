@@ -345,7 +345,11 @@ def _kafka_failure(exc: Exception, args: argparse.Namespace, environment: Settin
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command's own parser, which names the command and its -h
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         environment = load_settings()
     except CommandError as exc:
