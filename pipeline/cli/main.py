@@ -17,6 +17,8 @@ import logging
 import signal
 import sys
 import time
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, NoReturn
 
 import orjson
@@ -205,18 +207,24 @@ def cmd_generate(args: argparse.Namespace) -> int:
 class _Parser(argparse.ArgumentParser):
     """A command line that cannot be parsed is one line (exit 2) saying what and where to look,
     not the whole usage block above it; ``-h`` still prints the usage. Subcommands' parsers
-    are of the same class (``add_subparsers`` makes them so)."""
+    are of the same class (``add_subparsers`` makes them so). ``commands``: the top-level
+    parser's subcommand parsers by name (``build_parser``), which say what a command does not
+    take, with its own name and ``-h``."""
+
+    commands: Mapping[str, argparse.ArgumentParser] = MappingProxyType({})
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} -h)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> _Parser:
     about = "Streaming anomaly detection for LLM serving."
-    parser: argparse.ArgumentParser = _Parser(prog="servewatch", description=about)
+    top = _Parser(prog="servewatch", description=about)
+    parser: argparse.ArgumentParser = top  # its subparsers are ArgumentParsers to the add_*_parser helpers
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--version", action="version", version=f"servewatch {servewatch.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    top.commands = sub.choices
 
     p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (Tansu) until Ctrl-C")
     p.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
@@ -317,7 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=42)
     p.set_defaults(func=cmd_generate)
     _verbose_everywhere(parser)
-    return parser
+    return top
 
 
 def _verbose_everywhere(parser: argparse.ArgumentParser) -> None:
@@ -347,9 +355,8 @@ def _kafka_failure(exc: Exception, args: argparse.Namespace, environment: Settin
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # said by the command's own parser, which names the command and its -h
-        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         environment = load_settings()
     except CommandError as exc:

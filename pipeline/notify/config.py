@@ -141,8 +141,8 @@ def _check_secret_url(url: SecretStr) -> SecretStr:
     return url
 
 
-#: A receiver's URL, checked as the config loads (``check_http_url``).
-ReceiverUrl = Annotated[str, AfterValidator(check_http_url)]
+#: A receiver's URL, checked as the config loads (``check_http_url``); a secret, as it may
+#: carry a token (``?token=``, a path segment, user:password@).
 SecretReceiverUrl = Annotated[SecretStr, AfterValidator(_check_secret_url)]
 
 
