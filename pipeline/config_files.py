@@ -14,6 +14,7 @@ not valid YAML at line 2, column 3: expected the node content, but found '-'
 from __future__ import annotations
 
 import tomllib
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -21,6 +22,22 @@ import yaml
 
 class ConfigError(ValueError):
     """A configuration file is unreadable or invalid; the message says where and why."""
+
+
+CONFIG_SUFFIXES = (".yaml", ".yml", ".toml")
+
+
+def read_config_text(path: str | Path) -> tuple[str, str]:
+    """The file's text and the suffix ``parse_mapping`` takes (``.yml`` reads as ``.yaml``)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in CONFIG_SUFFIXES:
+        raise ConfigError(f"{path}: use a .yaml, .yml or .toml file")
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
+    return text, ".yaml" if suffix == ".yml" else suffix
 
 
 def parse_mapping(text: str, suffix: str) -> Any:

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from servewatch.models.compare.report import SIGNALS
 from servewatch.models.compare.rollback import RollbackCondition
-from servewatch.pipeline.config_files import ConfigError, parse_mapping
+from servewatch.pipeline.config_files import ConfigError, parse_mapping, read_config_text
 from servewatch.pipeline.durations import Duration
 
 _POINTS = {spec.name for spec in SIGNALS if spec.points}
@@ -118,12 +118,5 @@ def load_changes_config(path: str | Path | None) -> ChangesConfig:
     """The file's config (``None``: the defaults, no rollback conditions)."""
     if path is None:
         return ChangesConfig()
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in (".yaml", ".yml", ".toml"):
-        raise ConfigError(f"{path}: use a .yaml, .yml or .toml file")
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
-    return parse_changes_config(text, ".yaml" if suffix == ".yml" else suffix)
+    text, suffix = read_config_text(path)
+    return parse_changes_config(text, suffix)

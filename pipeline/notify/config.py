@@ -46,7 +46,7 @@ from pydantic import (
 )
 
 from servewatch.models.explain.hints import HINT_CODES
-from servewatch.pipeline.config_files import ConfigError, parse_mapping
+from servewatch.pipeline.config_files import ConfigError, parse_mapping, read_config_text
 from servewatch.pipeline.durations import Duration
 from servewatch.schemas.anomaly import Severity, Signal
 from servewatch.schemas.silence import Matcher
@@ -298,12 +298,5 @@ def _yaml_lines(text: str) -> Callable[[tuple[int | str, ...]], int | None] | No
 
 
 def load_config(path: str | Path, environ: Mapping[str, str] | None = None) -> NotifyConfig:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from exc
-    suffix = path.suffix.lower()
-    if suffix not in (".yaml", ".yml", ".toml"):
-        raise ConfigError(f"{path}: use a .yaml, .yml or .toml file")
-    return parse_config(text, ".yaml" if suffix == ".yml" else suffix, environ)
+    text, suffix = read_config_text(path)
+    return parse_config(text, suffix, environ)
