@@ -9,6 +9,7 @@ the segment under test serves 40 a window (4 requests/s) for six hours without o
 from __future__ import annotations
 
 import copy
+import json
 
 import numpy as np
 import pytest
@@ -53,6 +54,20 @@ def warmed() -> Fleet:
 def fleet(warmed: Fleet) -> Fleet:
     """Each test from the same six hours (a copy: warming up is most of the time)."""
     return copy.deepcopy(warmed)
+
+
+def test_a_restarted_worker_starts_a_new_segment_from_its_models_stored_pooled_rate(fleet: Fleet) -> None:
+    """The model's pooled rate is stored beside its segments: a worker restarted from the state
+    table judges a segment it never met as the worker before it would have, not from a
+    generic prior (as a replay of the same records does)."""
+    stored = {key: json.loads(json.dumps(state)) for key, state in fleet.bank.states_to_save(every_one=True)}
+    restarted = DetectorBank(fleet.bank.config, restore=stored.get)
+    new = "model=m|route=new"
+    for bank in (fleet.bank, restarted):  # a round of windows: the segments it knew, and a new one
+        bank.observe(WindowStats(FLEET, fleet.start, 10.0, requests=2_000, errors=1))
+        bank.observe(WindowStats(SEGMENT, fleet.start, 10.0, requests=40, errors=0))
+        bank.observe(WindowStats(new, fleet.start, 10.0, requests=40, errors=1))
+    assert restarted.segment(new).state() == fleet.bank.segment(new).state()
 
 
 def test_the_usual_rate_of_a_segment_without_errors_keeps_half_a_bad_request(fleet: Fleet) -> None:

@@ -525,8 +525,12 @@ class DetectorBank:
 
     config: DetectorConfig = field(default_factory=DetectorConfig)
     detectors: dict[str, SegmentDetectors] = field(default_factory=dict)
-    # Model-level rates, learned from every segment of a model: a new segment's prior.
+    # Model-level rates, learned from every segment of a model: a new segment's prior. Stored
+    # beside the segments (``pool_key``), as often as the models' traffic: a restarted worker
+    # that learned them afresh would judge every segment's rates against other priors than
+    # the worker it took over from, and a replay of the same records.
     pooled: dict[tuple[str, Signal], BetaBinomialRate] = field(default_factory=dict)
+    _pools_met: set[str] = field(default_factory=set, repr=False)  # models whose stored pools were looked up
     # Per model and latency signal, its best-known segment's model: what a new one borrows.
     templates: dict[tuple[str, Any], Any] = field(default_factory=dict)
     restore: Callable[[str], dict[str, Any] | None] | None = None
@@ -599,7 +603,32 @@ class DetectorBank:
                 due.append((key, detectors.state()))
         if every_one or self.traffic.judged >= every:  # each model's traffic, as often as a segment's
             due += self.traffic.states()
+            due += [(self.pool_key(model, signal), pool.state()) for (model, signal), pool in self.pooled.items()]
         return due
+
+    def pool_key(self, model: str, signal: Signal) -> str:
+        """The state table key of a model's pooled rate (a ``~`` starts no segment's nor engine's
+        key; the source keeps the request logs' and the engines' pools apart)."""
+        return f"~pooled|{self.config.source}|{model}|{signal.value}"
+
+    def _meet_pools(self, model: str) -> None:
+        """Take ``model``'s stored pooled rates, the first time its windows come (after a restart)."""
+        self._pools_met.add(model)
+        if self.restore is None:
+            return
+        for spec in SPEC_SETS[self.config.source].values():
+            judged_here = spec.kind == "rate" and spec.signal.value in self.config.signals
+            if not judged_here or (model, spec.signal) in self.pooled:
+                continue
+            stored = self.restore(self.pool_key(model, spec.signal))
+            if stored is None:
+                continue
+            pool = BetaBinomialRate(grace_windows=0)
+            try:
+                pool.load_state(stored)
+            except (KeyError, TypeError, ValueError, IndexError):  # another version: learned afresh
+                continue
+            self.pooled[(model, spec.signal)] = pool
 
     def stored_until(self) -> float:
         """Event time up to which every judged window is in the states taken for storage:
@@ -608,6 +637,8 @@ class DetectorBank:
         return min((detectors.unsaved_from for detectors in self.detectors.values()), default=math.inf)
 
     def observe(self, window: WindowStats) -> list[AnomalyEvent]:
+        if (model := window.labels.get("model", "other")) not in self._pools_met:
+            self._meet_pools(model)
         detectors = self.segment(window.key)
         if detectors.judged(window):
             self.windows_skipped += 1
