@@ -9,6 +9,7 @@ import orjson
 from servewatch.models.detect.detector import DetectorBank, DetectorConfig, SegmentDetectors
 from servewatch.models.detect.lifecycle import IncidentTracker, Transition
 from servewatch.models.stats.rates import BetaBinomialRate
+from servewatch.models.windows.window import WindowStats
 from servewatch.pipeline.dev.workload import Phase, Workload
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.schemas.anomaly import Signal, Status
@@ -142,6 +143,22 @@ def test_forgotten_segments_come_back_from_their_stored_state() -> None:
     assert bank.forget(lambda k: k == key) == 1 and key not in bank.detectors
     bank.restore = stored.get
     assert bank.segment(key).state() == stored[key] and bank.restored == 1
+
+
+def test_a_restarted_bank_meets_each_model_with_the_templates_and_pooled_rates_it_had() -> None:
+    """What a new segment borrows (its model's best-known latency models and capacity, and its
+    pooled rates) comes back from storage with the model's first window after a restart."""
+    first = Replay()
+    list(first.run(batches(Workload((Phase("normal", 200),), seed=9))))
+    bank = first.stage_two.bank
+    stored = {key: orjson.loads(orjson.dumps(state)) for key, state in bank.states_to_save(every_one=True)}
+    restarted = DetectorBank(bank.config, restore=stored.get)
+    for key in bank.detectors:  # a window each segment judged long ago: skipped, but its model met
+        restarted.observe(WindowStats(key, 0.0, 10.0, requests=0))
+    assert restarted.windows_judged == 0 and restarted.windows_skipped == len(bank.detectors)
+    for kept in ("templates", "pooled"):
+        before, after = getattr(bank, kept), getattr(restarted, kept)
+        assert before and {k: v.state() for k, v in after.items()} == {k: v.state() for k, v in before.items()}
 
 
 def test_states_are_stored_every_few_windows_with_segments_taking_turns() -> None:

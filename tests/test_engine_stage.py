@@ -160,7 +160,8 @@ def test_an_engines_detectors_come_back_from_stored_state() -> None:
     for i in range(60):
         first.receive(orjson.dumps(interval(i, rng)))
     stored = {key: orjson.loads(orjson.dumps(state)) for key, state in first.bank.states_to_save(every_one=True)}
-    assert list(stored) == ["gpu-1:8000|qwen", "~pooled|engines|qwen|preemptions"]  # the engine, its model's pool
+    assert [key for key in stored if not key.startswith("~")] == ["gpu-1:8000|qwen"]  # and its model's figures
+    assert {"~pooled|engines|qwen|preemptions", "~template|engines|qwen|capacity"} <= stored.keys()
     second = JudgeEngines(Settings())
     second.bank.restore = stored.get
     fault = {"kv_cache_usage": 0.99, "waiting": 40.0, "preemptions_per_s": 3.0}

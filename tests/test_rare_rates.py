@@ -57,16 +57,16 @@ def fleet(warmed: Fleet) -> Fleet:
 
 
 def test_a_restarted_worker_starts_a_new_segment_from_its_models_stored_pooled_rate(fleet: Fleet) -> None:
-    """The model's pooled rate is stored beside its segments: a worker restarted from the state
-    table judges a segment it never met as the worker before it would have, not from a
-    generic prior (as a replay of the same records does)."""
+    """The model's pooled rate (and the capacity a new segment borrows) is stored beside its
+    segments: a worker restarted from the state table judges a segment it never met as the
+    worker before it would have, not from a generic prior (as a replay of the same records does)."""
     stored = {key: json.loads(json.dumps(state)) for key, state in fleet.bank.states_to_save(every_one=True)}
     restarted = DetectorBank(fleet.bank.config, restore=stored.get)
     new = "model=m|route=new"
-    for bank in (fleet.bank, restarted):  # a round of windows: the segments it knew, and a new one
+    for bank in (fleet.bank, restarted):  # a round of windows, the new segment's judged first
+        bank.observe(WindowStats(new, fleet.start, 10.0, requests=40, errors=1))
         bank.observe(WindowStats(FLEET, fleet.start, 10.0, requests=2_000, errors=1))
         bank.observe(WindowStats(SEGMENT, fleet.start, 10.0, requests=40, errors=0))
-        bank.observe(WindowStats(new, fleet.start, 10.0, requests=40, errors=1))
     assert restarted.segment(new).state() == fleet.bank.segment(new).state()
 
 

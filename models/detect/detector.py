@@ -525,14 +525,17 @@ class DetectorBank:
 
     config: DetectorConfig = field(default_factory=DetectorConfig)
     detectors: dict[str, SegmentDetectors] = field(default_factory=dict)
-    # Model-level rates, learned from every segment of a model: a new segment's prior. Stored
-    # beside the segments (``pool_key``), as often as the models' traffic: a restarted worker
-    # that learned them afresh would judge every segment's rates against other priors than
-    # the worker it took over from, and a replay of the same records.
+    # Model-level rates, learned from every segment of a model: a new segment's prior.
     pooled: dict[tuple[str, Signal], BetaBinomialRate] = field(default_factory=dict)
-    _pools_met: set[str] = field(default_factory=set, repr=False)  # models whose stored pools were looked up
-    # Per model and latency signal, its best-known segment's model: what a new one borrows.
+    # Per model and latency signal (and its capacity), its best-known segment's model: what a
+    # new one borrows.
     templates: dict[tuple[str, Any], Any] = field(default_factory=dict)
+    # Both are stored beside the segments (``model_key``), as often as the models' traffic,
+    # and restored when a model's windows first come: a restarted worker that learned them
+    # afresh would judge new segments against other priors than the worker before it (and a
+    # replay of the same records), and its young segments would borrow from whichever segment
+    # happened to be judged first.
+    _models_met: set[str] = field(default_factory=set, repr=False)
     restore: Callable[[str], dict[str, Any] | None] | None = None
     save_every: int = 1
     windows_judged: int = 0
@@ -603,32 +606,44 @@ class DetectorBank:
                 due.append((key, detectors.state()))
         if every_one or self.traffic.judged >= every:  # each model's traffic, as often as a segment's
             due += self.traffic.states()
-            due += [(self.pool_key(model, signal), pool.state()) for (model, signal), pool in self.pooled.items()]
+            due += [
+                (self.model_key("pooled", model, what), pool.state()) for (model, what), pool in self.pooled.items()
+            ]
+            due += [
+                (self.model_key("template", model, what), kept.state())
+                for (model, what), kept in self.templates.items()
+            ]
         return due
 
-    def pool_key(self, model: str, signal: Signal) -> str:
-        """The state table key of a model's pooled rate (a ``~`` starts no segment's nor engine's
-        key; the source keeps the request logs' and the engines' pools apart)."""
-        return f"~pooled|{self.config.source}|{model}|{signal.value}"
+    def model_key(self, kind: str, model: str, what: Signal | str) -> str:
+        """The state table key of a figure of a whole model (``pooled`` rates, ``template``s):
+        a ``~`` starts no segment's nor engine's key, and the source keeps the request logs'
+        and the engines' apart."""
+        return f"~{kind}|{self.config.source}|{model}|{what.value if isinstance(what, Signal) else what}"
 
-    def _meet_pools(self, model: str) -> None:
-        """Take ``model``'s stored pooled rates, the first time its windows come (after a restart)."""
-        self._pools_met.add(model)
+    def _meet_model(self, model: str) -> None:
+        """Take ``model``'s stored pooled rates and templates, the first time its windows come."""
+        self._models_met.add(model)
         if self.restore is None:
             return
+        kept: list[tuple[str, Signal | str, Any]] = [("template", "capacity", Capacity())]
         for spec in SPEC_SETS[self.config.source].values():
-            judged_here = spec.kind == "rate" and spec.signal.value in self.config.signals
-            if not judged_here or (model, spec.signal) in self.pooled:
+            if spec.signal.value not in self.config.signals:
                 continue
-            stored = self.restore(self.pool_key(model, spec.signal))
+            if spec.kind == "rate":
+                kept.append(("pooled", spec.signal, BetaBinomialRate(grace_windows=0)))
+            elif spec.kind == "latency":
+                kept.append(("template", spec.signal, spec.build(self.config.grace_windows)))
+        for kind, what, fresh in kept:
+            found: dict[Any, Any] = self.pooled if kind == "pooled" else self.templates
+            stored = None if (model, what) in found else self.restore(self.model_key(kind, model, what))
             if stored is None:
                 continue
-            pool = BetaBinomialRate(grace_windows=0)
             try:
-                pool.load_state(stored)
+                fresh.load_state(stored)
             except (KeyError, TypeError, ValueError, IndexError):  # another version: learned afresh
                 continue
-            self.pooled[(model, spec.signal)] = pool
+            found[(model, what)] = fresh
 
     def stored_until(self) -> float:
         """Event time up to which every judged window is in the states taken for storage:
@@ -637,8 +652,8 @@ class DetectorBank:
         return min((detectors.unsaved_from for detectors in self.detectors.values()), default=math.inf)
 
     def observe(self, window: WindowStats) -> list[AnomalyEvent]:
-        if (model := window.labels.get("model", "other")) not in self._pools_met:
-            self._meet_pools(model)
+        if (model := window.labels.get("model", "other")) not in self._models_met:
+            self._meet_model(model)
         detectors = self.segment(window.key)
         if detectors.judged(window):
             self.windows_skipped += 1
