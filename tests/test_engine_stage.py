@@ -7,7 +7,7 @@ import random
 
 import orjson
 
-from servewatch.models.windows.engine_window import EngineWindow
+from servewatch.models.windows.engine_window import EngineMemory, EngineWindow
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker.decode import Source
 from servewatch.pipeline.worker.engine_stage import JudgeEngines
@@ -66,6 +66,20 @@ def test_a_kv_cache_filling_up_at_the_same_load_pages_with_its_queue_and_preempt
 def test_a_fuller_cache_and_longer_queue_under_triple_traffic_are_explained_by_load() -> None:
     events = run([(60, 1.0, {}), (12, 3.0, {})])
     assert not paging(events), [e.summary for e in events if e.pages]
+
+
+def test_inter_token_latency_is_judged_at_the_batch_running_over_the_interval() -> None:
+    """Every decode step in the interval ran at the batch of its moment: the mean of the
+    running gauge at the interval's two ends, not one scrape's reading of it (a burst that
+    filled the batch and drained before the scrape slowed the tokens it decoded)."""
+    memory, rng = EngineMemory(), random.Random(5)
+    first, second = interval(0, rng), interval(1, rng)
+    first["running"], second["running"] = 30.0, 10.0
+    alone = memory.window(EngineInterval.model_validate(first))
+    after = memory.window(EngineInterval.model_validate(second))
+    assert alone is not None and after is not None
+    assert alone.load()["decode_batch"] == 30.0  # no scrape before it: the one reading
+    assert after.load()["decode_batch"] == 20.0
 
 
 def test_an_incident_resolves_when_the_engine_recovers() -> None:

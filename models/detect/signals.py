@@ -230,14 +230,15 @@ CONTEXT_CV2 = 1.0
 #: at the same memory, whether more requests run (a surge, a slower engine holding them
 #: longer) or longer ones (a burst of long prompts).
 KV_DEMAND = ("kv_demand_tokens", "kv_demand_tokens")
-#: An engine's inter-token latency is judged at the batch it decodes (its busy slots, which
-#: scrapes measure) and the output tokens/s it serves. Each decode step reads every running
-#: request's KV, so a burst that fills the batch slows every token, however few requests
-#: arrived (long answers hold their slots): arrivals under-predict it. The figures' mean
-#: still shows a slowdown: output tokens/s are the batch over the inter-token latency, so a
-#: decode s times slower raises the batch (Little's law, where slots are free) by as much
-#: as it lowers tokens/s per running request, and moves the index by half of log s at most.
-ENGINE_DECODE_DEMAND = ("model_running", "model_output_tokens_per_s")
+#: An engine's inter-token latency is judged at the batch it decodes (the requests running
+#: over the interval, which its scrapes measure at both ends) and the output tokens/s it
+#: serves. Each decode step reads every running request's KV, so a burst that fills the batch
+#: slows every token, however few requests arrived (long answers hold their slots): arrivals
+#: under-predict it. The figures' mean still shows a slowdown: output tokens/s are the batch
+#: over the inter-token latency, so a decode s times slower raises the batch (Little's law,
+#: where slots are free) by as much as it lowers tokens/s per running request, and moves the
+#: index by half of log s at most.
+ENGINE_DECODE_DEMAND = ("decode_batch", "model_output_tokens_per_s")
 
 
 def _kv_usage(window: Any, load: dict[str, float]) -> Reading | None:

@@ -72,6 +72,9 @@ class EngineWindow:
     output_per_request: float = math.nan
     pooled_hit_rate: float = math.nan
     most_running: float = math.nan  # the most requests the engine has run at a scrape (forgetting slowly)
+    # Requests running on average over the interval (the mean of the gauge at its two ends):
+    # the batch its decode steps ran at, where one scrape's reading is a moment of it.
+    decode_batch: float = math.nan
     # 1.0 when, at the scrape ``busy`` was read at, the KV cache had no room for another
     # context of the size its running ones hold on average: full, though slots were free.
     kv_full: float = math.nan
@@ -150,6 +153,7 @@ class EngineWindow:
             "model_running": self.running if math.isnan(self.busy) else self.busy,
             "running_measured": 1.0,
             "most_running": self.most_running,
+            "decode_batch": self.running if math.isnan(self.decode_batch) else self.decode_batch,
             "kv_full": self.kv_full,
             "arrived_per_s": self.arrived / self.length,
             "preempted": float(self.preempted),
@@ -282,6 +286,7 @@ class EngineMemory:
             arrived=arrived,
             scheduled=scheduled,
             busy=busy,
+            decode_batch=0.5 * (before.running + running) if contiguous and before is not None else running,
             kv_full=kv_full,
             prompt_per_request=prompt_per_request,
             output_per_request=output_per_request,
