@@ -175,6 +175,24 @@ def test_a_message_that_failed_is_acknowledged_only_after_the_earlier_ones() -> 
     assert one.safe_to_ack() == ["m0", "m1"]
 
 
+def test_a_message_read_again_after_its_window_was_sent_is_a_duplicate_not_a_second_partial() -> None:
+    """The broker frozen past the group's session timeout: the worker rejoins and is handed its
+    partitions again at their committed offsets, behind what it had read and, since, sent (the
+    window closed as the partition went idle). Folded again, the re-read records would make a
+    second partial of that window, together with records read since, which stage 2 drops
+    whole as a replay: those records were lost. Re-read, a message is counted and let go."""
+    one = StageOne(Settings(window_s=10, allowed_lateness_s=0, max_lateness_s=0, topic_partitions=2))
+    first = orjson.dumps([log(f"a{i}", T0 + i / 10) for i in range(20)])
+    one.process(first, Source("requests", 0, 0), now=0.0, token="m0")
+    sent = one.flush_idle(now=10_000.0)  # quiet for long: the window goes, as it does at an idle flush
+    assert sum(int(p.requests) for p in sent) == 20 and one.safe_to_ack() == ["m0"]
+    one.process(first, Source("requests", 0, 0), now=10_000.0, token="m0 again")  # the seek to the committed offset
+    one.process(orjson.dumps([log("b", T0 + 5)]), Source("requests", 0, 1), now=10_000.0, token="m1")  # read since
+    (partial,) = one.flush_idle(now=20_000.0)
+    assert (partial.requests, partial.sources) == (1, [(0, 1, 1)])  # its own record only: not a replay
+    assert one.redelivered == 20 and one.safe_to_ack() == ["m0 again", "m1"]
+
+
 def test_a_partials_message_is_let_go_once_its_windows_are_judged_and_in_stored_state() -> None:
     """A worker killed while a window waits in stage 2 for another partition, or before a quiet
     segment's state was stored, must read that window's partials again: their message is

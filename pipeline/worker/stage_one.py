@@ -56,6 +56,16 @@ class StageOne:
     # Decoded messages not yet folded, as (rows, partition, offset, token), in arrival order.
     pending: list[tuple[RowBatch, int, int | None, Any]] = field(default_factory=list)
     pending_records: int = 0
+    # partition -> the newest offset read here. Faust fetches again, after a seek to the
+    # committed offsets (a rebalance, the group membership lost while the broker was
+    # frozen), messages this worker already folded: their window may have been sent since,
+    # and forgotten with it the request ids that tell a repeat, so folded again they would
+    # form a second partial of the window, mixed with records read since, which stage 2
+    # cannot tell apart from a replay. Kept across revocations: what was read here and is
+    # read here again was sent from here.
+    read_until: dict[int, int] = field(default_factory=dict)
+    redelivered: int = 0  # records of messages read here before (counted as duplicates)
+    _reading_again: set[int] = field(init=False, default_factory=set)  # partitions told of (one warning a seek)
     _warned_ids: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
@@ -93,12 +103,26 @@ class StageOne:
         decoded = decode_message(raw, source, self.settings.max_message_bytes)
         partition = source.partition or 0
         rows = self._refuse_future(decoded, partition, source, time.time() if wall is None else wall)
+        metrics.RECORDS.inc(len(rows))  # read, whether folded or read before (then a duplicate too)
+        if source.offset is not None:
+            read_until = self.read_until.get(partition, -1)
+            if source.offset <= read_until:
+                if partition not in self._reading_again:
+                    self._reading_again.add(partition)
+                    logger.warning("partition %d is read again from offset %d (read here up to %d): those records "
+                                   "were folded already and are counted as duplicates", partition, source.offset,
+                                   read_until)  # fmt: skip
+                self.redelivered += len(rows)
+                metrics.DUPLICATE_RECORDS.inc(len(rows))
+                rows = rows.without(np.ones(len(rows), dtype=bool))  # acknowledged in its turn, folded once
+            else:
+                self._reading_again.discard(partition)
+                self.read_until[partition] = source.offset
         self.pending.append((rows, partition, source.offset, token))
         self.pending_records += len(rows)
         self.last_seen[partition] = time.monotonic() if now is None else now
         metrics.MESSAGES.inc()
         metrics.LAST_MESSAGE.set_to_current_time()
-        metrics.RECORDS.inc(len(rows))
         for letter in decoded.dead_letters:
             metrics.DEAD_LETTERS.labels(letter.reason).inc()
         # Folding is batched across messages (its numpy calls cost per pass), but never past
