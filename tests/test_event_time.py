@@ -193,6 +193,26 @@ def test_a_message_read_again_after_its_window_was_sent_is_a_duplicate_not_a_sec
     assert one.redelivered == 20 and one.safe_to_ack() == ["m0 again", "m1"]
 
 
+def test_partials_read_again_when_their_partition_comes_back_are_replays_not_judged_twice() -> None:
+    """A partials partition revoked and handed back to the same worker at its committed offset
+    (the group lost while the broker was frozen): the windows it released are known still, so
+    the partials read again are replays, neither judged again nor counted late."""
+    config = Settings(window_s=10, allowed_lateness_s=0, max_lateness_s=0, topic_partitions=1)
+    one, two = StageOne(config), StageTwo(config)
+    one.process(orjson.dumps([log(f"r{i}", T0 + i / 10) for i in range(25)]), Source("requests", 0, 0))
+    _, partials = one.process(orjson.dumps([log("later", T0 + 25)]), Source("requests", 0, 1))
+    bundles = one.bundles(partials, 1)
+    for via, bundle in bundles:
+        two.receive(bundle, via, now=0.0, token="m0")
+    assert two.judged_records == 25
+    two.hand_over({0})
+    assert two.unacked == {}
+    for via, bundle in bundles:  # read again from the committed offset
+        two.receive(bundle, via, now=1.0, token="m0 again")
+    assert two.judged_records == 25 and two.bank.windows_skipped == 0
+    assert two.assembler.duplicate_partials == len(partials) and two.assembler.late_partials == 0
+
+
 def test_a_partials_message_is_let_go_once_its_windows_are_judged_and_in_stored_state() -> None:
     """A worker killed while a window waits in stage 2 for another partition, or before a quiet
     segment's state was stored, must read that window's partials again: their message is

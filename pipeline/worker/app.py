@@ -20,7 +20,6 @@ Timers advance quiet partitions' event time and release windows that waited long
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import tempfile
 from collections.abc import Callable
@@ -453,11 +452,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             for key in [k for k in stage_two.bank.detectors if partition_of(k, partials_partitions) in judged_here]:
                 segment_metrics.forget_segment(key)  # whoever judges it now publishes its gauges
             stage_two.bank.forget(lambda key: partition_of(key, partials_partitions) in judged_here)
-            for via in judged_here:
-                stage_two.assembler.released_until.pop(via, None)
-                stage_two.unacked.pop(via, None)  # whoever judges them next reads them again
-                with contextlib.suppress(KeyError):
-                    metrics.JUDGED_UNTIL.remove(str(via))
+            stage_two.hand_over(judged_here)
             engines.bank.forget(lambda key: partition_of(key, partials_partitions) in engines_here)
 
     return app, topics

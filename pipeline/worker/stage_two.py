@@ -4,6 +4,7 @@ for (judged, late, or skipped as older than its segment's state)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -45,6 +46,7 @@ class StageTwo:
     # partitions' partials, or before a quiet segment's state was stored, reads them again.
     unacked: dict[int, deque[tuple[Any, float]]] = field(init=False, default_factory=dict)
     _partials_heard: float = field(init=False, default=-math.inf)  # monotonic time partials last came
+    handed_over: set[int] = field(init=False, default_factory=set)  # partials partitions revoked, not back yet
 
     def __post_init__(self) -> None:
         self.assembler = WindowAssembler(
@@ -91,6 +93,7 @@ class StageTwo:
         or a version skew, and it must not stop the worker.
         """
         now = time.monotonic() if now is None else now
+        self.handed_over.discard(via)
         held = self.unacked.setdefault(via, deque()) if token is not None else None
         try:
             bundle = orjson.loads(raw)
@@ -113,6 +116,18 @@ class StageTwo:
         for source, mark in marks:
             self.heartbeat(source, mark, via, now)
         return self.release_due(now) if marks else []
+
+    def hand_over(self, vias: set[int]) -> None:
+        """Partials partitions revoked: whoever judges them next reads their unacknowledged
+        messages again. What was released here stays known (``released_until`` and the
+        offsets each window held): if they come back at offsets this worker had read past
+        (a rejoin after the broker stopped answering), their partials are told apart as
+        replays of windows judged here, not judged again and counted late."""
+        for via in vias:
+            self.unacked.pop(via, None)
+            self.handed_over.add(via)
+            with contextlib.suppress(KeyError):
+                metrics.JUDGED_UNTIL.remove(str(via))
 
     def judged_and_stored(self) -> list[Any]:
         """Tokens of held messages (``receive``) whose every window was judged and is covered by
@@ -159,7 +174,8 @@ class StageTwo:
             self._log_skipped(self.bank.windows_skipped - skipped_windows, skipped)
         metrics.WINDOWS.inc(len(windows) - (self.bank.windows_skipped - skipped_windows))
         for via, until in self.assembler.released_until.items():
-            metrics.JUDGED_UNTIL.labels(str(via)).set(until)
+            if via not in self.handed_over:
+                metrics.JUDGED_UNTIL.labels(str(via)).set(until)
         metrics.LIVE_SEGMENTS.set(len(self.bank.detectors))
         metrics.RESTORED_SEGMENTS.set(self.bank.restored)
         metrics.DISCARDED_STATES.set(self.bank.discarded)
