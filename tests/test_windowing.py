@@ -373,3 +373,24 @@ def test_fold_agrees_with_plain_python_sums_across_windows_and_missing_fields() 
         got = {"requests": p.requests, "prompt_tokens": p.prompt_tokens, "cached_tokens": p.cached_tokens,
                "errors": p.errors, "ttft_count": p.ttft_count}  # fmt: skip
         assert got == {name: expected[(p.key, p.start)][name] for name in got}, p.key
+
+
+def test_a_partial_re_read_with_new_records_is_neither_merged_nor_lost() -> None:
+    """A successor re-reading from older offsets folds records its window merged already
+    together with new ones: merging would count the first twice, dropping it as a replay
+    would lose the second. It is counted apart and dead-lettered with its ranges."""
+    two = StageTwo(Settings())
+    two.add(WindowStats(key="k", start=T0, length=10, requests=10, sources=[(0, 0, 4)]), now=0.0)
+    two.add(WindowStats(key="k", start=T0, length=10, requests=6, sources=[(0, 5, 7)]), now=0.0)
+    # Every offset merged already, across two partials: a replay.
+    two.add(WindowStats(key="k", start=T0, length=10, requests=16, sources=[(0, 0, 7)]), now=0.1)
+    assert (two.assembler.duplicate_partials, two.assembler.overlapping_partials) == (1, 0)
+    # Offsets 0-7 again with 8-9 new: neither merged nor dropped silently.
+    two.add(WindowStats(key="k", start=T0, length=10, requests=20, sources=[(0, 0, 9)]), now=0.2)
+    assert two.assembler.overlapping_partials == 1 and two.late_records == 20
+    [letter] = two.late_letters
+    assert letter.reason == "partly_merged" and orjson.loads(letter.raw)["sources"] == [[0, 0, 9]]
+    # Records from another partition are new: merged.
+    two.add(WindowStats(key="k", start=T0, length=10, requests=3, sources=[(1, 0, 2)]), now=0.3)
+    [window] = two.assembler.flush_all()
+    assert window.requests == 19

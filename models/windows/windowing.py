@@ -272,6 +272,17 @@ def _overlaps(ranges: list[tuple[int, int, int]], candidate: tuple[int, int, int
     return any(p == partition and a <= last and first <= b for p, a, b in ranges)
 
 
+def _covered(ranges: list[tuple[int, int, int]], candidate: tuple[int, int, int]) -> bool:
+    """Every offset of ``candidate`` lies in ``ranges`` (adjacent ranges join up)."""
+    partition, first, last = candidate
+    reach = first - 1  # the highest offset known covered, walking up from ``first``
+    for _, a, b in sorted(r for r in ranges if r[0] == partition):
+        if a > reach + 1:
+            break
+        reach = max(reach, b)
+    return reach >= last
+
+
 @dataclass
 class WindowAssembler:
     """Stage 2: merge partials per (segment, window); release complete windows in order.
@@ -301,6 +312,10 @@ class WindowAssembler:
     progress: dict[tuple[int, int], tuple[float, float]] = field(default_factory=dict)
     late_partials: int = 0
     duplicate_partials: int = 0
+    # Partials holding some offsets already merged into their window and some not (a worker
+    # re-reading after a crash folds records judged before together with new ones). They
+    # cannot be split, so they are not merged; the caller dead-letters where their records are.
+    overlapping_partials: int = 0
     # Where the records of recently released windows were, as (via, start) -> source
     # partition -> (first, last) offset: a partial re-read after a rebalance or a crash
     # falls inside and is a duplicate; a late one carries offsets read after its window
@@ -345,11 +360,12 @@ class WindowAssembler:
             heapq.heappush(self._by_end.setdefault(via, []), (partial.end, partial.start))
             heapq.heappush(self._by_age, (now, slot))
         merged = pending.target(partial)
-        # Offsets already merged for this window: a replay after a crash, drop it.
-        if partial.sources and all(_overlaps(merged.sources, src) for src in partial.sources):
-            self.duplicate_partials += 1
-        else:
+        if not any(_overlaps(merged.sources, src) for src in partial.sources):
             merged.merge(partial)
+        elif all(_covered(merged.sources, src) for src in partial.sources):
+            self.duplicate_partials += 1  # every offset merged already: a replay after a crash
+        else:
+            self.overlapping_partials += 1
 
     def _slowest(self, via: int, now: float) -> float:
         # Sources silent for max_wait_s no longer hold windows back (they went idle).

@@ -26,7 +26,8 @@ JUDGED_RECORDS = Counter("servewatch_judged_records", "Records in the windows th
 LATE_RECORDS = Counter(
     "servewatch_late_records",
     "Records not judged because they came too late: their window was already judged (window_judged) or "
-    "their segment's state is past it (older_than_state: a replay after a crash, or an old backlog).",
+    "their segment's state is past it (older_than_state: a replay after a crash, or an old backlog), or "
+    "they were re-read together with records their window had merged already (partly_merged).",
     ["reason"],
 )
 ALLOWED_LATENESS = Gauge(

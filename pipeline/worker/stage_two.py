@@ -57,28 +57,35 @@ class StageTwo:
         self.bank = DetectorBank(self.settings.detector_config(), save_every=self.settings.state_every_windows)
 
     def add(self, partial: WindowStats, now: float | None = None, via: int = 0) -> None:
-        late = self.assembler.late_partials
+        late, overlapping = self.assembler.late_partials, self.assembler.overlapping_partials
         self.assembler.add(partial, time.monotonic() if now is None else now, via)
         if self.assembler.late_partials > late:
-            self._count_late(partial)
+            self._count_unjudged(partial, "late", "window_judged", "arrived after their window ({window}) was judged")
+        elif self.assembler.overlapping_partials > overlapping:
+            self._count_unjudged(
+                partial, "partly_merged", "partly_merged",
+                "came in one partial with records their window ({window}) had merged already (a re-read after "
+                "a crash), so they were not merged",
+            )  # fmt: skip
 
-    def _count_late(self, partial: WindowStats) -> None:
-        """A partial whose window was judged already: its records are counted late and
-        dead-lettered as one letter (reason ``late``) that says where they are."""
+    def _count_unjudged(self, partial: WindowStats, reason: str, label: str, why: str) -> None:
+        """A partial not merged into its window: its records are counted late (``label``) and
+        dead-lettered as one letter (``reason``) that says where they are."""
         records = int(partial.requests)
         metrics.LATE_PARTIALS.inc()
-        metrics.LATE_RECORDS.labels("window_judged").inc(records)
+        metrics.LATE_RECORDS.labels(label).inc(records)
         self.late_records += records
         ranges = [list(source) for source in partial.sources]
         first = ranges[0] if ranges else [None, None, None]
         raw = orjson.dumps({"segment": partial.key, "window_start": partial.start, "window_end": partial.end,
                             "records": records, "sources": ranges})  # fmt: skip
+        window = f"{partial.start:.0f}-{partial.end:.0f}"
         error = (
-            f"{records} records of segment {partial.key} arrived after their window ({partial.start:.0f}-"
-            f"{partial.end:.0f}) was judged; they are in the requests topic at the ranges in raw"
+            f"{records} records of segment {partial.key} {why.format(window=window)}; "
+            "they are in the requests topic at the ranges in raw"
         )
         self.late_letters.append(
-            DeadLetter(reason="late", error=error, raw=raw.decode(), source_topic=topics.REQUESTS,
+            DeadLetter(reason=reason, error=error, raw=raw.decode(), source_topic=topics.REQUESTS,
                        source_partition=first[0], source_offset=first[1], received_at=time.time())
         )  # fmt: skip
 
