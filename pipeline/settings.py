@@ -15,7 +15,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.explain.evidence_sample import EvidenceBudget
-from servewatch.models.windows.segments import DEFAULT_DIMENSIONS, Segmenter
+from servewatch.models.windows.segments import DEFAULT_DIMENSIONS, REPLICA_PREFIX, Segmenter
 from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS
 from servewatch.pipeline.tuning import HEAP_TRIM_INTERVAL_S, MMAP_THRESHOLD_BYTES
 
@@ -157,6 +157,28 @@ class Settings(BaseSettings):
     max_segments: int = Field(
         default=1000, ge=1, description="Live segments at most; new label combinations beyond share 'overflow'."
     )
+    compare_replicas: bool = Field(
+        default=True,
+        description="Compare each serving instance (the request logs' instance field) with the other instances "
+        "of its model on the same request mix, and page naming one that is slower or fails more (hint "
+        "replica_outlier). Folds every record a second time, by segment and instance.",
+    )
+    max_replica_rows: int = Field(
+        default=20_000,
+        ge=1,
+        description="(segment, instance) combinations compared at most; beyond, new ones are not compared.",
+    )
+    replica_min_ratio: float = Field(
+        default=1.3,
+        gt=1.0,
+        description="The smallest difference from its peers (a ratio) an instance is paged for; smaller ones "
+        "never accumulate evidence, however much traffic there is.",
+    )
+    replica_warmup_requests: int = Field(
+        default=100,
+        ge=0,
+        description="Requests an instance serves before it is compared with its peers (a new replica warms up).",
+    )
     progress: Literal["auto", "always", "never"] = Field(
         default="auto", description="Commands' running progress line: on a terminal only (auto), always, never."
     )
@@ -278,6 +300,20 @@ class Settings(BaseSettings):
             idle_s=self.segment_idle_s,
         )
 
+    def replica_segmenter(self) -> Segmenter | None:
+        """The segmenter of replica rows (segment and instance), or None when not compared
+        (off, or the segments are per instance already)."""
+        if not self.compare_replicas or "instance" in self.segment_dimensions:
+            return None
+        return Segmenter(
+            dimensions=(*self.segment_dimensions, "instance"),
+            prompt_band_edges=tuple(self.prompt_band_edges),
+            output_band_edges=tuple(self.output_band_edges),
+            max_segments=self.max_replica_rows,
+            idle_s=self.segment_idle_s,
+            key_prefix=REPLICA_PREFIX,
+        )
+
     def evidence_budget(self) -> EvidenceBudget:
         uniform = min(self.evidence_uniform, self.evidence_per_window)
         return EvidenceBudget(
@@ -300,6 +336,8 @@ class Settings(BaseSettings):
             grace_windows=self.grace_windows,
             no_data_after_s=self.no_data_after_s,
             segment_idle_s=self.segment_idle_s,
+            replica_min_ratio=self.replica_min_ratio,
+            replica_warmup_requests=self.replica_warmup_requests,
         )
 
     @model_validator(mode="after")

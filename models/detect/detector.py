@@ -28,6 +28,7 @@ from typing import Any
 
 from servewatch.models.detect.events import incident_event
 from servewatch.models.detect.lifecycle import Transition
+from servewatch.models.detect.replicas import ReplicaWatch
 from servewatch.models.detect.signal_detector import DetectorConfig, SignalDetector, Verdict, band
 from servewatch.models.detect.signals import MODEL_FIGURES, SPEC_SETS, Reading, SignalSpec
 from servewatch.models.detect.silence import no_data_events
@@ -40,6 +41,7 @@ from servewatch.models.explain.wording import describe, segment_phrase
 from servewatch.models.stats.baseline import Baseline
 from servewatch.models.stats.capacity import Capacity
 from servewatch.models.stats.rates import BetaBinomialRate
+from servewatch.models.windows.segments import is_replica_key
 from servewatch.models.windows.window import WindowStats
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal
 from servewatch.schemas.series import SeriesPoint, SignalPoint
@@ -549,6 +551,7 @@ class DetectorBank:
     clock: float = -math.inf  # event time: the latest window end judged
     window_s: float = math.inf  # the windows' length (of the last judged)
     traffic: TrafficWatch = field(init=False)  # requests per model per window (models going dark)
+    replicas: ReplicaWatch = field(init=False)  # each serving instance against its peers
     # Windows' requests per model not judged yet, and the latest window requests started in.
     _traffic_pending: dict[tuple[float, float], dict[str, int]] = field(default_factory=dict, repr=False)
     _started_in: float = -math.inf
@@ -561,6 +564,12 @@ class DetectorBank:
 
     def __post_init__(self) -> None:
         self.traffic = TrafficWatch(self.config, restore=lambda key: self.restore(key) if self.restore else None)
+        self.replicas = ReplicaWatch(
+            self.config,
+            min_ratio=self.config.replica_min_ratio,
+            warmup_requests=self.config.replica_warmup_requests,
+            restore=lambda key: self.restore(key) if self.restore else None,
+        )
 
     def segment(self, key: str) -> SegmentDetectors:
         detectors = self.detectors.get(key)
@@ -606,6 +615,7 @@ class DetectorBank:
                 due.append((key, detectors.state()))
         if every_one or self.traffic.judged >= every:  # each model's traffic, as often as a segment's
             due += self.traffic.states()
+            due += self.replicas.states()
             due += [
                 (self.model_key("pooled", model, what), pool.state()) for (model, what), pool in self.pooled.items()
             ]
@@ -668,7 +678,12 @@ class DetectorBank:
         traffic in it (``models.stats.traffic``) and the silent segments (``models.detect.silence``).
         ``final``: the stream's end flushed them, and its last windows are cut short by that
         end, not by their traffic."""
+        replica_rows = [window for window in windows if is_replica_key(window.key)]
+        if replica_rows:  # each instance against its peers (``models.detect.replicas``)
+            windows = [window for window in windows if not is_replica_key(window.key)]
         events = [event for window in windows for event in self.observe(window)]
+        if replica_rows:
+            events += self.replicas.observe(replica_rows)
         if not final:
             events += self._judge_traffic(windows)
         now = max((window.end for window in windows), default=self.clock)

@@ -99,6 +99,8 @@ _LOAD_KEY = "load"
 def cause_of(event: AnomalyEvent) -> str:
     """An incident's likely cause, for grouping: its top diagnostic hint, else its signal."""
     codes = [hint.code for hint in event.hints if hint.code not in CONTEXT_HINTS]
+    if codes and codes[0] == "replica_outlier":  # one group per replica: each one is drained on its own
+        return f"replica_outlier {event.segment.get('instance', '')}"
     return codes[0] if codes else f"signal:{event.signal.value}"
 
 

@@ -47,6 +47,8 @@ class DetectorConfig:
     segment_idle_s: float = 86_400.0
     signals: tuple[str, ...] = tuple(spec.signal.value for spec in SPECS)  # the signals judged
     source: str = "requests"  # whose windows: "requests" (WindowStats) or "engines" (EngineWindow)
+    replica_min_ratio: float = 1.3  # an instance is paged only this much worse than its peers
+    replica_warmup_requests: int = 100  # requests an instance serves before it is compared
 
     def tracker(self) -> IncidentTracker:
         return IncidentTracker(

@@ -38,6 +38,8 @@ HINT_CODES: dict[str, str] = {
     "latency_drift": "latency crept up over hours at the same demand (the level left its slow anchor)",
     "latency_rise": "latency rose while demand, mix, cache, prefill per token and queue stayed usual",
     "traffic_drop": "a model's requests fell to a small share of its usual for the hour (it went dark)",
+    "replica_outlier": "one serving instance is slower or fails more than the other instances of its model on the "
+    "same request mix (drain it)",
     "no_data": "the segment sent nothing for a while: its open incident ended without evidence it recovered",
     "change_marker": "the incident started soon after a change marked on its model (servewatch mark): suspect "
     "the change first",

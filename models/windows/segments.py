@@ -26,6 +26,22 @@ DIMENSIONS = ("model", "route", "tenant", "instance", "engine", "prompt_band", "
 DEFAULT_DIMENSIONS = ("model", "route", "prompt_band", "output_band")
 OVERFLOW_KEY = "model=other|segment=overflow"
 UNSET = "-"
+#: Keys of *replica rows*: a segment's requests of one serving instance, folded beside the
+#: segment's own row so that stage 2 can compare an instance with its peers
+#: (``models.detect.replicas``). ``parse_key`` reads their labels like a segment's.
+REPLICA_PREFIX = "~replica|"
+
+
+def is_replica_key(key: str) -> bool:
+    return key.startswith(REPLICA_PREFIX)
+
+
+def routing_key(key: str) -> str:
+    """The key a partial travels under to stage 2 (its partials partition): its own for a
+    segment; its model's for a replica row, so that one worker sees every replica of a model."""
+    if key.startswith(REPLICA_PREFIX):
+        return "~replicas|" + parse_key(key)["model"]
+    return key
 
 
 def _short(tokens: int) -> str:
@@ -194,6 +210,8 @@ class Segmenter:
     prompt_band_edges: tuple[int, ...] = (4096, 32768)
     output_band_edges: tuple[int, ...] = (1024,)
     max_segments: int = 1000
+    #: Put before every key (``REPLICA_PREFIX`` for the replica rows' segmenter).
+    key_prefix: str = ""
     #: Event seconds without requests after which a segment's id may go to a new label
     #: combination once the cap is reached (``note_seen``); infinite: never.
     idle_s: float = math.inf
@@ -243,7 +261,7 @@ class Segmenter:
             if idle is not None:
                 return self._reassign(idle, key)
             self.overflowed += 1
-            key = OVERFLOW_KEY
+            key = self.key_prefix + OVERFLOW_KEY
             if self._overflow_id is not None:
                 return key
             self._overflow_id = len(self.keys)
@@ -304,7 +322,7 @@ class Segmenter:
                 # titles and the triage page show) are the requests' own.
                 value = escape_label(values[dim])
             parts.append(f"{dim}={value}")
-        return "|".join(parts)
+        return self.key_prefix + "|".join(parts)
 
     def key_of_row(self, row: Any) -> str:
         """``natural_key`` of a request log (a mapping or an object with its fields)."""

@@ -82,6 +82,10 @@ class Windower:
     max_future_s: float = math.inf
     dedup: bool = False
     duplicates: int = 0  # records dropped as a request_id already seen in their window
+    # Replica rows (``models.detect.replicas``): every record folded again by segment and
+    # instance into windows of their own, closed with the segments' windows. None: off.
+    replicas: Segmenter | None = None
+    open_replicas: dict[float, OpenWindow] = field(default_factory=dict, repr=False)
     # window start -> sorted runs of the hashes of the request ids folded into it
     _seen_ids: dict[float, list[np.ndarray]] = field(default_factory=dict, repr=False)
 
@@ -153,6 +157,11 @@ class Windower:
                 batch, self.segmenter, self.window_s, self.open, self.evidence_k, partitions, offsets,
                 self.markers, self.prefixes, rows_hint=max(self.rows_hint, 8),
             )  # fmt: skip
+            if self.replicas is not None:  # no prefix memory: the segments' fold counted them
+                fold_batch(
+                    batch, self.replicas, self.window_s, self.open_replicas, self.evidence_k, partitions, offsets,
+                    self.markers, None, rows_hint=max(self.rows_hint, 8),
+                )  # fmt: skip
         times = batch.column("timestamp")
         lengths = np.bincount(message, minlength=len(parts)).tolist()
         ends = np.cumsum(lengths)
@@ -164,6 +173,8 @@ class Windower:
             if offset is not None:
                 for window_id in touched:
                     self.open[float(window_id * self.window_s)].note_offset(partition, offset)
+                    if self.replicas is not None:
+                        self.open_replicas[float(window_id * self.window_s)].note_offset(partition, offset)
             newest_before = self.max_event_time.get(partition, -math.inf)
             if self.lateness is not None:
                 self.lateness.observe(disorder_of(times[mine], newest_before))
@@ -240,6 +251,10 @@ class Windower:
             self.rows_hint = len(window)
             self.segmenter.note_seen(window.segment_ids, start + self.window_s)
             partials = window.partials(self.segmenter.keys)
+            replica_window = self.open_replicas.pop(start, None)
+            if replica_window is not None and self.replicas is not None:
+                self.replicas.note_seen(replica_window.segment_ids, start + self.window_s)
+                partials += replica_window.partials(self.replicas.keys)
             for partial in sorted(partials, key=lambda p: p.key):
                 partial.watermark = watermark
                 closed.append(partial)

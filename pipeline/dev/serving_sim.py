@@ -287,6 +287,19 @@ class SimPhase:
     leak_rate: float = 0.0  # share of answers with "</think>" in the text (with ``log_content``)
     ttft_factor: float = 1.0  # prefill slower by this factor for every prompt
     models: tuple[str, ...] | None = None  # the models the phase's conditions apply to; None: all
+    #: A replica fault: the engines (by index) it hits prefill and decode slower by these
+    #: factors, and fail this share of the requests they serve.
+    fault_instances: tuple[int, ...] = ()
+    instance_prefill_factor: float = 1.0
+    instance_decode_factor: float = 1.0
+    instance_error_rate: float = 0.0
+    #: Engines the load balancer sends new requests to (an autoscaler's count: the first
+    #: ones of the model's ``instances``); None: all. The others finish what they hold.
+    serving_instances: int | None = None
+    #: Engines taken out of rotation for the phase (a rolling restart's current one), and
+    #: engines whose prefix cache starts empty (just restarted: nothing cached hits).
+    down_instances: tuple[int, ...] = ()
+    cold_instances: tuple[int, ...] = ()
 
     def for_model(self, model: str) -> SimPhase:
         """This phase as ``model`` sees it: its conditions, or plain normal ones."""
@@ -508,6 +521,7 @@ class TraceWorkload:
         # (drawn after the others, so adding them left every earlier draw as it was)
         cuts = rng.random(n)
         cut_at = rng.uniform(0.2, 0.9, n)
+        replica_fails = rng.random(n)
 
         if trace.reused_prefix_tokens is not None:
             cacheable = spec.cacheable_tokens(prompt, trace.reused_prefix_tokens[row])
@@ -575,7 +589,8 @@ class TraceWorkload:
             held[engine] += tokens
             load = busy[engine] / slots  # the batch this request joins, itself included
             engine_phase = phase_at(now)
-            hit = int(cacheable[i]) if engine_phase.prefix_caching else 0
+            cold = engine in engine_phase.cold_instances
+            hit = int(cacheable[i]) if engine_phase.prefix_caching and not cold else 0
             p = (spec.prefill_overhead_s + (prompt[i] - hit) * spec.prefill_s_per_token * prefill_jitter[i]) * (
                 1.0 + spec.prefill_contention * load
             )
@@ -583,6 +598,9 @@ class TraceWorkload:
             if prompt[i] > engine_phase.slow_prompt_tokens:
                 p *= engine_phase.prefill_slowdown
             itl = spec.itl_s * engine_phase.decode_slowdown * (1.0 + spec.batch_factor * load) * itl_jitter[i]
+            if engine in engine_phase.fault_instances:
+                p *= engine_phase.instance_prefill_factor
+                itl *= engine_phase.instance_decode_factor
             d = itl * max(int(output[i]) - 1, 0)
             start[i], prefill[i], decode[i], instance[i] = now, p, d, engine
             cached[i], kv_held[i] = hit, tokens
@@ -609,16 +627,27 @@ class TraceWorkload:
             now = float(arrival[i])
             advance(now)
             # Fewest requests in the system wins; ties go round-robin, so idle engines share work.
+            routed = phase_at(now)
+            serving = [
+                e for e in range(min(routed.serving_instances or engines, engines)) if e not in routed.down_instances
+            ] or [0]
             best = min(
-                ((next_engine + k) % engines for k in range(engines)),
+                (serving[(next_engine + k) % len(serving)] for k in range(len(serving))),
                 key=lambda e: busy[e] + len(queues[e]),
             )
-            next_engine = (best + 1) % engines
+            next_engine = (serving.index(best) + 1) % len(serving)
             if queues[best] or not fits(i, best, now):
                 queues[best].append(i)
             else:
                 begin(i, best, now)
         advance(math.inf)
+        # A faulty replica's failures: decided where the request was served (after its prefill).
+        for k, p in enumerate(phases):
+            if not p.instance_error_rate or not p.fault_instances:
+                continue
+            hit = (self._phase_index(bounds, start) == k) & np.isin(instance, p.fault_instances)
+            for i in np.flatnonzero(hit & (replica_fails < p.instance_error_rate)).tolist():
+                finish[i], output[i], decode[i] = "error", 0, 0.0
 
         return _ModelRun(
             spec, arrival, start, prefill, decode, instance, prompt, cached, output, max_tokens, finish,

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from servewatch.models.windows.segments import is_replica_key
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker.decode import Source
 from servewatch.pipeline.worker.evidence import fill, wanted
@@ -84,7 +85,8 @@ class Replay:
         if not partials and not final:
             return []
         for partial in partials:
-            self.stats.records += partial.requests
+            if not is_replica_key(partial.key):  # a replica row holds its segment's records again
+                self.stats.records += partial.requests
             self.stage_two.add(partial, now=0.0)
         events = self.stage_two.release_all(final)
         del self.stage_two.late_letters[20:]  # a replay counts late records; a few letters say where

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
+from servewatch.models.windows.segments import is_replica_key
 from servewatch.models.windows.window import COLUMN_OF
 
 if TYPE_CHECKING:
@@ -87,8 +88,11 @@ def open_window_records(one: StageOne, two: StageTwo) -> int:
     requests = COLUMN_OF["requests"]
     held = one.pending_records
     held += sum(int(window.block.sums[: len(window), requests].sum()) for window in one.windower.open.values())
-    held += sum(
-        int(pending.block.sums[: len(pending.by_segment), requests].sum()) for pending in two.assembler.pending.values()
+    held += sum(  # replica rows hold their segments' records again
+        int(window.requests)
+        for pending in two.assembler.pending.values()
+        for key, window in pending.by_segment.items()
+        if not is_replica_key(key)
     )
     return held
 

@@ -18,6 +18,7 @@ from aiokafka.partitioner import murmur2
 
 from servewatch.models.windows.batch import RowBatch
 from servewatch.models.windows.lateness import LearnedLateness
+from servewatch.models.windows.segments import routing_key
 from servewatch.models.windows.signal_columns import PrefixMemory
 from servewatch.models.windows.window import WindowStats
 from servewatch.models.windows.windowing import Windower
@@ -86,6 +87,7 @@ class StageOne:
             else None,
             max_future_s=settings.max_future_s,
             dedup=settings.dedup_request_ids,
+            replicas=settings.replica_segmenter(),
         )
 
     def process(
@@ -194,13 +196,14 @@ class StageOne:
         message on both ends. At most ``BUNDLE_PARTIALS`` segments per message, so neither
         side ever holds a whole window's worth of encoded partials at once (with thousands of
         segments closing together, that was the worker's memory high-water mark). Partials
-        go to ``partition_of(key)``, so a segment always lands on the same stage-2
-        partition; watermarks go to every partition, in the last message, after the
-        partials, which is what lets stage 2 know a window is complete.
+        go to ``partition_of(routing_key(key))``, so a segment (and every replica row of a
+        model) always lands on the same stage-2 partition; watermarks go to every partition,
+        in the last message, after the partials, which is what lets stage 2 know a window is
+        complete.
         """
         grouped: dict[int, list[WindowStats]] = {}
         for partial in partials:
-            grouped.setdefault(partition_of(partial.key, partitions), []).append(partial)
+            grouped.setdefault(partition_of(routing_key(partial.key), partitions), []).append(partial)
         marks = {str(source): mark for source, mark in self.watermarks_to_announce().items()}
         out = []
         for k in range(partitions) if marks else sorted(grouped):

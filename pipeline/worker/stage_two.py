@@ -16,6 +16,7 @@ import orjson
 
 from servewatch.models.detect.detector import DetectorBank
 from servewatch.models.explain.evidence_sample import RecentSources
+from servewatch.models.windows.segments import is_replica_key
 from servewatch.models.windows.window import WindowStats
 from servewatch.models.windows.windowing import WindowAssembler
 from servewatch.models.windows.wire import windows_from_wire
@@ -59,6 +60,8 @@ class StageTwo:
     def add(self, partial: WindowStats, now: float | None = None, via: int = 0) -> None:
         late, overlapping = self.assembler.late_partials, self.assembler.overlapping_partials
         self.assembler.add(partial, time.monotonic() if now is None else now, via)
+        if is_replica_key(partial.key):
+            return  # the same records as their segment's partial: counted and dead-lettered there
         if self.assembler.late_partials > late:
             self._count_unjudged(partial, "late", "window_judged", "arrived after their window ({window}) was judged")
         elif self.assembler.overlapping_partials > overlapping:
@@ -173,13 +176,15 @@ class StageTwo:
         for event in events:
             self._locate_baseline(event)
         skipped = self.bank.records_skipped - skipped_records
-        judged = sum(int(window.requests) for window in windows) - skipped
+        # Replica rows hold the segments' records again: counted once, with their segments.
+        judged = sum(int(window.requests) for window in windows if not is_replica_key(window.key)) - skipped
         self.judged_records += judged
         metrics.JUDGED_RECORDS.inc(judged)
         if skipped:
             metrics.LATE_RECORDS.labels("older_than_state").inc(skipped)
             self._log_skipped(self.bank.windows_skipped - skipped_windows, skipped)
-        metrics.WINDOWS.inc(len(windows) - (self.bank.windows_skipped - skipped_windows))
+        segment_windows = sum(not is_replica_key(window.key) for window in windows)
+        metrics.WINDOWS.inc(segment_windows - (self.bank.windows_skipped - skipped_windows))
         for via, until in self.assembler.released_until.items():
             if via not in self.handed_over:
                 metrics.JUDGED_UNTIL.labels(str(via)).set(until)

@@ -121,6 +121,8 @@ def _details(note: Notification) -> dict[str, Any]:
             "load": lead.load,
             "explained_by_load": lead.explained_by_load,
         }
+        if instance := lead.segment.get("instance"):  # the replica to drain, where event rules can match it
+            details["instance"] = instance
         details["evidence"] = [
             {k: v for k, v in row.items() if k != "location"} for row in pick_evidence(lead.evidence)
         ]

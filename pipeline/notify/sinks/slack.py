@@ -108,6 +108,8 @@ def build_message(note: Notification) -> Message:
             _field("Load", load_text(lead.load)),
             _field("Explained by load", "yes" if lead.explained_by_load else "no"),
         ]
+        if instance := lead.segment.get("instance"):  # a replica to drain: its own field, first to read
+            fields.insert(2, _field("Instance", instance))
     blocks.append(Section(fields=fields))
     if lead is not None and lead.hints:
         lines = [f"• *{escape_mrkdwn(h.code)}*: {escape_mrkdwn(h.message)}" for h in lead.hints[:MAX_HINTS]]

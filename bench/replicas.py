@@ -1,0 +1,108 @@
+"""Which replica: one bad serving instance among healthy peers, and healthy fleets that move.
+
+Each case of ``pipeline.dev.replica_scenarios`` replayed through the worker's code
+(``run_scenario``): pages naming the faulty instance (``replica_outlier`` on its instance)
+and the windows from the fault's start to the first; pages naming another instance; and
+false paging groups (incident groups starting to page outside the fault and its aftermath,
+as a pager receives them). Then replay speed and memory with and without replica rows at
+many replicas (``--replicas 64 --models 20``: every model on 64 instances).
+
+    .venv/bin/python -m bench.replicas [--seed 7] [--only NAME] [--scale]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import resource
+import time
+import tracemalloc
+
+import orjson
+
+from servewatch.pipeline.dev.replica_scenarios import FAULTY_HOST, replica_scenarios
+from servewatch.pipeline.dev.scenarios import ScenarioResult, run_scenario
+from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.replay.request_logs import Replay
+from servewatch.pipeline.settings import Settings
+
+WINDOW_S = 10.0
+
+
+def _naming(result: ScenarioResult, host: str) -> list:
+    return [
+        e
+        for e in result.pages
+        if e.segment.get("instance") == host and any(h.code == "replica_outlier" for h in e.hints)
+    ]
+
+
+def row(result: ScenarioResult) -> str:
+    scenario = result.scenario
+    right = [e for e in _naming(result, FAULTY_HOST) if result.injected_at < e.window_end]
+    onset = WINDOW_S * (result.injected_at // WINDOW_S)
+    delay = f"{(min(e.window_end for e in right) - onset) / WINDOW_S:.0f}" if right else "-"
+    wrong = {
+        e.segment.get("instance")
+        for e in result.pages
+        if any(h.code == "replica_outlier" for h in e.hints) and e.segment.get("instance") != FAULTY_HOST
+    }
+    false_groups = len(result.false_group_pages)
+    expected = "page" if scenario.must_page else "quiet"
+    ok = (bool(right) and not wrong and not false_groups) if scenario.must_page else not result.group_pages
+    return (
+        f"{scenario.name:34} {expected:6} {'yes' if right else 'no':>8} {delay:>7} {len(wrong):>6} "
+        f"{false_groups:>6} {len(result.group_pages):>6} {result.records:>9,} {'ok' if ok else 'MISS'}"
+    )
+
+
+def scale(replicas: int, models: int, seconds: int, seed: int) -> None:
+    """Replay speed and peak memory of one workload with and without replica rows."""
+    instances = tuple(f"10.1.{k // 250}.{k % 250}:8000" for k in range(replicas))
+    workload = Workload(  # 18 requests/s per model: tens of records per segment-window
+        (Phase("normal", seconds),), seed=seed, instances=instances, base_rate=18.0,
+        models=tuple(f"model-{m}" for m in range(models)),
+    )  # fmt: skip
+    batches = [orjson.dumps(batch) for _, batch in workload.seconds() if batch]
+    records = sum(len(orjson.loads(b)) for b in batches)
+    print(f"\n{replicas} replicas x {models} models: {records:,} request logs over {seconds:,} s of event time")
+    for compare in (False, True, False, True):
+        gc.collect()
+        tracemalloc.start()
+        replay = Replay(Settings(compare_replicas=compare))
+        started = time.perf_counter()
+        for offset, raw in enumerate(batches):
+            replay.feed(raw, offset)
+        replay.finish()
+        elapsed = time.perf_counter() - started
+        _, peak = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        watched = sum(len(m) for m in replay.stage_two.bank.replicas.models.values())
+        print(
+            f"  replicas {'on ' if compare else 'off'}: {records / elapsed:>9,.0f} records/s, "
+            f"traced peak {peak / 2**20:7.1f} MiB, instances watched {watched:,}"
+        )
+    print(f"  (process max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--only", help="run the cases whose name contains this")
+    parser.add_argument("--scale", action="store_true", help="also measure replay speed and memory at many replicas")
+    parser.add_argument("--replicas", type=int, default=64)
+    parser.add_argument("--models", type=int, default=20)
+    parser.add_argument("--seconds", type=int, default=600)
+    args = parser.parse_args()
+    header = f"{'case':34} {'wants':6} {'named':>8} {'windows':>7} {'others':>6} {'false':>6} {'groups':>6}"
+    print(f"{header} {'records':>9}")
+    for scenario in replica_scenarios():
+        if args.only and args.only not in scenario.name:
+            continue
+        print(row(run_scenario(scenario, args.seed)), flush=True)
+    if args.scale:
+        scale(args.replicas, args.models, args.seconds, args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,357 @@
+"""Each serving instance against its peers: which replica to drain.
+
+A model served by several replicas behind a load balancer most often fails one replica at
+a time (a throttled GPU, a noisy neighbour, a replica left on an old config). At the model
+level that is diluted to a share of the traffic; compared with its peers in the same windows,
+on the same request mix, it stands out. Stage 1 folds every request a second time into a
+*replica row* of its segment and instance (``models.windows.segments.REPLICA_PREFIX``), so
+here each (segment, window) holds every instance's figures side by side.
+
+Per window, per instance and signal:
+
+- latency (prefill seconds per uncached prompt token, inter-token latency), on the log scale:
+  in each segment, the instance's mean against the median of its peers' means (robust to a
+  minority of bad peers; the prompt and output bands and the route are held fixed by the
+  segment), weighted by its requests over the segments, with the standard error of that
+  difference from the requests' own spread;
+- errors: the instance's failed requests against its peers' rate.
+
+Evidence accumulates in a one-sided CUSUM of the log-likelihood ratio of "``min_ratio`` or
+more worse than its peers" against "as its peers" (a Gaussian mean shift for latency, a
+Poisson rate for errors): a difference below ``min_ratio`` drifts it down however much
+traffic there is, a 1.5x-slower replica with a few requests a window climbs within a few
+windows, and a shift of every replica (a fleet-wide fault) moves no instance from its peers.
+The CUSUM is reported on the surprise scale (log10 of the likelihood ratio) and judged
+against the detector's ``threshold``. An instance is judged once it has served
+``warmup_requests`` requests (a replica that just started has a cold cache and warms up);
+an instance absent from a window counts as normal there, so a drained replica resolves.
+
+>>> from servewatch.models.windows.window import WindowStats, log_seconds
+>>> import numpy as np
+>>> watch = ReplicaWatch(DetectorConfig(), warmup_requests=0)
+>>> def row(instance, start, itl_s):
+...     w = WindowStats(f"~replica|model=m|instance={instance}", start, 10.0, requests=40, itl_n=40)
+...     rng = np.random.default_rng(int(start) + len(instance))
+...     logs = log_seconds(itl_s * np.exp(rng.normal(0, 0.2, 40)))
+...     w.block.sums[0, [COLUMN_OF["itl_log"], COLUMN_OF["itl_log2"]]] = logs.sum(), (logs**2).sum()
+...     return w
+>>> events = []
+>>> for start in range(0, 100, 10):
+...     rows = [row(f"10.0.0.{k}:8000", float(start), 0.05 if k == 3 and start >= 50 else 0.02) for k in range(4)]
+...     events += watch.observe(rows)
+>>> [(e.segment["instance"], e.signal.value, e.hints[0].code) for e in events][:1]
+[('10.0.0.3:8000', 'itl', 'replica_outlier')]
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from servewatch.models.detect.events import incident_event
+from servewatch.models.detect.lifecycle import IncidentTracker, Transition
+from servewatch.models.detect.signal_detector import DetectorConfig
+from servewatch.models.windows.segments import join_key, parse_key
+from servewatch.models.windows.window import COLUMN_OF, WindowStats
+from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal
+
+#: Latency signals compared across replicas, with the window phase each reads and how it is said.
+LATENCY_PHASES: dict[Signal, tuple[str, str]] = {
+    Signal.PREFILL_PER_TOKEN: ("prefill_token", "prefills {ratio:.1f}x slower per uncached prompt token"),
+    Signal.ITL: ("itl", "decodes {ratio:.1f}x slower per output token"),
+}
+ERROR_WORDS = "fails {ratio:.1f}x as many requests"
+#: The spread of a request's log latency assumed at least (a window of identical requests
+#: must not make a 3 % difference a certainty), and the standard error of one instance's
+#: difference from its peers at least (mix, routing and time-of-arrival differences between
+#: replicas that no per-request spread shows).
+MIN_SPREAD = 0.1
+MIN_STANDARD_ERROR = 0.05
+#: Peer error rate assumed at least, per request: a replica's few failures among peers that
+#: had none are not "infinitely" more.
+MIN_PEER_ERROR_RATE = 1e-3
+#: The error rate, as a multiple of its peers', that the errors' CUSUM tests for: a replica
+#: that fails now and then as they do never accumulates, one failing a few requests in
+#: every window does within a few.
+ERROR_ALTERNATIVE = 10.0
+LN10 = math.log(10.0)
+
+
+@dataclass(slots=True)
+class InstanceState:
+    """One replica of one model: what it served and each signal's CUSUM and incident."""
+
+    served: int = 0
+    last_seen: float = -math.inf
+    cusum: dict[str, float] = field(default_factory=dict)  # signal -> log-likelihood ratio (natural log)
+    ratio: dict[str, float] = field(default_factory=dict)  # signal -> latest ratio to its peers
+    peers: int = 0  # peers it was compared with, latest window
+    trackers: dict[str, IncidentTracker] = field(default_factory=dict)
+
+
+@dataclass
+class ReplicaWatch:
+    """Every model's replicas, each against its peers, fed the replica rows of released windows.
+
+    ``restore(key)`` returns a model's stored state (``states``) the first time the watch meets
+    the model; ``states()`` hands back every model's, for the state table.
+    """
+
+    config: DetectorConfig = field(default_factory=DetectorConfig)
+    #: The smallest difference from peers worth a page (a ratio); smaller ones never accumulate.
+    min_ratio: float = 1.3
+    warmup_requests: int = 100
+    #: Windows an instance may be absent before it is forgotten (scaled in or renamed).
+    forget_after_windows: int = 360
+    restore: Callable[[str], dict[str, Any] | None] | None = None
+    models: dict[str, dict[str, InstanceState]] = field(default_factory=dict)
+    judged_until: dict[str, float] = field(default_factory=dict)  # model -> newest window end judged
+    judged: int = 0  # windows judged since the states were last taken
+
+    @staticmethod
+    def key(model: str) -> str:
+        """The state table key of a model's replicas, also the partials key its replica rows
+        travel under (``models.windows.segments.routing_key``): state and rows share a partition."""
+        return f"~replicas|{model}"
+
+    def view(self, model: str) -> dict[str, dict[str, float]]:
+        """Per instance, each signal's latest ratio to its peers (for a replica table)."""
+        return {instance: dict(state.ratio) for instance, state in self.models.get(model, {}).items()}
+
+    # -- state -----------------------------------------------------------------------
+    def states(self) -> list[tuple[str, dict[str, Any]]]:
+        self.judged = 0
+        return [(self.key(model), self._state(model)) for model in self.models]
+
+    def _state(self, model: str) -> dict[str, Any]:
+        return {
+            "until": self.judged_until.get(model, -math.inf),
+            "instances": {
+                name: {"served": s.served, "last_seen": s.last_seen, "cusum": s.cusum, "ratio": s.ratio,
+                       "trackers": {k: t.state() for k, t in s.trackers.items()}}
+                for name, s in self.models[model].items()
+            },
+        }  # fmt: skip
+
+    def _meet(self, model: str) -> dict[str, InstanceState]:
+        instances: dict[str, InstanceState] = {}
+        stored = self.restore(self.key(model)) if self.restore is not None else None
+        if stored is not None:
+            try:
+                for name, saved in stored["instances"].items():
+                    state = InstanceState(int(saved["served"]), float(saved["last_seen"]))
+                    state.cusum = {str(k): float(v) for k, v in saved["cusum"].items()}
+                    state.ratio = {str(k): float(v) for k, v in saved["ratio"].items()}
+                    for signal, kept in saved["trackers"].items():
+                        tracker = state.trackers[str(signal)] = self.config.tracker()
+                        tracker.load_state(kept)
+                    instances[str(name)] = state
+                self.judged_until[model] = float(stored["until"])
+            except (KeyError, TypeError, ValueError, AttributeError):  # another version: start fresh
+                instances = {}
+        self.models[model] = instances
+        return instances
+
+    # -- judging ---------------------------------------------------------------------
+    def observe(self, rows: list[WindowStats]) -> list[AnomalyEvent]:
+        """Judge the replica rows of windows released together (every row of a model's window
+        comes in one release: stage 1 sends them through one partials partition)."""
+        by_window: dict[tuple[str, float], dict[str, dict[str, WindowStats]]] = {}
+        for row in rows:
+            labels = parse_key(row.key)
+            instance = labels.pop("instance", None)
+            if instance is None or instance == "-":
+                continue  # records without an instance (or the overflow row): nothing to compare
+            segment = join_key(labels)
+            by_window.setdefault((labels["model"], row.start), {}).setdefault(segment, {})[instance] = row
+        events: list[AnomalyEvent] = []
+        for (model, start), segments in sorted(by_window.items(), key=lambda item: item[0][1]):
+            length = next(iter(next(iter(segments.values())).values())).length
+            if start + length <= self.judged_until.get(model, -math.inf):
+                continue  # judged before (a replay after a restart)
+            events += self._judge(model, start, start + length, segments)
+        return events
+
+    def _judge(
+        self, model: str, start: float, end: float, segments: dict[str, dict[str, WindowStats]]
+    ) -> list[AnomalyEvent]:
+        self.judged += 1
+        self.judged_until[model] = end
+        instances = self.models.get(model)
+        if instances is None:
+            instances = self._meet(model)
+        served: dict[str, int] = {}
+        for rows in segments.values():
+            for instance, row in rows.items():
+                served[instance] = served.get(instance, 0) + int(row.requests)
+        for instance, count in served.items():
+            state = instances.setdefault(instance, InstanceState())
+            state.served += count
+            state.last_seen = end
+        ready = {name for name, state in instances.items() if state.served >= self.warmup_requests and name in served}
+        findings: dict[str, dict[Signal, tuple[float, float]]] = {name: {} for name in ready}
+        if len(ready) >= 2:
+            for signal, (phase, _) in LATENCY_PHASES.items():
+                for name, step in _latency_steps(segments, ready, phase, self.min_ratio).items():
+                    findings[name][signal] = step
+            for name, step in _error_steps(segments, ready).items():
+                findings[name][Signal.ERROR_RATE] = step
+        events = []
+        for name, state in list(instances.items()):
+            if end - state.last_seen > self.forget_after_windows * (end - start) and not _firing(state):
+                del instances[name]
+                continue
+            state.peers = len(ready) - 1
+            for signal in (*LATENCY_PHASES, Signal.ERROR_RATE):
+                event = self._step(model, name, state, signal, findings.get(name, {}).get(signal), start, end, served)
+                if event is not None:
+                    events.append(event)
+        return events
+
+    def _step(
+        self, model: str, instance: str, state: InstanceState, signal: Signal, step: tuple[float, float] | None,
+        start: float, end: float, served: dict[str, int],
+    ) -> AnomalyEvent | None:  # fmt: skip
+        name = signal.value
+        bar = self.config.threshold * LN10
+        level = state.cusum.get(name, 0.0)
+        if step is not None:
+            increment, ratio = step
+            level = min(max(0.0, level + increment), 3 * bar)  # capped: a fixed replica resolves soon
+            state.ratio[name] = round(ratio, 3)
+        elif instance not in served:
+            level = 0.0  # absent (drained, scaled in): nothing against it
+        state.cusum[name] = level
+        tracker = state.trackers.get(name)
+        anomalous = step is not None and level >= bar
+        if tracker is None:
+            if not anomalous:
+                return None
+            tracker = state.trackers[name] = self.config.tracker()
+        score = level / LN10
+        severity = Severity.CRITICAL if score >= self.config.critical else Severity.WARNING
+        transition = tracker.step(anomalous, window_start=start, severity=severity.value, sustained=anomalous)
+        if not tracker.firing and transition is None and not anomalous and level == 0.0:
+            del state.trackers[name]  # quiet again: a healthy replica keeps no tracker
+        if transition is None:
+            return None
+        return self._event(model, instance, state, signal, transition, tracker, start, end, score, served)
+
+    def _event(
+        self, model: str, instance: str, state: InstanceState, signal: Signal, transition: Transition,
+        tracker: IncidentTracker, start: float, end: float, score: float, served: dict[str, int],
+    ) -> AnomalyEvent:  # fmt: skip
+        ratio = state.ratio.get(signal.value, 1.0)
+        words = LATENCY_PHASES[signal][1] if signal in LATENCY_PHASES else ERROR_WORDS
+        peers = state.peers
+        than = "its only peer" if peers == 1 else f"its {peers} peers"
+        said = f"instance {instance} of model {model} {words.format(ratio=ratio)} than {than} on the same request mix"
+        if transition is Transition.RESOLVED:
+            summary = f"Resolved: instance {instance} of model {model} is back in line with its peers."
+            hints: list[Hint] = []
+        elif peers == 1:
+            # Two replicas: no majority says which one is off, only that they differ.
+            message = f"{said}; with two replicas this says they differ, not which one is faulty"
+            hints = [Hint(code="replica_outlier", message=message)]
+            summary = f"Instance {instance} differs from {than}: {words.format(ratio=ratio)}."
+        else:
+            message = f"{said}; drain it or check its GPU, its engine's config and its neighbours"
+            hints = [Hint(code="replica_outlier", message=message)]
+            summary = f"Instance {instance} of model {model} {words.format(ratio=ratio)} than {than}."
+        requests = served.get(instance, 0)
+        return incident_event(
+            key=join_key({"model": model, "instance": instance}),
+            signal=signal,
+            incident_start=tracker.incident_start or start,
+            transition=transition,
+            labels={"model": model, "instance": instance},
+            window=(start, end),
+            observed=ratio,
+            expected=1.0,
+            score=score,
+            severity=Severity(tracker.severity or Severity.WARNING.value),
+            summary=summary,
+            hints=hints,
+            load={"requests": float(requests), "requests_per_s": requests / (end - start), "peers": float(peers)},
+            incident_name=f"replica_{signal.value}",
+        )
+
+
+def _firing(state: InstanceState) -> bool:
+    return any(tracker.firing for tracker in state.trackers.values())
+
+
+def _latency_steps(
+    segments: dict[str, dict[str, WindowStats]], ready: set[str], phase: str, min_ratio: float
+) -> dict[str, tuple[float, float]]:
+    """Per instance of ``ready``: (CUSUM increment, ratio to its peers) of one latency phase."""
+    n_at, log_at, log2_at = (COLUMN_OF[f"{phase}{part}"] for part in ("_n", "_log", "_log2"))
+    sums: dict[str, list[float]] = {}  # instance -> [weight, weighted diff, weighted variance]
+    for rows in segments.values():
+        means: dict[str, tuple[float, float]] = {}  # instance -> (n, mean)
+        spread_n = spread_sq = 0.0
+        for instance, row in rows.items():
+            if instance not in ready:
+                continue
+            n, total, squares = (float(row.block.sums[row.row, at]) for at in (n_at, log_at, log2_at))
+            if n <= 0:
+                continue
+            mean = total / n
+            means[instance] = (n, mean)
+            spread_n += n
+            spread_sq += max(squares - n * mean * mean, 0.0)
+        if len(means) < 2:
+            continue
+        variance = max(spread_sq / max(spread_n - len(means), 1.0), MIN_SPREAD**2)
+        for instance, (n, mean) in means.items():
+            peers = [m for other, (_, m) in means.items() if other != instance]
+            peer_n = sum(k for other, (k, _) in means.items() if other != instance)
+            diff = mean - statistics.median(peers)
+            # The median of the peers' means is about as noisy as a mean of pi/2 fewer requests.
+            var_diff = variance / n + (math.pi / 2) * variance / peer_n
+            kept = sums.setdefault(instance, [0.0, 0.0, 0.0])
+            kept[0] += n
+            kept[1] += n * diff
+            kept[2] += n * n * var_diff
+    steps = {}
+    shift = math.log(min_ratio)
+    for instance, (weight, weighted_diff, weighted_var) in sums.items():
+        diff = weighted_diff / weight
+        error = max(math.sqrt(weighted_var) / weight, MIN_STANDARD_ERROR)
+        # Log-likelihood ratio of a mean 2*shift against 0, with the reference at the shift:
+        # positive only for differences beyond ``min_ratio``.
+        steps[instance] = ((diff - shift) * 2 * shift / error**2, math.exp(diff))
+    return steps
+
+
+def _error_steps(segments: dict[str, dict[str, WindowStats]], ready: set[str]) -> dict[str, tuple[float, float]]:
+    """Per instance of ``ready``: (CUSUM increment, ratio to its peers) of its failed requests."""
+    errors: dict[str, float] = {}
+    requests: dict[str, float] = {}
+    for rows in segments.values():
+        for instance, row in rows.items():
+            if instance in ready:
+                errors[instance] = errors.get(instance, 0.0) + float(row.errors)
+                requests[instance] = requests.get(instance, 0.0) + float(row.requests)
+    total_errors, total_requests = sum(errors.values()), sum(requests.values())
+    alternative = ERROR_ALTERNATIVE
+    steps = {}
+    for instance, n in requests.items():
+        if n <= 0:
+            continue
+        peer_n = total_requests - n
+        if peer_n <= 0:
+            continue
+        rate = max((total_errors - errors[instance]) / peer_n, MIN_PEER_ERROR_RATE)
+        expected = n * rate
+        observed = errors[instance]
+        # Poisson log-likelihood ratio of ``alternative`` times the peers' rate against it.
+        increment = observed * math.log(alternative) - expected * (alternative - 1)
+        steps[instance] = (increment, observed / expected if expected > 0 else 1.0)
+    return steps
+
+
+__all__ = ["InstanceState", "ReplicaWatch"]

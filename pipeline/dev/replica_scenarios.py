@@ -1,0 +1,100 @@
+"""Replica scenarios: one serving instance of a model going bad among healthy peers, and
+replicas coming and going with nothing wrong.
+
+The chat model's real arrival trace (Mooncake) through ``instances`` engines behind a
+least-loaded balancer (``pipeline.dev.serving_sim``), the fleet sized so that every engine is
+busy about 60 % of the time: with 16 replicas the model takes four times the traffic of 4, and
+each replica serves about as many requests. A fault hits engine 1 for 20 minutes after half
+an hour of history. ``bench/replicas.py`` prints the table; ``tests/test_replicas.py`` asserts
+a few cases.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from servewatch.pipeline.dev.scenarios import TRACE_AFTERMATH_S, TRACE_WARMUP_S, Scenario
+from servewatch.pipeline.dev.serving_sim import CHAT_MODEL, SimPhase, TraceWorkload
+from servewatch.schemas.anomaly import Signal
+
+FAULT_S = 1200.0
+RECOVERY_S = 600.0
+#: The engine a fault hits (its host in the records: ``10.0.0.11:8000``).
+FAULTY = 1
+FAULTY_HOST = "10.0.0.11:8000"
+
+#: What each kind of slowdown slows: (prefill factor, decode factor) per unit of slowdown.
+KINDS = {"prefill": (True, False), "decode": (False, True), "both": (True, True)}
+
+
+def _scenario(
+    name: str, instances: int, phases: tuple[SimPhase, ...], must_page: frozenset[Signal], description: str,
+    utilisation: float = 0.6,
+) -> Scenario:  # fmt: skip
+    model = dataclasses.replace(CHAT_MODEL, instances=instances, utilisation=utilisation)
+
+    def make(seed: int) -> TraceWorkload:
+        return TraceWorkload(phases, models=(model,), seed=seed)
+
+    injected_s = sum(p.duration_s for p in phases[1:-1])
+    return Scenario(
+        name, None, must_page, warmup_s=phases[0].duration_s, description=description, family="replicas",
+        make=make, injected_s=injected_s, aftermath_s=TRACE_AFTERMATH_S,
+    )  # fmt: skip
+
+
+def slow_replica(instances: int, factor: float, kind: str) -> Scenario:
+    """One of ``instances`` replicas prefilling and/or decoding ``factor`` times slower."""
+    prefill, decode = KINDS[kind]
+    fault = SimPhase(
+        "slow_replica", FAULT_S, fault_instances=(FAULTY,),
+        instance_prefill_factor=factor if prefill else 1.0, instance_decode_factor=factor if decode else 1.0,
+    )  # fmt: skip
+    signals = ({Signal.PREFILL_PER_TOKEN} if prefill else set()) | ({Signal.ITL} if decode else set())
+    phases = (SimPhase("normal", TRACE_WARMUP_S), fault, SimPhase("recovery", RECOVERY_S))
+    return _scenario(
+        f"replica_{kind}_{factor:g}x_of_{instances}", instances, phases, frozenset(signals),
+        f"one of {instances} replicas {kind} {factor:g}x slower",
+    )  # fmt: skip
+
+
+def failing_replica(instances: int = 4, error_rate: float = 0.05) -> Scenario:
+    fault = SimPhase("failing_replica", FAULT_S, fault_instances=(FAULTY,), instance_error_rate=error_rate)
+    phases = (SimPhase("normal", TRACE_WARMUP_S), fault, SimPhase("recovery", RECOVERY_S))
+    return _scenario(
+        f"replica_errors_{error_rate:.0%}_of_{instances}", instances, phases, frozenset({Signal.ERROR_RATE}),
+        f"one of {instances} replicas failing {error_rate:.0%} of its requests",
+    )  # fmt: skip
+
+
+def autoscaler() -> Scenario:
+    """An autoscaler following demand: 4 replicas, then 6 as traffic grows 1.5x, then 3 as it
+    falls to 0.75x, each replica about as busy throughout: nothing wrong."""
+    phases = (
+        SimPhase("four", TRACE_WARMUP_S, serving_instances=4),
+        SimPhase("six", 900.0, traffic=1.5, serving_instances=6),
+        SimPhase("three", 900.0, traffic=0.75, serving_instances=3),
+        SimPhase("three_more", RECOVERY_S, traffic=0.75, serving_instances=3),
+    )
+    # Utilisation is over all 6 engines: 0.4 of 6 is 0.6 of each of the 4 serving at first.
+    return _scenario("replicas_autoscaled_4_6_3", 6, phases, frozenset(), "4 -> 6 -> 3 replicas", utilisation=0.4)
+
+
+def rolling_restart(instances: int = 4, step_s: float = 120.0) -> Scenario:
+    """A rolling restart with a surge replica: each replica in turn replaced by a fresh one
+    (same address) whose prefix cache starts empty, for ``step_s`` each: nothing wrong."""
+    steps = [SimPhase(f"restarted_{k}", step_s, cold_instances=(k,)) for k in range(instances)]
+    phases = (SimPhase("normal", TRACE_WARMUP_S), *steps, SimPhase("recovery", RECOVERY_S))
+    return _scenario(f"replicas_rolling_restart_of_{instances}", instances, phases, frozenset(), "rolling restart")
+
+
+def replica_scenarios() -> list[Scenario]:
+    """Every case of the bench's table: slowdowns of 2.5x and 1.5x (prefill, decode, both)
+    among 4, 8 and 16 replicas, a failing replica, and the healthy moves."""
+    cases = [
+        slow_replica(instances, factor, kind)
+        for factor in (2.5, 1.5)
+        for instances in (4, 8, 16)
+        for kind in ("prefill", "decode", "both")
+    ]
+    return [*cases, failing_replica(), autoscaler(), rolling_restart()]

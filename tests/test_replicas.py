@@ -1,0 +1,148 @@
+"""Which replica: each serving instance against its peers (``models.detect.replicas``), from
+stage 1's replica rows to the instance in Slack, PagerDuty and Alertmanager."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import orjson
+import pytest
+
+from servewatch.models.detect.grouping import IncidentGrouper
+from servewatch.models.detect.replicas import ReplicaWatch
+from servewatch.models.detect.signal_detector import DetectorConfig
+from servewatch.models.windows.window import COLUMN_OF, WindowStats, log_seconds
+from servewatch.pipeline.dev.replica_scenarios import FAULTY_HOST, slow_replica
+from servewatch.pipeline.dev.scenarios import run_scenario
+from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.notify.config import Timing
+from servewatch.pipeline.notify.notification import Notification
+from servewatch.pipeline.notify.sinks.alertmanager import build_alerts
+from servewatch.pipeline.notify.sinks.pagerduty import build_event
+from servewatch.pipeline.notify.sinks.slack import build_message
+from servewatch.pipeline.replay.request_logs import Replay
+from servewatch.pipeline.settings import Settings
+from servewatch.schemas.anomaly import AnomalyEvent, Signal
+
+WINDOW = 10.0
+
+
+def rows(start: float, itl_s: dict[str, float], rng: np.random.Generator, n: int = 12) -> list[WindowStats]:
+    """One window's replica rows of model m: ``n`` requests per instance whose inter-token
+    latency is log-normal (sigma 0.5: heavy for a per-request mean) around its instance's."""
+    out = []
+    for instance, typical in itl_s.items():
+        row = WindowStats(f"~replica|model=m|route=-|instance={instance}", start, WINDOW, requests=n, itl_n=n)
+        logs = log_seconds(typical * rng.lognormal(0.0, 0.5, n))
+        row.block.sums[0, [COLUMN_OF["itl_log"], COLUMN_OF["itl_log2"]]] = logs.sum(), (logs**2).sum()
+        out.append(row)
+    return out
+
+
+def run(watch: ReplicaWatch, windows: int, itl_at: object, seed: int = 1, first: int = 0) -> list[AnomalyEvent]:
+    rng = np.random.default_rng(seed)
+    events = []
+    for w in range(first, first + windows):
+        events += watch.observe(rows(w * WINDOW, itl_at(w), rng))  # type: ignore[operator]
+    return events
+
+
+def fleet(n: int, slow: dict[int, float] | None = None, base: float = 0.02) -> dict[str, float]:
+    return {f"10.0.0.{k}:8000": base * (slow or {}).get(k, 1.0) for k in range(n)}
+
+
+def firings(events: list[AnomalyEvent]) -> list[tuple[str, str]]:
+    return [(e.segment["instance"], e.signal.value) for e in events if e.transition == "firing"]
+
+
+def test_a_slow_replica_among_sixteen_is_named_and_a_fleet_wide_shift_is_not() -> None:
+    watch = ReplicaWatch(DetectorConfig(), warmup_requests=0)
+    # A day of healthy windows: no replica pages, whatever the heavy tails do.
+    assert run(watch, 600, lambda w: fleet(16)) == []
+    # Every replica 2x slower (a fleet-wide fault): no instance differs from its peers.
+    assert run(watch, 60, lambda w: fleet(16, base=0.04), first=600) == []
+    # One of 16 replicas 1.5x slower: named within 6 windows, nobody else.
+    events = run(watch, 6, lambda w: fleet(16, {5: 1.5}), first=660)
+    assert firings(events) == [("10.0.0.5:8000", "itl")]
+    assert "10.0.0.5:8000" in events[0].hints[0].message and events[0].hints[0].code == "replica_outlier"
+    assert watch.view("m")["10.0.0.5:8000"]["itl"] > 1.3
+
+
+def test_two_replicas_say_they_differ_not_which_one_is_faulty() -> None:
+    watch = ReplicaWatch(DetectorConfig(), warmup_requests=0)
+    events = run(watch, 10, lambda w: fleet(2, {1: 2.5}))
+    assert firings(events)[0] == ("10.0.0.1:8000", "itl")
+    assert "not which one is faulty" in events[0].hints[0].message
+
+
+def test_a_new_replica_is_judged_once_it_has_served_its_warmup() -> None:
+    watch = ReplicaWatch(DetectorConfig(), warmup_requests=100)
+    run(watch, 30, lambda w: fleet(4))
+    # A fifth replica joins, warming up 3x slower for its first windows: not judged yet.
+    assert run(watch, 8, lambda w: {**fleet(4), "10.0.0.9:8000": 0.06}, first=30) == []
+    assert watch.models["m"]["10.0.0.9:8000"].served == 96
+
+
+def test_a_drained_replica_resolves_and_a_restarted_watch_goes_on_from_its_state() -> None:
+    stored: dict[str, dict] = {}
+    watch = ReplicaWatch(DetectorConfig(), warmup_requests=0)
+    events = run(watch, 10, lambda w: fleet(4, {2: 2.5}))
+    assert firings(events) == [("10.0.0.2:8000", "itl")]
+    stored.update((key, json.loads(json.dumps(state))) for key, state in watch.states())
+    restarted = ReplicaWatch(DetectorConfig(), warmup_requests=0, restore=stored.get)
+    # Replayed windows are not judged again; the drained replica resolves, once.
+    assert run(restarted, 10, lambda w: fleet(4, {2: 2.5})) == []
+    later = run(restarted, 5, lambda w: {k: v for k, v in fleet(4).items() if k != "10.0.0.2:8000"}, first=10)
+    assert [(e.segment["instance"], e.transition) for e in later] == [("10.0.0.2:8000", "resolved")]
+
+
+def test_replica_rows_change_no_segment_verdict_and_no_count() -> None:
+    workload = Workload((Phase("normal", 900), Phase("slow", 300, decode_slowdown=3.0)), seed=3)
+    batches = [orjson.dumps(batch) for _, batch in workload.seconds() if batch]
+    results = []
+    for compare in (False, True):
+        replay = Replay(Settings(compare_replicas=compare))
+        events = [e for offset, raw in enumerate(batches) for e in replay.feed(raw, offset)] + replay.finish()
+        segment_events = [(e.fingerprint, e.transition) for e in events if "replica_" not in e.summary.lower()]
+        results.append((segment_events, replay.stats.records, replay.stage_two.judged_records))
+    assert results[0] == results[1] and results[0][1] > 0
+
+
+def test_one_slow_replica_of_four_on_real_arrivals_is_named_within_three_windows() -> None:
+    result = run_scenario(slow_replica(4, 2.5, "both"))
+    named = [e for e in result.pages if e.segment.get("instance") == FAULTY_HOST and e.window_end > result.injected_at]
+    assert named and {h.code for e in named for h in e.hints} >= {"replica_outlier"}
+    onset = WINDOW * (result.injected_at // WINDOW)
+    assert (min(e.window_end for e in named) - onset) / WINDOW <= 3
+    others = {e.segment.get("instance") for e in result.pages if "instance" in e.segment} - {FAULTY_HOST}
+    assert not others and not result.false_group_pages
+
+
+@pytest.fixture(scope="module")
+def replica_note() -> Notification:
+    watch = ReplicaWatch(DetectorConfig(), warmup_requests=0)
+    events = run(watch, 10, lambda w: fleet(4, {3: 2.5}))
+    grouper = IncidentGrouper()
+    event, [group] = grouper.add(events[0])
+    return Notification(sink="s", group=group, members=(event,), seq=1, sent_at=group.window_end + 1)
+
+
+def test_a_replica_incident_groups_per_instance(replica_note: Notification) -> None:
+    assert replica_note.group.cause == "replica_outlier 10.0.0.3:8000"
+
+
+def test_the_instance_is_a_slack_field(replica_note: Notification) -> None:
+    payload = build_message(replica_note).model_dump(mode="json", exclude_none=True)
+    fields = [f["text"] for block in payload["blocks"] for f in block.get("fields", [])]
+    assert "*Instance*\n10.0.0.3:8000" in fields
+
+
+def test_the_instance_is_a_pagerduty_custom_detail(replica_note: Notification) -> None:
+    details = json.loads(build_event(replica_note, "k" * 32).body())["payload"]["custom_details"]
+    assert details["instance"] == "10.0.0.3:8000" and details["lead"]["signal"] == Signal.ITL.value
+
+
+def test_the_instance_is_an_alertmanager_label(replica_note: Notification) -> None:
+    [alert] = build_alerts(replica_note, Timing())
+    assert alert.labels["instance"] == "10.0.0.3:8000" and alert.labels["model"] == "m"
