@@ -7,7 +7,7 @@ false paging groups (incident groups starting to page outside the fault and its 
 as a pager receives them). Then replay speed and memory with and without replica rows at
 many replicas (``--replicas 64 --models 20``: every model on 64 instances).
 
-    .venv/bin/python -m bench.replicas [--seed 7] [--only NAME] [--scale]
+    .venv/bin/python -m bench.replicas [--seed 7] [--only NAME] [--scrapes] [--scale]
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import tracemalloc
 import orjson
 
 from servewatch.pipeline.dev.replica_scenarios import FAULTY_HOST, replica_scenarios
-from servewatch.pipeline.dev.scenarios import ScenarioResult, run_scenario
+from servewatch.pipeline.dev.scenarios import Scenario, ScenarioResult, run_scenario
+from servewatch.pipeline.dev.sim_scrapes import run_scrape_scenario
 from servewatch.pipeline.dev.workload import Phase, Workload
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.pipeline.settings import Settings
@@ -53,6 +54,30 @@ def row(result: ScenarioResult) -> str:
     return (
         f"{scenario.name:34} {expected:6} {'yes' if right else 'no':>8} {delay:>7} {len(wrong):>6} "
         f"{false_groups:>6} {len(result.group_pages):>6} {result.records:>9,} {'ok' if ok else 'MISS'}"
+    )
+
+
+def scrape_row(scenario: Scenario, seed: int) -> str:
+    """The same case from the engines' /metrics alone (``run_scrape_scenario``)."""
+    workload = scenario.build(seed)
+    run = run_scrape_scenario(workload)
+    start = float(workload.start)
+    injected_at = start + scenario.warmup_s
+    fault_end = injected_at + scenario.injected_duration_s + scenario.aftermath_s
+    end = start + float(workload.duration_s)
+    groups = [g for g in run.paging_groups if g.window_end <= end]
+    faulty = f"replica_outlier {FAULTY_HOST}"
+    in_fault = [g for g in groups if scenario.must_page and g.window_end > injected_at and g.window_start < fault_end]
+    right = [g for g in in_fault if g.cause == faulty]
+    onset = WINDOW_S * (injected_at // WINDOW_S)
+    delay = f"{(min(g.window_end for g in right) - onset) / WINDOW_S:.0f}" if right else "-"
+    wrong = {g.cause for g in groups if g.cause.startswith("replica_outlier") and g.cause != faulty}
+    false_groups = len([g for g in groups if g not in in_fault])
+    expected = "page" if scenario.must_page else "quiet"
+    ok = (bool(right) and not wrong and not false_groups) if scenario.must_page else not groups
+    return (
+        f"{scenario.name:34} {expected:6} {'yes' if right else 'no':>8} {delay:>7} {len(wrong):>6} "
+        f"{false_groups:>6} {len(groups):>6} {'':>9} {'ok' if ok else 'MISS'}"
     )
 
 
@@ -89,6 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--only", help="run the cases whose name contains this")
+    parser.add_argument("--scrapes", action="store_true", help="also run each case from scrapes alone")
     parser.add_argument("--scale", action="store_true", help="also measure replay speed and memory at many replicas")
     parser.add_argument("--replicas", type=int, default=64)
     parser.add_argument("--models", type=int, default=20)
@@ -96,10 +122,13 @@ def main() -> None:
     args = parser.parse_args()
     header = f"{'case':34} {'wants':6} {'named':>8} {'windows':>7} {'others':>6} {'false':>6} {'groups':>6}"
     print(f"{header} {'records':>9}")
-    for scenario in replica_scenarios():
-        if args.only and args.only not in scenario.name:
-            continue
+    chosen = [s for s in replica_scenarios() if not args.only or args.only in s.name]
+    for scenario in chosen:
         print(row(run_scenario(scenario, args.seed)), flush=True)
+    if args.scrapes:
+        print("\nfrom scrapes alone (each engine's /metrics every 10 s):")
+        for scenario in chosen:
+            print(scrape_row(scenario, args.seed), flush=True)
     if args.scale:
         scale(args.replicas, args.models, args.seconds, args.seed)
 

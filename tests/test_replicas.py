@@ -9,12 +9,15 @@ import numpy as np
 import orjson
 import pytest
 
+from servewatch.models.detect.engine_peers import EnginePeers
 from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.models.detect.replicas import ReplicaWatch
 from servewatch.models.detect.signal_detector import DetectorConfig
+from servewatch.models.windows.engine_window import EngineWindow
 from servewatch.models.windows.window import COLUMN_OF, WindowStats, log_seconds
 from servewatch.pipeline.dev.replica_scenarios import FAULTY_HOST, slow_replica
 from servewatch.pipeline.dev.scenarios import run_scenario
+from servewatch.pipeline.dev.sim_scrapes import run_scrape_scenario
 from servewatch.pipeline.dev.workload import Phase, Workload
 from servewatch.pipeline.notify.config import Timing
 from servewatch.pipeline.notify.notification import Notification
@@ -24,6 +27,7 @@ from servewatch.pipeline.notify.sinks.slack import build_message
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.pipeline.settings import Settings
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
+from servewatch.schemas.engine_interval import LatencySummary
 
 WINDOW = 10.0
 
@@ -146,3 +150,39 @@ def test_the_instance_is_a_pagerduty_custom_detail(replica_note: Notification) -
 def test_the_instance_is_an_alertmanager_label(replica_note: Notification) -> None:
     [alert] = build_alerts(replica_note, Timing())
     assert alert.labels["instance"] == "10.0.0.3:8000" and alert.labels["model"] == "m"
+
+
+def engine(k: int, t: float, *, itl: float = 0.02, prefill_per_token: float = 1e-4, hit: float = 0.6,
+           errors: float = 0.0) -> EngineWindow:  # fmt: skip
+    """One engine's interval: 20 requests of 2,000 prompt tokens, ``hit`` of them cached."""
+    uncached = 2000 * (1 - hit)
+    return EngineWindow(
+        key=f"10.0.0.{k}:8000|m", labels={"model": "m", "instance": f"10.0.0.{k}:8000"}, start=t - 10,
+        end=t + 0.3 * k, requests=20, prompt_tokens_per_s=4000, output_tokens_per_s=400, running=4, waiting=0,
+        kv_cache_usage=0.3, cache_hit_rate=hit, preempted=0, errors=errors,
+        latency={"itl": LatencySummary(count=2000, mean_s=itl),
+                 "prefill_time": LatencySummary(count=20, mean_s=prefill_per_token * uncached)},
+    )  # fmt: skip
+
+
+def test_from_scrapes_a_cold_restarted_engine_is_not_named_and_a_failing_one_is() -> None:
+    peers, events = EnginePeers(DetectorConfig()), []
+    rng = np.random.default_rng(3)
+    for t in range(0, 3600, 10):
+        for k in range(4):
+            noise = float(rng.lognormal(0.0, 0.1))
+            # Engine 2 restarted at 1,800 s: its cache is empty, so it prefills 2.5x the tokens.
+            cold = k == 2 and 1800 <= t < 2400
+            failing = k == 3 and t >= 3000
+            events += peers.observe(engine(k, float(t), prefill_per_token=1e-4 * noise, hit=0.0 if cold else 0.6,
+                                           itl=0.02 * noise, errors=2.0 if failing else 0.0))  # fmt: skip
+    assert firings(events) == [("10.0.0.3:8000", "error_rate")]
+
+
+def test_from_scrapes_one_slow_replica_of_four_is_named_alone() -> None:
+    scenario = slow_replica(4, 2.5, "decode")
+    workload = scenario.build(7)
+    run = run_scrape_scenario(workload)
+    injected_at = workload.start + scenario.warmup_s
+    causes = [(g.cause, g.window_end > injected_at) for g in run.paging_groups]
+    assert causes[0] == (f"replica_outlier {FAULTY_HOST}", True) and all(after for _, after in causes)

@@ -100,6 +100,7 @@ def cause_of(event: AnomalyEvent) -> str:
     """An incident's likely cause, for grouping: its top diagnostic hint, else its signal."""
     codes = [hint.code for hint in event.hints if hint.code not in CONTEXT_HINTS]
     if codes and codes[0] == "replica_outlier":  # one group per replica: each one is drained on its own
+        # (and an engine's own incidents join it while it is open: ``_group_for``)
         return f"replica_outlier {event.segment.get('instance', '')}"
     return codes[0] if codes else f"signal:{event.signal.value}"
 
@@ -252,6 +253,11 @@ class IncidentGrouper:
         story, else its model's group of its cause; a new one if there is none."""
         model, cause = event.segment.get("model", "other"), cause_of(event)
         load = load_story(event)
+        instance = event.segment.get("instance")
+        if instance and not load:  # an engine's own pages join its open replica_outlier group: one story
+            replica = self._open.get((model, f"replica_outlier {instance}"))
+            if replica is not None:
+                return replica
         group = self._open.get((model, _LOAD_KEY if load else cause))
         if group is None:
             group = _Group("", model, cause, event.window_start, load=load)

@@ -51,19 +51,21 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from servewatch.models.detect.events import incident_event
-from servewatch.models.detect.lifecycle import IncidentTracker, Transition
+from servewatch.models.detect.peer_incidents import InstanceState, PeerIncidents
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.segments import join_key, parse_key
 from servewatch.models.windows.window import COLUMN_OF, WindowStats
-from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal
+from servewatch.schemas.anomaly import AnomalyEvent, Signal
 
 #: Latency signals compared across replicas, with the window phase each reads and how it is said.
 LATENCY_PHASES: dict[Signal, tuple[str, str]] = {
     Signal.PREFILL_PER_TOKEN: ("prefill_token", "prefills {ratio:.1f}x slower per uncached prompt token"),
     Signal.ITL: ("itl", "decodes {ratio:.1f}x slower per output token"),
 }
-ERROR_WORDS = "fails {ratio:.1f}x as many requests"
+WORDS = {
+    **{signal: words for signal, (_, words) in LATENCY_PHASES.items()},
+    Signal.ERROR_RATE: "fails {ratio:.1f}x as many requests",
+}
 #: The spread of a request's log latency assumed at least (a window of identical requests
 #: must not make a 3 % difference a certainty), and the standard error of one instance's
 #: difference from its peers at least (mix, routing and time-of-arrival differences between
@@ -77,19 +79,6 @@ MIN_PEER_ERROR_RATE = 1e-3
 #: that fails now and then as they do never accumulates, one failing a few requests in
 #: every window does within a few.
 ERROR_ALTERNATIVE = 10.0
-LN10 = math.log(10.0)
-
-
-@dataclass(slots=True)
-class InstanceState:
-    """One replica of one model: what it served and each signal's CUSUM and incident."""
-
-    served: int = 0
-    last_seen: float = -math.inf
-    cusum: dict[str, float] = field(default_factory=dict)  # signal -> log-likelihood ratio (natural log)
-    ratio: dict[str, float] = field(default_factory=dict)  # signal -> latest ratio to its peers
-    peers: int = 0  # peers it was compared with, latest window
-    trackers: dict[str, IncidentTracker] = field(default_factory=dict)
 
 
 @dataclass
@@ -108,8 +97,12 @@ class ReplicaWatch:
     forget_after_windows: int = 360
     restore: Callable[[str], dict[str, Any] | None] | None = None
     models: dict[str, dict[str, InstanceState]] = field(default_factory=dict)
+    incidents: PeerIncidents = field(init=False)
     judged_until: dict[str, float] = field(default_factory=dict)  # model -> newest window end judged
     judged: int = 0  # windows judged since the states were last taken
+
+    def __post_init__(self) -> None:
+        self.incidents = PeerIncidents(self.config, WORDS, "on the same request mix")
 
     @staticmethod
     def key(model: str) -> str:
@@ -127,14 +120,8 @@ class ReplicaWatch:
         return [(self.key(model), self._state(model)) for model in self.models]
 
     def _state(self, model: str) -> dict[str, Any]:
-        return {
-            "until": self.judged_until.get(model, -math.inf),
-            "instances": {
-                name: {"served": s.served, "last_seen": s.last_seen, "cusum": s.cusum, "ratio": s.ratio,
-                       "trackers": {k: t.state() for k, t in s.trackers.items()}}
-                for name, s in self.models[model].items()
-            },
-        }  # fmt: skip
+        instances = {name: state.state() for name, state in self.models[model].items()}
+        return {"until": self.judged_until.get(model, -math.inf), "instances": instances}
 
     def _meet(self, model: str) -> dict[str, InstanceState]:
         instances: dict[str, InstanceState] = {}
@@ -142,13 +129,7 @@ class ReplicaWatch:
         if stored is not None:
             try:
                 for name, saved in stored["instances"].items():
-                    state = InstanceState(int(saved["served"]), float(saved["last_seen"]))
-                    state.cusum = {str(k): float(v) for k, v in saved["cusum"].items()}
-                    state.ratio = {str(k): float(v) for k, v in saved["ratio"].items()}
-                    for signal, kept in saved["trackers"].items():
-                        tracker = state.trackers[str(signal)] = self.config.tracker()
-                        tracker.load_state(kept)
-                    instances[str(name)] = state
+                    instances[str(name)] = InstanceState.from_state(saved, self.config)
                 self.judged_until[model] = float(stored["until"])
             except (KeyError, TypeError, ValueError, AttributeError):  # another version: start fresh
                 instances = {}
@@ -201,87 +182,20 @@ class ReplicaWatch:
                 findings[name][Signal.ERROR_RATE] = step
         events = []
         for name, state in list(instances.items()):
-            if end - state.last_seen > self.forget_after_windows * (end - start) and not _firing(state):
+            if end - state.last_seen > self.forget_after_windows * (end - start) and not state.firing:
                 del instances[name]
                 continue
             state.peers = len(ready) - 1
-            for signal in (*LATENCY_PHASES, Signal.ERROR_RATE):
-                event = self._step(model, name, state, signal, findings.get(name, {}).get(signal), start, end, served)
+            requests = served.get(name, 0)
+            load = {"requests": float(requests), "requests_per_s": requests / (end - start)}
+            found = findings.get(name, {})
+            for signal in WORDS:
+                event = self.incidents.step(
+                    model, name, state, signal, found.get(signal), (start, end), name in served, load
+                )
                 if event is not None:
                     events.append(event)
         return events
-
-    def _step(
-        self, model: str, instance: str, state: InstanceState, signal: Signal, step: tuple[float, float] | None,
-        start: float, end: float, served: dict[str, int],
-    ) -> AnomalyEvent | None:  # fmt: skip
-        name = signal.value
-        bar = self.config.threshold * LN10
-        level = state.cusum.get(name, 0.0)
-        if step is not None:
-            increment, ratio = step
-            level = min(max(0.0, level + increment), 3 * bar)  # capped: a fixed replica resolves soon
-            state.ratio[name] = round(ratio, 3)
-        elif instance not in served:
-            level = 0.0  # absent (drained, scaled in): nothing against it
-        state.cusum[name] = level
-        tracker = state.trackers.get(name)
-        anomalous = step is not None and level >= bar
-        if tracker is None:
-            if not anomalous:
-                return None
-            tracker = state.trackers[name] = self.config.tracker()
-        score = level / LN10
-        severity = Severity.CRITICAL if score >= self.config.critical else Severity.WARNING
-        transition = tracker.step(anomalous, window_start=start, severity=severity.value, sustained=anomalous)
-        if not tracker.firing and transition is None and not anomalous and level == 0.0:
-            del state.trackers[name]  # quiet again: a healthy replica keeps no tracker
-        if transition is None:
-            return None
-        return self._event(model, instance, state, signal, transition, tracker, start, end, score, served)
-
-    def _event(
-        self, model: str, instance: str, state: InstanceState, signal: Signal, transition: Transition,
-        tracker: IncidentTracker, start: float, end: float, score: float, served: dict[str, int],
-    ) -> AnomalyEvent:  # fmt: skip
-        ratio = state.ratio.get(signal.value, 1.0)
-        words = LATENCY_PHASES[signal][1] if signal in LATENCY_PHASES else ERROR_WORDS
-        peers = state.peers
-        than = "its only peer" if peers == 1 else f"its {peers} peers"
-        said = f"instance {instance} of model {model} {words.format(ratio=ratio)} than {than} on the same request mix"
-        if transition is Transition.RESOLVED:
-            summary = f"Resolved: instance {instance} of model {model} is back in line with its peers."
-            hints: list[Hint] = []
-        elif peers == 1:
-            # Two replicas: no majority says which one is off, only that they differ.
-            message = f"{said}; with two replicas this says they differ, not which one is faulty"
-            hints = [Hint(code="replica_outlier", message=message)]
-            summary = f"Instance {instance} differs from {than}: {words.format(ratio=ratio)}."
-        else:
-            message = f"{said}; drain it or check its GPU, its engine's config and its neighbours"
-            hints = [Hint(code="replica_outlier", message=message)]
-            summary = f"Instance {instance} of model {model} {words.format(ratio=ratio)} than {than}."
-        requests = served.get(instance, 0)
-        return incident_event(
-            key=join_key({"model": model, "instance": instance}),
-            signal=signal,
-            incident_start=tracker.incident_start or start,
-            transition=transition,
-            labels={"model": model, "instance": instance},
-            window=(start, end),
-            observed=ratio,
-            expected=1.0,
-            score=score,
-            severity=Severity(tracker.severity or Severity.WARNING.value),
-            summary=summary,
-            hints=hints,
-            load={"requests": float(requests), "requests_per_s": requests / (end - start), "peers": float(peers)},
-            incident_name=f"replica_{signal.value}",
-        )
-
-
-def _firing(state: InstanceState) -> bool:
-    return any(tracker.firing for tracker in state.trackers.values())
 
 
 def _latency_steps(
@@ -354,4 +268,4 @@ def _error_steps(segments: dict[str, dict[str, WindowStats]], ready: set[str]) -
     return steps
 
 
-__all__ = ["InstanceState", "ReplicaWatch"]
+__all__ = ["ReplicaWatch"]

@@ -57,6 +57,7 @@ class EngineWindow:
     kv_cache_usage: float | None
     cache_hit_rate: float  # NaN when the engine reports no prefix-cache counters
     preempted: int  # preemptions in the interval
+    errors: float = 0.0  # requests finished as "error" or "abort" in the interval
     prefix_caching: str | None = None  # the engine's enable_prefix_caching (cache_config_info), as it says it
     # Latency histograms over the interval by canonical name (ttft, itl, queue_time,
     # prefill_time, ...): what the engine's own metrics say of its phases, from bucket deltas.
@@ -99,6 +100,7 @@ class EngineWindow:
             kv_cache_usage=interval.kv_cache_usage,
             cache_hit_rate=math.nan if interval.prefix_cache_hit_rate is None else interval.prefix_cache_hit_rate,
             preempted=round((interval.preemptions_per_s or 0.0) * length),
+            errors=float(interval.finished.get("error", 0.0) + interval.finished.get("abort", 0.0)),
             prefix_caching=interval.cache_config.get("enable_prefix_caching"),
             latency=interval.latency,
         )

@@ -20,6 +20,7 @@ import orjson
 from pydantic import ValidationError
 
 from servewatch.models.detect.detector import DetectorBank
+from servewatch.models.detect.engine_peers import EnginePeers
 from servewatch.models.detect.headroom import HeadroomWatch
 from servewatch.models.detect.signals import ENGINE_SPECS
 from servewatch.models.explain.hints import mention_engine_config
@@ -42,6 +43,9 @@ class JudgeEngines:
     settings: Settings
     bank: DetectorBank = field(init=False)
     headroom: HeadroomWatch = field(default_factory=HeadroomWatch)
+    # Each engine against the other engines of its model (``replica_outlier`` from scrapes).
+    # Not stored: a successor compares again once its engines have warmed up (a minute).
+    peers: EnginePeers = field(init=False)
     intervals: int = 0  # judged
     skipped: int = 0  # valid, but saying nothing about capacity (a restart inside, no length)
     replayed: int = 0  # judged before (at-least-once delivery, a scraper restarted on old records)
@@ -55,6 +59,7 @@ class JudgeEngines:
     def __post_init__(self) -> None:
         config = replace(self.settings.detector_config(), signals=ENGINE_SIGNALS, source="engines")
         self.bank = DetectorBank(config, save_every=self.settings.state_every_windows)
+        self.peers = EnginePeers(config, min_ratio=config.replica_min_ratio)
 
     def receive(self, raw: bytes | None, source: Source | None = None) -> tuple[list[AnomalyEvent], list[DeadLetter]]:
         """One message of the scrapes topic: an interval, or a JSON array of them."""
@@ -96,6 +101,8 @@ class JudgeEngines:
         self.intervals += 1
         events = self.bank.observe(window)  # type: ignore[arg-type]  # EngineWindow reads as WindowStats here
         self.explain(events)  # an engine's own TTFT or prefill page, too, names the engines with caching off
+        if self.settings.compare_replicas:
+            events += self.peers.observe(window)
         spare = self.headroom.observe(window)
         return events if spare is None else [*events, spare]
 

@@ -1,0 +1,184 @@
+"""From scrapes alone: each engine against the other engines of its model.
+
+A fleet that ships no request logs still scrapes every replica's ``/metrics``: each scrape
+target is an instance. Intervals come one engine at a time and scrapers are not in step,
+so an engine's interval is compared with each peer's latest one that ended within
+``peer_horizon_s`` of it: its mean inter-token latency and its prefill seconds per prompt
+token the prefix cache did not serve (the prefill histogram's mean over the engine's
+uncached prompt tokens per request: prompt lengths and a cold cache taken out) on the log scale against
+the median of its peers', and its failed requests and preemptions per request against
+their rates.
+
+Scrapes carry no per-request spread, and an interval's mean moves with the few requests
+it holds (a 30k-token prompt in one engine's interval and not in its peers'), besides the
+small differences replicas always have. So the standard error of an engine's difference
+from its peers is *learned*, robustly: 1.4826 times the median absolute difference of the
+model's engines' recent differences (a minority of bad replicas moves a median little),
+never below ``MIN_STANDARD_ERROR`` nor, until enough were seen, ``PRIOR_SPREAD``.
+Evidence then accumulates as in ``models.detect.replicas`` (``models.detect.peer_incidents``).
+
+>>> from servewatch.models.windows.engine_window import EngineWindow
+>>> from servewatch.schemas.engine_interval import LatencySummary
+>>> peers = EnginePeers(DetectorConfig())
+>>> def interval(k, t, itl):
+...     return EngineWindow(key=f"10.0.0.{k}:8000|m", labels={"model": "m", "instance": f"10.0.0.{k}:8000"},
+...         start=t - 10, end=t + k * 0.5, requests=20, prompt_tokens_per_s=0, output_tokens_per_s=0, running=4,
+...         waiting=0, kv_cache_usage=0.3, cache_hit_rate=0.5, preempted=0,
+...         latency={"itl": LatencySummary(count=2000, mean_s=itl)})
+>>> events = []
+>>> for t in range(0, 900, 10):
+...     for k in range(4):
+...         events += peers.observe(interval(k, float(t), 0.05 if k == 2 and t >= 600 else 0.02 * (1 + 0.02 * k)))
+>>> [(e.segment["instance"], e.signal.value, e.hints[0].code) for e in events][:1]
+[('10.0.0.2:8000', 'itl', 'replica_outlier')]
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from servewatch.models.detect.peer_incidents import InstanceState, PeerIncidents
+from servewatch.models.detect.signal_detector import DetectorConfig
+from servewatch.models.windows.engine_window import EngineWindow
+from servewatch.schemas.anomaly import AnomalyEvent, Signal
+
+#: Latency signals compared across engines, the histogram each reads, and how a ratio is said.
+WORDS = {
+    Signal.ITL: "decodes {ratio:.1f}x slower per output token",
+    Signal.PREFILL_PER_TOKEN: "prefills {ratio:.1f}x slower per uncached prompt token",
+    Signal.ERROR_RATE: "fails {ratio:.1f}x as many requests",
+    Signal.PREEMPTIONS: "preempts {ratio:.1f}x as many requests",
+}
+#: Requests an interval's histogram must count for its mean to be compared.
+MIN_COUNT = 5
+MIN_STANDARD_ERROR = 0.05
+#: The learned spread: at least this (10 %) until ``SPREAD_SEEN`` differences were seen;
+#: over the latest ``SPREAD_MEMORY`` of them (a few minutes of a model's engines).
+PRIOR_SPREAD = 0.1
+SPREAD_SEEN = 30
+SPREAD_MEMORY = 300
+#: Events per finished request assumed of the peers at least (a replica's few among peers
+#: that had none are not "infinitely" more), and the multiple of the peers' rate tested for.
+MIN_PEER_RATE = {Signal.ERROR_RATE: 1e-3, Signal.PREEMPTIONS: 0.01}
+COUNT_ALTERNATIVE = 10.0
+
+
+@dataclass(slots=True)
+class _Latest:
+    end: float
+    logs: dict[Signal, float]  # signal -> log of the interval's mean seconds (per token, for prefill)
+    requests: float
+    counts: dict[Signal, float]  # errors and preemptions in the interval
+
+
+def _log_latencies(window: EngineWindow) -> dict[Signal, float]:
+    """The interval's mean ITL and prefill seconds per uncached prompt token, as logs (only
+    those with ``MIN_COUNT`` observations behind them)."""
+    logs = {}
+    itl = window.latency.get("itl")
+    if itl is not None and itl.mean_s and itl.count >= MIN_COUNT:
+        logs[Signal.ITL] = math.log(itl.mean_s)
+    prefill = window.latency.get("prefill_time")
+    # Uncached prompt tokens per request pooled over the engine's recent scrapes where known
+    # (``EngineMemory``): vLLM counts prompt tokens at the first token and observes prefill
+    # time when the request finishes, so one interval's two can be a decode's length apart.
+    per_request, hit = window.prompt_per_request, window.pooled_hit_rate
+    if math.isnan(per_request):
+        per_request = window.prompt_tokens_per_s * window.length / max(window.requests, 1.0)
+    if math.isnan(hit):
+        hit = 0.0 if math.isnan(window.cache_hit_rate) else window.cache_hit_rate
+    uncached = per_request * (1.0 - hit)
+    if prefill is not None and prefill.mean_s and prefill.count >= MIN_COUNT and uncached >= 1.0:
+        logs[Signal.PREFILL_PER_TOKEN] = math.log(prefill.mean_s / uncached)
+    return logs
+
+
+@dataclass
+class EnginePeers:
+    """Every model's engines, each against its peers, fed one engine interval at a time."""
+
+    config: DetectorConfig = field(default_factory=DetectorConfig)
+    min_ratio: float = 1.3
+    #: Intervals an engine serves before it is compared (a restarted engine warms up).
+    warmup_intervals: int = 6
+    peer_horizon_s: float = 30.0
+    latest: dict[str, dict[str, _Latest]] = field(default_factory=dict)  # model -> instance -> latest interval
+    states: dict[str, dict[str, InstanceState]] = field(default_factory=dict)
+    # model -> signal -> recent absolute log differences of its engines from their peers
+    spread: dict[str, dict[Signal, deque[float]]] = field(default_factory=dict)
+    incidents: PeerIncidents = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.incidents = PeerIncidents(self.config, WORDS, "at the same time")
+
+    def view(self, model: str) -> dict[str, dict[str, float]]:
+        """Per engine, each signal's latest ratio to its peers (for a replica table)."""
+        return {instance: dict(state.ratio) for instance, state in self.states.get(model, {}).items()}
+
+    def observe(self, window: EngineWindow) -> list[AnomalyEvent]:
+        model, instance = window.labels.get("model", "other"), window.labels.get("instance", "")
+        logs = _log_latencies(window)
+        engines = self.latest.setdefault(model, {})
+        counts = {Signal.ERROR_RATE: window.errors, Signal.PREEMPTIONS: float(window.preempted)}
+        engines[instance] = _Latest(window.end, logs, window.requests, counts)
+        state = self.states.setdefault(model, {}).setdefault(instance, InstanceState())
+        state.served += 1  # intervals, for the warm-up
+        state.last_seen = window.end
+        peers = {
+            name: latest
+            for name, latest in engines.items()
+            if name != instance
+            and abs(latest.end - window.end) <= self.peer_horizon_s
+            and self.states[model][name].served >= self.warmup_intervals
+        }
+        for name in [name for name, latest in engines.items() if window.end - latest.end > 10 * self.peer_horizon_s]:
+            del engines[name]  # gone (scaled in): its last interval is no peer any more
+        state.peers = len(peers)
+        steps: dict[Signal, tuple[float, float]] = {}
+        if peers and state.served >= self.warmup_intervals:
+            spread = self.spread.setdefault(model, {})
+            shift = math.log(self.min_ratio)
+            for signal, own in logs.items():
+                theirs = [latest.logs[signal] for latest in peers.values() if signal in latest.logs]
+                if not theirs:
+                    continue
+                diff = own - statistics.median(theirs)
+                seen = spread.setdefault(signal, deque(maxlen=SPREAD_MEMORY))
+                error = 1.4826 * statistics.median(seen) if seen else 0.0
+                if len(seen) < SPREAD_SEEN:
+                    error = max(error, PRIOR_SPREAD)
+                seen.append(abs(diff))
+                error = max(error, MIN_STANDARD_ERROR)
+                steps[signal] = ((diff - shift) * 2 * shift / error**2, math.exp(diff))
+            for signal in MIN_PEER_RATE:
+                steps.update(_count_step(signal, window.requests, counts[signal], peers))
+        load = {"requests": window.requests, "requests_per_s": window.requests / max(window.length, 1e-9)}
+        if window.kv_cache_usage is not None:
+            load["kv_cache_usage"] = window.kv_cache_usage
+        if window.waiting is not None:
+            load["waiting"] = window.waiting
+        events = []
+        for signal in WORDS:
+            event = self.incidents.step(
+                model, instance, state, signal, steps.get(signal), (window.start, window.end), True, load
+            )
+            if event is not None:
+                events.append(event)
+        return events
+
+
+def _count_step(
+    signal: Signal, requests: float, count: float, peers: dict[str, _Latest]
+) -> dict[Signal, tuple[float, float]]:
+    """The Poisson log-likelihood ratio of ``COUNT_ALTERNATIVE`` times the peers' rate of
+    ``signal`` per finished request, against their rate."""
+    peer_requests = sum(latest.requests for latest in peers.values())
+    if requests <= 0 or peer_requests <= 0:
+        return {}
+    peer_count = sum(latest.counts.get(signal, 0.0) for latest in peers.values())
+    expected = requests * max(peer_count / peer_requests, MIN_PEER_RATE[signal])
+    increment = count * math.log(COUNT_ALTERNATIVE) - expected * (COUNT_ALTERNATIVE - 1)
+    return {signal: (increment, count / expected)}

@@ -1,0 +1,134 @@
+"""One replica's incidents against its peers: the evidence a comparison gives each window,
+accumulated in a CUSUM, turned into ``replica_outlier`` events.
+
+Shared by the request logs' comparison (``models.detect.replicas``) and the scrapes'
+(``models.detect.engine_peers``): each says, per window, instance and signal, a CUSUM
+increment (a log-likelihood ratio of "``min_ratio`` or more worse than its peers" against
+"as its peers") and the ratio it saw; this module keeps the CUSUM, the incident lifecycle
+and the wording. The CUSUM is reported on the surprise scale (log10) and judged against the
+detector's ``threshold``; it is capped at three times that, so a fixed replica resolves soon.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from servewatch.models.detect.events import incident_event
+from servewatch.models.detect.lifecycle import IncidentTracker, Transition
+from servewatch.models.detect.signal_detector import DetectorConfig
+from servewatch.models.windows.segments import join_key
+from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal
+
+LN10 = math.log(10.0)
+
+
+@dataclass(slots=True)
+class InstanceState:
+    """One replica of one model: what it served and each signal's CUSUM and incident."""
+
+    served: int = 0
+    last_seen: float = -math.inf
+    cusum: dict[str, float] = field(default_factory=dict)  # signal -> log-likelihood ratio (natural log)
+    ratio: dict[str, float] = field(default_factory=dict)  # signal -> latest ratio to its peers
+    peers: int = 0  # peers it was compared with, latest window
+    trackers: dict[str, IncidentTracker] = field(default_factory=dict)
+
+    @property
+    def firing(self) -> bool:
+        return any(tracker.firing for tracker in self.trackers.values())
+
+    def state(self) -> dict[str, Any]:
+        return {"served": self.served, "last_seen": self.last_seen, "cusum": self.cusum, "ratio": self.ratio,
+                "trackers": {name: tracker.state() for name, tracker in self.trackers.items()}}  # fmt: skip
+
+    @classmethod
+    def from_state(cls, saved: dict[str, Any], config: DetectorConfig) -> InstanceState:
+        state = cls(int(saved["served"]), float(saved["last_seen"]))
+        state.cusum = {str(k): float(v) for k, v in saved["cusum"].items()}
+        state.ratio = {str(k): float(v) for k, v in saved["ratio"].items()}
+        for signal, kept in saved["trackers"].items():
+            tracker = state.trackers[str(signal)] = config.tracker()
+            tracker.load_state(kept)
+        return state
+
+
+@dataclass
+class PeerIncidents:
+    """CUSUM and lifecycle per (instance, signal); ``words`` says what a ratio means per signal
+    (``"decodes {ratio:.1f}x slower per output token"``), ``basis`` what the peers were
+    compared on (``"on the same request mix"``)."""
+
+    config: DetectorConfig
+    words: dict[Signal, str]
+    basis: str
+
+    def step(
+        self, model: str, instance: str, state: InstanceState, signal: Signal, step: tuple[float, float] | None,
+        window: tuple[float, float], present: bool, load: dict[str, float],
+    ) -> AnomalyEvent | None:  # fmt: skip
+        """Feed one window's ``(increment, ratio)`` (None: not compared in it; ``present``:
+        the instance served in it at all). Returns the event of a lifecycle step, if any."""
+        name = signal.value
+        bar = self.config.threshold * LN10
+        level = state.cusum.get(name, 0.0)
+        if step is not None:
+            increment, ratio = step
+            level = min(max(0.0, level + increment), 3 * bar)
+            state.ratio[name] = round(ratio, 3)
+        elif not present:
+            level = 0.0  # absent (drained, scaled in): nothing against it
+        state.cusum[name] = level
+        tracker = state.trackers.get(name)
+        anomalous = step is not None and level >= bar
+        if tracker is None:
+            if not anomalous:
+                return None
+            tracker = state.trackers[name] = self.config.tracker()
+        score = level / LN10
+        severity = Severity.CRITICAL if score >= self.config.critical else Severity.WARNING
+        transition = tracker.step(anomalous, window_start=window[0], severity=severity.value, sustained=anomalous)
+        if not tracker.firing and transition is None and not anomalous and level == 0.0:
+            del state.trackers[name]  # quiet again: a healthy replica keeps no tracker
+        if transition is None:
+            return None
+        return self._event(model, instance, state, signal, transition, tracker, window, score, load)
+
+    def _event(
+        self, model: str, instance: str, state: InstanceState, signal: Signal, transition: Transition,
+        tracker: IncidentTracker, window: tuple[float, float], score: float, load: dict[str, float],
+    ) -> AnomalyEvent:  # fmt: skip
+        ratio = state.ratio.get(signal.value, 1.0)
+        did = self.words[signal].format(ratio=ratio)
+        peers = state.peers
+        than = "its only peer" if peers == 1 else f"its {peers} peers"
+        said = f"instance {instance} of model {model} {did} than {than} {self.basis}"
+        if transition is Transition.RESOLVED:
+            summary = f"Resolved: instance {instance} of model {model} is back in line with its peers."
+            hints: list[Hint] = []
+        elif peers == 1:
+            # Two replicas: no majority says which one is off, only that they differ.
+            message = f"{said}; with two replicas this says they differ, not which one is faulty"
+            hints = [Hint(code="replica_outlier", message=message)]
+            summary = f"Instance {instance} differs from {than}: {did}."
+        else:
+            message = f"{said}; drain it or check its GPU, its engine's config and its neighbours"
+            hints = [Hint(code="replica_outlier", message=message)]
+            summary = f"Instance {instance} of model {model} {did} than {than}."
+        return incident_event(
+            key=join_key({"model": model, "instance": instance}),
+            signal=signal,
+            incident_start=tracker.incident_start or window[0],
+            transition=transition,
+            labels={"model": model, "instance": instance},
+            window=window,
+            observed=ratio,
+            expected=1.0,
+            score=score,
+            severity=Severity(tracker.severity or Severity.WARNING.value),
+            summary=summary,
+            hints=hints,
+            load={**load, "peers": float(peers)},
+            incident_name=f"replica_{signal.value}",
+        )
