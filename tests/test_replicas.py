@@ -4,11 +4,13 @@ stage 1's replica rows to the instance in Slack, PagerDuty and Alertmanager."""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import orjson
 import pytest
 
+from servewatch.models.detect.detector import DetectorBank
 from servewatch.models.detect.engine_peers import EnginePeers
 from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.models.detect.replicas import ReplicaWatch
@@ -26,8 +28,10 @@ from servewatch.pipeline.notify.sinks.pagerduty import build_event
 from servewatch.pipeline.notify.sinks.slack import build_message
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.web.store import Filters, TriageStore
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
 from servewatch.schemas.engine_interval import LatencySummary
+from tests.conftest import MakeClient
 
 WINDOW = 10.0
 
@@ -186,3 +190,22 @@ def test_from_scrapes_one_slow_replica_of_four_is_named_alone() -> None:
     injected_at = workload.start + scenario.warmup_s
     causes = [(g.cause, g.window_end > injected_at) for g in run.paging_groups]
     assert causes[0] == (f"replica_outlier {FAULTY_HOST}", True) and all(after for _, after in causes)
+
+
+async def test_the_triage_page_has_a_replica_table_linked_from_the_incident(make_client: MakeClient) -> None:
+    bank = DetectorBank(DetectorConfig(replica_warmup_requests=0), series=[])
+    rng = np.random.default_rng(5)
+    store, grouper = TriageStore(), IncidentGrouper()
+    for w in range(12):
+        for event in bank.observe_all(rows(w * WINDOW, fleet(4, {3: 2.5}), rng)):
+            event, groups = grouper.add(event)
+            for record in (event, *groups):
+                store.add(record)
+    for point in bank.series or []:
+        store.add(point)
+    client = await make_client(store)
+    page = await (await client.get("/replicas", params={"model": "m"})).text()
+    assert page.count("<code>10.0.0.") == 4 and re.search(r'class="num firing">2\.\d\dx', page)
+    assert "10.0.0.3:8000" not in await (await client.get("/segments")).text()
+    [group] = store.groups(Filters())
+    assert 'href="/replicas?model=m"' in await (await client.get(f"/groups/{group.group}")).text()

@@ -683,7 +683,7 @@ class DetectorBank:
             windows = [window for window in windows if not is_replica_key(window.key)]
         events = [event for window in windows for event in self.observe(window)]
         if replica_rows:
-            events += self.replicas.observe(replica_rows)
+            events += self.replicas.observe(replica_rows, self.series)
         if not final:
             events += self._judge_traffic(windows)
         now = max((window.end for window in windows), default=self.clock)

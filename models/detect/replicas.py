@@ -51,11 +51,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from servewatch.models.detect.peer_incidents import InstanceState, PeerIncidents
+from servewatch.models.detect.peer_incidents import LN10, InstanceState, PeerIncidents
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.segments import join_key, parse_key
 from servewatch.models.windows.window import COLUMN_OF, WindowStats
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
+from servewatch.schemas.series import SeriesPoint, SignalPoint
 
 #: Latency signals compared across replicas, with the window phase each reads and how it is said.
 LATENCY_PHASES: dict[Signal, tuple[str, str]] = {
@@ -137,9 +138,10 @@ class ReplicaWatch:
         return instances
 
     # -- judging ---------------------------------------------------------------------
-    def observe(self, rows: list[WindowStats]) -> list[AnomalyEvent]:
+    def observe(self, rows: list[WindowStats], series: list[SeriesPoint] | None = None) -> list[AnomalyEvent]:
         """Judge the replica rows of windows released together (every row of a model's window
-        comes in one release: stage 1 sends them through one partials partition)."""
+        comes in one release: stage 1 sends them through one partials partition); with
+        ``series``, append each compared instance's ratios to its peers (``series_point``)."""
         by_window: dict[tuple[str, float], dict[str, dict[str, WindowStats]]] = {}
         for row in rows:
             labels = parse_key(row.key)
@@ -153,12 +155,13 @@ class ReplicaWatch:
             length = next(iter(next(iter(segments.values())).values())).length
             if start + length <= self.judged_until.get(model, -math.inf):
                 continue  # judged before (a replay after a restart)
-            events += self._judge(model, start, start + length, segments)
+            events += self._judge(model, start, start + length, segments, series)
         return events
 
     def _judge(
-        self, model: str, start: float, end: float, segments: dict[str, dict[str, WindowStats]]
-    ) -> list[AnomalyEvent]:
+        self, model: str, start: float, end: float, segments: dict[str, dict[str, WindowStats]],
+        series: list[SeriesPoint] | None,
+    ) -> list[AnomalyEvent]:  # fmt: skip
         self.judged += 1
         self.judged_until[model] = end
         instances = self.models.get(model)
@@ -195,7 +198,35 @@ class ReplicaWatch:
                 )
                 if event is not None:
                     events.append(event)
+            if series is not None and found:
+                series.append(self.series_point(model, name, state, found, (start, end), load))
         return events
+
+    def series_point(
+        self, model: str, instance: str, state: InstanceState, found: dict[Signal, tuple[float, float]],
+        window: tuple[float, float], load: dict[str, float],
+    ) -> SeriesPoint:  # fmt: skip
+        """An instance's window as a replica table row (``servewatch.series``, key
+        ``replica_series_key``): per signal its ratio to its peers, the ratio that pages, and
+        the accumulated evidence as the surprise."""
+        bar = self.config.threshold
+        signals = {}
+        for signal, (_, ratio) in found.items():
+            score = state.cusum.get(signal.value, 0.0) / LN10
+            tracker = state.trackers.get(signal.value)
+            signals[signal.value] = SignalPoint(
+                observed=round(ratio, 4), expected=1.0, high=self.min_ratio, score=round(score, 3),
+                anomalous=score >= bar, firing=tracker is not None and tracker.firing,
+            )  # fmt: skip
+        return SeriesPoint(
+            key=replica_series_key(model, instance), segment={"model": model, "instance": instance},
+            window_start=window[0], window_end=window[1], load={**load, "peers": float(state.peers)}, signals=signals,
+        )  # fmt: skip
+
+
+def replica_series_key(model: str, instance: str) -> str:
+    """The series key of an instance's ratios to its peers (no segment's key starts so)."""
+    return "~replica|" + join_key({"model": model, "instance": instance})
 
 
 def _latency_steps(
@@ -268,4 +299,4 @@ def _error_steps(segments: dict[str, dict[str, WindowStats]], ready: set[str]) -
     return steps
 
 
-__all__ = ["ReplicaWatch"]
+__all__ = ["ReplicaWatch", "replica_series_key"]

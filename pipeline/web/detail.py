@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+from urllib.parse import urlencode
 
 from servewatch.models.explain.event_text import utc
 from servewatch.pipeline.web.changes import ChangeSource, change_note, chart_marks
@@ -188,6 +189,12 @@ def group_page(
         f"model <strong>{esc(group.model)}</strong> · cause <code>{esc(group.cause)}</code> · started "
         f"{esc(utc(group.window_start))} · last {esc(utc(group.window_end))}</p>"
         f'<p class="summary">{esc(group.summary)}</p>'
+        + (
+            f"<p><a{attrs(href='/replicas?' + urlencode({'model': group.model}))}>replica table of "
+            f"{esc(group.model)}</a></p>"
+            if group.cause.startswith("replica_outlier")
+            else ""
+        )
         + feedback_section(group, feedback, user)
         + f"<h2>Incidents ({len(members)})</h2>"
         + members_table(members)

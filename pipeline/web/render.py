@@ -86,13 +86,14 @@ def page(title: str, body: str, *, csrf: str, name: str, **data: str | None) -> 
         '<link rel="stylesheet" href="/static/app.css"><script src="/static/app.js" defer></script></head>'
         f"<body{attrs(data_page=name, **{f'data_{k}': v for k, v in data.items()})}>"
         '<header><a class="brand" href="/">servewatch</a><nav><a href="/">incidents</a>'
-        '<a href="/segments">segments</a><a href="/changes">changes</a><a href="/openapi.json">API</a></nav>'
+        '<a href="/segments">segments</a><a href="/replicas">replicas</a><a href="/changes">changes</a>'
+        '<a href="/openapi.json">API</a></nav>'
         '<span id="live" class="live" role="status">static</span></header>'
         f"<main>{body}</main></body></html>"
     )
 
 
-def _select(name: str, label: str, options: Iterable[tuple[str, str]], chosen: str | None) -> str:
+def select_box(name: str, label: str, options: Iterable[tuple[str, str]], chosen: str | None) -> str:
     items = [f'<option value=""{" selected" if chosen is None else ""}>any</option>']
     items += [f"<option{attrs(value=v)}{' selected' if v == chosen else ''}>{esc(t)}</option>" for v, t in options]
     return f"<label>{esc(label)} <select{attrs(name=name, id=f'filter-{name}')}>{''.join(items)}</select></label>"
@@ -101,10 +102,10 @@ def _select(name: str, label: str, options: Iterable[tuple[str, str]], chosen: s
 def filter_form(filters: Filters, models: Sequence[str]) -> str:
     return (
         '<form id="filters" class="filters" method="get" action="/">'
-        + _select("model", "model", ((m, m) for m in models), filters.model)
-        + _select("signal", "signal", ((s.value, s.value) for s in Signal), filters.signal)
-        + _select("severity", "severity", ((s, f"≥ {s}") for s in SEVERITY_RANK), filters.severity)
-        + _select("status", "status", (("firing", "firing"), ("resolved", "resolved")), filters.status)
+        + select_box("model", "model", ((m, m) for m in models), filters.model)
+        + select_box("signal", "signal", ((s.value, s.value) for s in Signal), filters.signal)
+        + select_box("severity", "severity", ((s, f"≥ {s}") for s in SEVERITY_RANK), filters.severity)
+        + select_box("status", "status", (("firing", "firing"), ("resolved", "resolved")), filters.status)
         + '<button type="submit">filter</button></form>'
     )
 

@@ -27,6 +27,7 @@ from servewatch.pipeline.web.detail import anomaly_page, group_page
 from servewatch.pipeline.web.links import LinkTemplates
 from servewatch.pipeline.web.openapi import openapi
 from servewatch.pipeline.web.render import error_page, groups_page, login_page, segments_page
+from servewatch.pipeline.web.replicas import replicas_page
 from servewatch.pipeline.web.store import DEFAULT_KINDS, Filters, TriageStore, group_json
 from servewatch.schemas.anomaly import Severity, Signal, Status
 from servewatch.schemas.feedback import Feedback
@@ -112,6 +113,12 @@ class _Routes:
     async def segments_page(self, request: web.Request) -> web.Response:
         overview = self.store.segments(request.query.get("model") or None)
         return _html(segments_page(overview, self.links, self.guard.csrf_token(request)))
+
+    async def replicas_page(self, request: web.Request) -> web.Response:
+        model = request.query.get("model") or None
+        rows = self.store.replicas(model)
+        models = sorted({row.point.segment.get("model", "") for row in self.store.replicas()})
+        return _html(replicas_page(rows, models, model, self.guard.csrf_token(request)))
 
     async def changes_page(self, request: web.Request) -> web.Response:
         model = request.query.get("model") or None
@@ -311,6 +318,7 @@ def create_web_app(
     add.add_get("/groups/{key}", routes.group_page)
     add.add_get("/anomalies/{id}", routes.anomaly_page)
     add.add_get("/segments", routes.segments_page)
+    add.add_get("/replicas", routes.replicas_page)
     add.add_get("/changes", routes.changes_page)
     add.add_get("/changes/{id}", routes.change_page)
     add.add_get("/login", routes.login_form)

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
-from servewatch.models.windows.segments import join_key
+from servewatch.models.windows.segments import is_replica_key, join_key
 from servewatch.schemas.anomaly import AnomalyEvent, Status
 from servewatch.schemas.change_marker import ChangeMarker
 from servewatch.schemas.change_report import ChangeReport
@@ -286,6 +286,8 @@ class TriageStore:
         """Each segment's latest judged window and its recent values per headline signal."""
         overview = []
         for key in sorted(self._series):
+            if is_replica_key(key):
+                continue  # an instance's ratios to its peers: ``replicas``
             points = self._series[key]
             latest = points[-1]
             if model is not None and latest.segment.get("model") != model:
@@ -294,6 +296,20 @@ class TriageStore:
             sparks = {s: [p.signals[s].observed for p in recent if s in p.signals] for s in SPARK_SIGNALS}
             overview.append(SegmentOverview(key, latest, {s: v for s, v in sparks.items() if v}))
         return overview
+
+    def replicas(self, model: str | None = None) -> list[SegmentOverview]:
+        """Each serving instance's latest ratios to its peers (``models.detect.replicas``), by
+        model and instance, with its recent ratios per signal."""
+        overview = []
+        for key in sorted(self._series):
+            points = self._series[key]
+            latest = points[-1]
+            if not is_replica_key(key) or (model is not None and latest.segment.get("model") != model):
+                continue
+            recent = points[-self.sparkline_points :]
+            sparks = {s: [p.signals[s].observed for p in recent if s in p.signals] for s in latest.signals}
+            overview.append(SegmentOverview(key, latest, sparks))
+        return sorted(overview, key=lambda o: (o.point.segment.get("model", ""), o.point.segment.get("instance", "")))
 
     def models(self) -> list[str]:
         names = {g.model for g in self._groups.values()}
