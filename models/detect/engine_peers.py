@@ -14,7 +14,7 @@ it holds (a 30k-token prompt in one engine's interval and not in its peers'), be
 small differences replicas always have. So the standard error of an engine's difference
 from its peers is *learned*, robustly: 1.4826 times the median absolute difference of the
 model's engines' recent differences (a minority of bad replicas moves a median little),
-never below ``MIN_STANDARD_ERROR`` nor, until enough were seen, ``PRIOR_SPREAD``.
+never below ``MIN_STANDARD_ERROR``; until enough were seen, nothing is judged.
 Evidence then accumulates as in ``models.detect.replicas`` (``models.detect.peer_incidents``).
 
 >>> from servewatch.models.windows.engine_window import EngineWindow
@@ -55,9 +55,8 @@ WORDS = {
 #: Requests an interval's histogram must count for its mean to be compared.
 MIN_COUNT = 5
 MIN_STANDARD_ERROR = 0.05
-#: The learned spread: at least this (10 %) until ``SPREAD_SEEN`` differences were seen;
-#: over the latest ``SPREAD_MEMORY`` of them (a few minutes of a model's engines).
-PRIOR_SPREAD = 0.1
+#: The learned spread is over the latest ``SPREAD_MEMORY`` differences (a few minutes of a
+#: model's engines); no engine is judged before ``SPREAD_SEEN`` were seen.
 SPREAD_SEEN = 30
 SPREAD_MEMORY = 300
 #: Events per finished request assumed of the peers at least (a replica's few among peers
@@ -147,12 +146,11 @@ class EnginePeers:
                     continue
                 diff = own - statistics.median(theirs)
                 seen = spread.setdefault(signal, deque(maxlen=SPREAD_MEMORY))
-                error = 1.4826 * statistics.median(seen) if seen else 0.0
-                if len(seen) < SPREAD_SEEN:
-                    error = max(error, PRIOR_SPREAD)
+                known = len(seen) >= SPREAD_SEEN  # judged once the fleet's usual spread is
+                error = max(1.4826 * statistics.median(seen), MIN_STANDARD_ERROR) if known else math.inf
                 seen.append(abs(diff))
-                error = max(error, MIN_STANDARD_ERROR)
-                steps[signal] = ((diff - shift) * 2 * shift / error**2, math.exp(diff))
+                if known:
+                    steps[signal] = ((diff - shift) * 2 * shift / error**2, math.exp(diff))
             for signal in MIN_PEER_RATE:
                 steps.update(_count_step(signal, window.requests, counts[signal], peers))
         load = {"requests": window.requests, "requests_per_s": window.requests / max(window.length, 1e-9)}

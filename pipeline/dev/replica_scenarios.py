@@ -67,14 +67,18 @@ def failing_replica(instances: int = 4, error_rate: float = 0.05) -> Scenario:
     )  # fmt: skip
 
 
-def autoscaler() -> Scenario:
-    """An autoscaler following demand: 4 replicas, then 6 as traffic grows 1.5x, then 3 as it
-    falls to 0.75x, each replica about as busy throughout: nothing wrong."""
+def autoscaler(scale_in_traffic: float = 0.6) -> Scenario:
+    """An autoscaler following demand: 4 replicas, then 6 as traffic grows 1.5x, then 3 once
+    it has fallen to ``scale_in_traffic`` (0.6: each of the 3 about 50 % busy; scaling in
+    waits for the load to fall below what the fewer replicas carry at the usual 60 %, as a
+    scaler's hysteresis does): nothing wrong. At 0.75 the 3 replicas, as busy as the 4 were,
+    queue requests for seconds in the trace's bursts (fewer slots absorb a burst worse):
+    that is capacity short, and pages as such."""
     phases = (
         SimPhase("four", TRACE_WARMUP_S, serving_instances=4),
         SimPhase("six", 900.0, traffic=1.5, serving_instances=6),
-        SimPhase("three", 900.0, traffic=0.75, serving_instances=3),
-        SimPhase("three_more", RECOVERY_S, traffic=0.75, serving_instances=3),
+        SimPhase("three", 900.0, traffic=scale_in_traffic, serving_instances=3),
+        SimPhase("three_more", RECOVERY_S, traffic=scale_in_traffic, serving_instances=3),
     )
     # Utilisation is over all 6 engines: 0.4 of 6 is 0.6 of each of the 4 serving at first.
     return _scenario("replicas_autoscaled_4_6_3", 6, phases, frozenset(), "4 -> 6 -> 3 replicas", utilisation=0.4)
