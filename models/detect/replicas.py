@@ -45,6 +45,7 @@ an instance absent from a window counts as normal there, so a drained replica re
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Callable
@@ -144,12 +145,10 @@ class ReplicaWatch:
         ``series``, append each compared instance's ratios to its peers (``series_point``)."""
         by_window: dict[tuple[str, float], dict[str, dict[str, WindowStats]]] = {}
         for row in rows:
-            labels = parse_key(row.key)
-            instance = labels.pop("instance", None)
+            model, segment, instance = _split(row.key)
             if instance is None or instance == "-":
                 continue  # records without an instance (or the overflow row): nothing to compare
-            segment = join_key(labels)
-            by_window.setdefault((labels["model"], row.start), {}).setdefault(segment, {})[instance] = row
+            by_window.setdefault((model, row.start), {}).setdefault(segment, {})[instance] = row
         events: list[AnomalyEvent] = []
         for (model, start), segments in sorted(by_window.items(), key=lambda item: item[0][1]):
             length = next(iter(next(iter(segments.values())).values())).length
@@ -222,6 +221,15 @@ class ReplicaWatch:
             key=replica_series_key(model, instance), segment={"model": model, "instance": instance},
             window_start=window[0], window_end=window[1], load={**load, "peers": float(state.peers)}, signals=signals,
         )  # fmt: skip
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _split(key: str) -> tuple[str, str, str | None]:
+    """A replica row's model, segment (its key without the instance) and instance: the same
+    few thousand keys come every window."""
+    labels = parse_key(key)
+    instance = labels.pop("instance", None)
+    return labels["model"], join_key(labels), instance
 
 
 def replica_series_key(model: str, instance: str) -> str:

@@ -27,7 +27,7 @@ import numpy as np
 from servewatch.models.stats.capacity import ARRIVAL_LAGS
 from servewatch.models.stats.sketch import bucket_indices
 from servewatch.models.windows.batch import RowBatch
-from servewatch.models.windows.segments import Segmenter, parse_key
+from servewatch.models.windows.segments import Segmenter, model_of
 from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS, PrefixMemory, signal_columns
 from servewatch.models.windows.window import COLUMN_OF, REASONS, SUMS, WindowBlock, WindowStats, pack_location
 
@@ -134,7 +134,7 @@ class OpenWindow:
         tokens): latency is judged against the load of the engines a segment shares, which
         only stage 1, seeing all segments of a window at once, can sum."""
         n = len(self.segment_ids)
-        models = [parse_key(keys[segment_id]).get("model", "") for segment_id in self.segment_ids]
+        models = [model_of(keys[segment_id]) for segment_id in self.segment_ids]
         code_of = {name: code for code, name in enumerate(dict.fromkeys(models))}
         codes = np.fromiter(map(code_of.__getitem__, models), dtype=np.intp, count=n)
         sums = self.block.sums
@@ -155,6 +155,7 @@ def fold_batch(
     markers: Sequence[str] = DEFAULT_REASONING_MARKERS,
     prefixes: PrefixMemory | None = None,
     rows_hint: int = 8,
+    also: Sequence[tuple[Segmenter, dict[float, OpenWindow]]] = (),
 ) -> list[OpenWindow]:
     """Fold a batch (the records of message ``offset`` of ``partition``, or of several
     messages: then both are arrays, a value per record) into the open windows ``into``
@@ -162,15 +163,22 @@ def fold_batch(
 
     ``markers``: reasoning end markers that count as leaked when an answer contains one;
     ``prefixes``: the worker's memory of prompt prefixes (None: shared prefixes not counted);
-    ``rows_hint``: segments a new window is expected to hold (its table is made that big).
+    ``rows_hint``: segments a new window is expected to hold (its table is made that big);
+    ``also``: other (segmenter, open windows) to fold the same records into, keyed their
+    way (the replica rows), from the same per-record figures.
     """
     n = len(batch)
     if n == 0:
         return []
     prompt, completion = batch.column("prompt_tokens"), batch.column("completion_tokens")
     cached, ttft = batch.column("cached_tokens"), batch.column("ttft_s")
-    labels = {dim: batch.values(dim) for dim in _LABEL_DIMENSIONS if dim in segmenter.dimensions}
-    segment_ids = segmenter.ids_for_columns(labels, prompt, completion)
+    wanted = {dim for seg in (segmenter, *(seg for seg, _ in also)) for dim in seg.dimensions}
+    all_labels = {dim: batch.values(dim) for dim in _LABEL_DIMENSIONS if dim in wanted}
+
+    def ids_of(seg: Segmenter) -> np.ndarray:
+        return seg.ids_for_columns({d: v for d, v in all_labels.items() if d in seg.dimensions}, prompt, completion)
+
+    targets = [(ids_of(segmenter), into), *((ids_of(seg), windows) for seg, windows in also)]
 
     reason_codes = batch.reason_codes()
     # Same rule as RequestLog.is_error: error/abort finish, or a 5xx status.
@@ -203,13 +211,15 @@ def fold_batch(
         if low != high and not len(picked):
             continue
         start = float(window_id * window_s)
-        window = into.get(start)
-        if window is None:
-            window = into[start] = OpenWindow(start, window_s, evidence_k, capacity=rows_hint)
-        rows = window.rows_for(segment_ids[picked])  # each record's table row
-        _fold_into(window, batch, picked, rows, columns, buckets, reason_codes, ttft, has_ttft, partitions, offsets)
-        _fold_arrivals(window, picked, rows, lags, prompt)
-        touched.append(window)
+        for k, (segment_ids, windows) in enumerate(targets):
+            window = windows.get(start)
+            if window is None:
+                window = windows[start] = OpenWindow(start, window_s, evidence_k, capacity=rows_hint)
+            rows = window.rows_for(segment_ids[picked])  # each record's table row
+            _fold_into(window, batch, picked, rows, columns, buckets, reason_codes, ttft, has_ttft, partitions, offsets)
+            _fold_arrivals(window, picked, rows, lags, prompt)
+            if k == 0:
+                touched.append(window)
     return touched
 
 

@@ -9,6 +9,7 @@ label cardinality (a tenant id sneaking into ``route`` must not take the worker 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import re
@@ -40,7 +41,7 @@ def routing_key(key: str) -> str:
     """The key a partial travels under to stage 2 (its partials partition): its own for a
     segment; its model's for a replica row, so that one worker sees every replica of a model."""
     if key.startswith(REPLICA_PREFIX):
-        return "~replicas|" + parse_key(key)["model"]
+        return "~replicas|" + model_of(key)
     return key
 
 
@@ -107,6 +108,13 @@ def join_key(labels: Mapping[str, str]) -> str:
     'model=org/llama=v2|route=a%7Cb'
     """
     return "|".join(f"{name}={escape_label(value)}" for name, value in labels.items())
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def model_of(key: str) -> str:
+    """The model label of a segment (or replica row) key: asked per row of every window
+    closed, of the same few thousand keys."""
+    return parse_key(key)["model"]
 
 
 def parse_key(key: str) -> dict[str, str]:

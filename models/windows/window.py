@@ -235,6 +235,9 @@ class WindowStats:
         if (other.key, other.start) != (self.key, self.start):
             raise ValueError("can only merge partials of the same segment and window")
         mine, theirs = self.block, other.block
+        if not self.sources and mine.sums[self.row, 0] == 0 and mine.evidence_k == theirs.evidence_k:
+            self._take(other)  # a fresh accumulator (stage 2's first partial of a window): a copy
+            return
         mine.sums[self.row] += theirs.sums[other.row]
         mine.fit(int(mine.sums[self.row, 0]))
         # ``fit`` made room, so adding counts of a wider type cannot overflow: cast freely.
@@ -250,6 +253,19 @@ class WindowStats:
             return
         for source in other.sources:
             self.sources = _add_range(self.sources, source)
+
+    def _take(self, other: WindowStats) -> None:
+        """Become a copy of ``other``'s figures (this row is empty): no adding, no ranking."""
+        mine, theirs = self.block, other.block
+        mine.sums[self.row] = theirs.sums[other.row]
+        mine.fit(int(mine.sums[self.row, 0]))
+        mine.hist[self.row] = theirs.hist[other.row]
+        mine.reasons[self.row] = theirs.reasons[other.row]
+        mine.evidence_ttft[self.row], mine.evidence_at[self.row] = (
+            theirs.evidence_ttft[other.row],
+            theirs.evidence_at[other.row],
+        )
+        self.sources = other.sources  # shared, never mutated: a window's partials share one list
 
     # -- reading --------------------------------------------------------------------
     @property

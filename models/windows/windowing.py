@@ -156,12 +156,8 @@ class Windower:
             fold_batch(
                 batch, self.segmenter, self.window_s, self.open, self.evidence_k, partitions, offsets,
                 self.markers, self.prefixes, rows_hint=max(self.rows_hint, 8),
+                also=[] if self.replicas is None else [(self.replicas, self.open_replicas)],
             )  # fmt: skip
-            if self.replicas is not None:  # no prefix memory: the segments' fold counted them
-                fold_batch(
-                    batch, self.replicas, self.window_s, self.open_replicas, self.evidence_k, partitions, offsets,
-                    self.markers, None, rows_hint=max(self.rows_hint, 8),
-                )  # fmt: skip
         times = batch.column("timestamp")
         lengths = np.bincount(message, minlength=len(parts)).tolist()
         ends = np.cumsum(lengths)
