@@ -13,8 +13,10 @@ many replicas (``--replicas 64 --models 20``: every model on 64 instances).
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import resource
+import statistics
 import time
 import tracemalloc
 
@@ -91,22 +93,41 @@ def scale(replicas: int, models: int, seconds: int, seed: int) -> None:
     batches = [orjson.dumps(batch) for _, batch in workload.seconds() if batch]
     records = sum(len(orjson.loads(b)) for b in batches)
     print(f"\n{replicas} replicas x {models} models: {records:,} request logs over {seconds:,} s of event time")
-    for compare in (False, True, False, True):
+
+    def replay(compare: bool) -> Replay:
+        engine = Replay(Settings(compare_replicas=compare))
+        for offset, raw in enumerate(batches):
+            engine.feed(raw, offset)
+        engine.finish()
+        return engine
+
+    rates: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(3):  # alternating, untraced: the speed
+        for compare in (False, True):
+            gc.collect()
+            started = time.perf_counter()
+            replay(compare)
+            rates[compare].append(records / (time.perf_counter() - started))
+    on, off = statistics.median(rates[True]), statistics.median(rates[False])
+    print(f"  records/s, median of 3: replica rows on {on:,.0f}, off {off:,.0f}, ratio {on / off:.2f}")
+    for compare in (False, True):  # one traced run each: the memory
         gc.collect()
         tracemalloc.start()
-        replay = Replay(Settings(compare_replicas=compare))
-        started = time.perf_counter()
-        for offset, raw in enumerate(batches):
-            replay.feed(raw, offset)
-        replay.finish()
-        elapsed = time.perf_counter() - started
+        engine = replay(compare)
         _, peak = tracemalloc.get_traced_memory()
         tracemalloc.stop()
-        watched = sum(len(m) for m in replay.stage_two.bank.replicas.models.values())
+        watched = sum(len(m) for m in engine.stage_two.bank.replicas.models.values())
         print(
-            f"  replicas {'on ' if compare else 'off'}: {records / elapsed:>9,.0f} records/s, "
-            f"traced peak {peak / 2**20:7.1f} MiB, instances watched {watched:,}"
+            f"  replica rows {'on ' if compare else 'off'}: traced peak {peak / 2**20:6.1f} MiB, instances watched "
+            f"{watched:,}"
         )
+        if watched:  # what the instances' state costs: a copy of it, traced
+            tracemalloc.start()
+            kept = copy.deepcopy(engine.stage_two.bank.replicas.models)
+            size, _ = tracemalloc.get_traced_memory()
+            tracemalloc.stop()
+            signals = max(len(state.cusum) for m in kept.values() for state in m.values())
+            print(f"  state per instance: {size / watched:,.0f} bytes ({size / watched / signals:,.0f} per signal)")
     print(f"  (process max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:,.0f} MiB)")
 
 

@@ -256,8 +256,9 @@ async def recorded(bootstrap: str, wanted: set[tuple[str, str, str]], timeout_s:
     only once it is booked in its state table, which is the promise a restart keeps. (A kill
     between a receiver's answer and that booking, a few milliseconds, resends one message.)"""
 
+    have: set[tuple[str, str, str]] = set()
+
     async def scan() -> None:
-        have: set[tuple[str, str, str]] = set()
         async for raw in read_topic(bootstrap, topics.NOTIFICATIONS):
             delivery = Delivery.model_validate_json(raw)
             if delivery.outcome == "sent":
@@ -265,7 +266,11 @@ async def recorded(bootstrap: str, wanted: set[tuple[str, str, str]], timeout_s:
             if wanted <= have:
                 return
 
-    await asyncio.wait_for(scan(), timeout_s)
+    try:
+        await asyncio.wait_for(scan(), timeout_s)
+    except TimeoutError:
+        missing = sorted(wanted - have)
+        raise AssertionError(f"no 'sent' Delivery record within {timeout_s:.0f} s for {missing}") from None
 
 
 async def _read_until_quiet(bootstrap: str, quiet_s: float = 2.0):  # type: ignore[no-untyped-def]
