@@ -79,7 +79,7 @@ def test_a_slow_replica_among_sixteen_is_named_and_a_fleet_wide_shift_is_not() -
 
 def test_two_replicas_say_they_differ_not_which_one_is_faulty() -> None:
     watch = ReplicaWatch(DetectorConfig(), warmup_requests=0)
-    events = run(watch, 10, lambda w: fleet(2, {1: 2.5}))
+    events = run(watch, 40, lambda w: fleet(2, {1: 2.5} if w >= 30 else None))
     assert firings(events)[0] == ("10.0.0.1:8000", "itl")
     assert "not which one is faulty" in events[0].hints[0].message
 
@@ -95,13 +95,13 @@ def test_a_new_replica_is_judged_once_it_has_served_its_warmup() -> None:
 def test_a_drained_replica_resolves_and_a_restarted_watch_goes_on_from_its_state() -> None:
     stored: dict[str, dict] = {}
     watch = ReplicaWatch(DetectorConfig(), warmup_requests=0)
-    events = run(watch, 10, lambda w: fleet(4, {2: 2.5}))
+    events = run(watch, 30, lambda w: fleet(4, {2: 2.5} if w >= 20 else None))
     assert firings(events) == [("10.0.0.2:8000", "itl")]
     stored.update((key, json.loads(json.dumps(state))) for key, state in watch.states())
     restarted = ReplicaWatch(DetectorConfig(), warmup_requests=0, restore=stored.get)
     # Replayed windows are not judged again; the drained replica resolves, once.
-    assert run(restarted, 10, lambda w: fleet(4, {2: 2.5})) == []
-    later = run(restarted, 5, lambda w: {k: v for k, v in fleet(4).items() if k != "10.0.0.2:8000"}, first=10)
+    assert run(restarted, 30, lambda w: fleet(4, {2: 2.5} if w >= 20 else None)) == []
+    later = run(restarted, 5, lambda w: {k: v for k, v in fleet(4).items() if k != "10.0.0.2:8000"}, first=30)
     assert [(e.segment["instance"], e.transition) for e in later] == [("10.0.0.2:8000", "resolved")]
 
 
@@ -117,12 +117,17 @@ def test_replica_rows_change_no_segment_verdict_and_no_count() -> None:
     assert results[0] == results[1] and results[0][1] > 0
 
 
-def test_one_slow_replica_of_four_on_real_arrivals_is_named_within_three_windows() -> None:
-    result = run_scenario(slow_replica(4, 2.5, "both"))
+@pytest.mark.parametrize(
+    ("kind", "windows"),
+    # A slower decode shows when the requests finish, their whole decode later: a window or two more.
+    [("prefill", 3), ("decode", 5)],
+)
+def test_one_slow_replica_of_four_on_real_arrivals_is_named_within_a_few_windows(kind: str, windows: int) -> None:
+    result = run_scenario(slow_replica(4, 2.5, kind))
     named = [e for e in result.pages if e.segment.get("instance") == FAULTY_HOST and e.window_end > result.injected_at]
     assert named and {h.code for e in named for h in e.hints} >= {"replica_outlier"}
     onset = WINDOW * (result.injected_at // WINDOW)
-    assert (min(e.window_end for e in named) - onset) / WINDOW <= 3
+    assert (min(e.window_end for e in named) - onset) / WINDOW <= windows
     others = {e.segment.get("instance") for e in result.pages if "instance" in e.segment} - {FAULTY_HOST}
     assert not others and not result.false_group_pages
 
@@ -130,7 +135,7 @@ def test_one_slow_replica_of_four_on_real_arrivals_is_named_within_three_windows
 @pytest.fixture(scope="module")
 def replica_note() -> Notification:
     watch = ReplicaWatch(DetectorConfig(), warmup_requests=0)
-    events = run(watch, 10, lambda w: fleet(4, {3: 2.5}))
+    events = run(watch, 40, lambda w: fleet(4, {3: 2.5} if w >= 30 else None))
     grouper = IncidentGrouper()
     event, [group] = grouper.add(events[0])
     return Notification(sink="s", group=group, members=(event,), seq=1, sent_at=group.window_end + 1)
@@ -196,8 +201,8 @@ async def test_the_triage_page_has_a_replica_table_linked_from_the_incident(make
     bank = DetectorBank(DetectorConfig(replica_warmup_requests=0), series=[])
     rng = np.random.default_rng(5)
     store, grouper = TriageStore(), IncidentGrouper()
-    for w in range(12):
-        for event in bank.observe_all(rows(w * WINDOW, fleet(4, {3: 2.5}), rng)):
+    for w in range(40):
+        for event in bank.observe_all(rows(w * WINDOW, fleet(4, {3: 2.5} if w >= 28 else None), rng)):
             event, groups = grouper.add(event)
             for record in (event, *groups):
                 store.add(record)

@@ -111,7 +111,7 @@ class EnginePeers:
     incidents: PeerIncidents = field(init=False)
 
     def __post_init__(self) -> None:
-        self.incidents = PeerIncidents(self.config, WORDS, "at the same time")
+        self.incidents = PeerIncidents(self.config, WORDS, "at the same time", critical_alone=False)
 
     def view(self, model: str) -> dict[str, dict[str, float]]:
         """Per engine, each signal's latest ratio to its peers (for a replica table)."""

@@ -63,6 +63,10 @@ class PeerIncidents:
     config: DetectorConfig
     words: dict[Signal, str]
     basis: str
+    #: Whether one window with critical evidence may page alone. Not for scrapes: engines are
+    #: scraped out of step, so a fleet-wide change shows in one engine's interval before its
+    #: peers' next ones, for an interval.
+    critical_alone: bool = True
 
     def step(
         self, model: str, instance: str, state: InstanceState, signal: Signal, step: tuple[float, float] | None,
@@ -75,6 +79,10 @@ class PeerIncidents:
         level = state.cusum.get(name, 0.0)
         if step is not None:
             increment, ratio = step
+            # As a segment's lifecycle: a window pages alone only with critical evidence; else
+            # it is worth half the bar at most (one heavy-tailed window must not page).
+            if increment < self.config.critical * LN10 or not self.critical_alone:
+                increment = min(increment, bar / 2)
             level = min(max(0.0, level + increment), 3 * bar)
             state.ratio[name] = round(ratio, 3)
         elif not present:

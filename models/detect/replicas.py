@@ -21,6 +21,15 @@ more worse than its peers" against "as its peers" (a Gaussian mean shift for lat
 Poisson rate for errors): a difference below ``min_ratio`` drifts it down however much
 traffic there is, a 1.5x-slower replica with a few requests a window climbs within a few
 windows, and a shift of every replica (a fleet-wide fault) moves no instance from its peers.
+
+Real traffic is rougher than a per-request spread says, so three guards (each found on the
+real GPU load tests, where replicas are random splits of one server's requests and any page
+is false): a segment's spread is its window's shrunk towards the one learned over many
+(``PRIOR_SPREAD``, ``PRIOR_DF``); a comparison pools an instance's windows until it holds
+``MIN_BLOCK_REQUESTS`` requests; and the standard errors are calibrated against how far
+the model's recent differences actually strayed (``Calibration``), nothing judged before
+``CALIBRATION_SEEN`` of them. As a segment's lifecycle, one window pages alone only with
+critical evidence (``models.detect.peer_incidents``).
 The CUSUM is reported on the surprise scale (log10 of the likelihood ratio) and judged
 against the detector's ``threshold``. An instance is judged once it has served
 ``warmup_requests`` requests (a replica that just started has a cold cache and warms up);
@@ -36,8 +45,8 @@ an instance absent from a window counts as normal there, so a drained replica re
 ...     w.block.sums[0, [COLUMN_OF["itl_log"], COLUMN_OF["itl_log2"]]] = logs.sum(), (logs**2).sum()
 ...     return w
 >>> events = []
->>> for start in range(0, 100, 10):
-...     rows = [row(f"10.0.0.{k}:8000", float(start), 0.05 if k == 3 and start >= 50 else 0.02) for k in range(4)]
+>>> for start in range(0, 400, 10):  # the fleet's usual differences are learned first
+...     rows = [row(f"10.0.0.{k}:8000", float(start), 0.05 if k == 3 and start >= 300 else 0.02) for k in range(4)]
 ...     events += watch.observe(rows)
 >>> [(e.segment["instance"], e.signal.value, e.hints[0].code) for e in events][:1]
 [('10.0.0.3:8000', 'itl', 'replica_outlier')]
@@ -48,9 +57,12 @@ from __future__ import annotations
 import functools
 import math
 import statistics
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from servewatch.models.detect.peer_incidents import LN10, InstanceState, PeerIncidents
 from servewatch.models.detect.signal_detector import DetectorConfig
@@ -74,6 +86,17 @@ WORDS = {
 #: replicas that no per-request spread shows).
 MIN_SPREAD = 0.1
 MIN_STANDARD_ERROR = 0.05
+#: The spread a segment's requests are assumed to have before any was seen (log scale: a
+#: request 1.6x its segment's typical is one standard deviation out), worth ``PRIOR_DF``
+#: requests against a window's own; learned over about ``LEARN_DF`` requests.
+PRIOR_SPREAD = 0.5
+PRIOR_DF = 20
+LEARN_DF = 500
+#: Requests of an instance a latency comparison needs at least (pooled over windows).
+MIN_BLOCK_REQUESTS = 10
+#: Differences the calibration of standard errors keeps, and needs before latency is judged.
+CALIBRATION_MEMORY = 500
+CALIBRATION_SEEN = 50
 #: Peer error rate assumed at least, per request: a replica's few failures among peers that
 #: had none are not "infinitely" more.
 MIN_PEER_ERROR_RATE = 1e-3
@@ -100,6 +123,12 @@ class ReplicaWatch:
     restore: Callable[[str], dict[str, Any] | None] | None = None
     models: dict[str, dict[str, InstanceState]] = field(default_factory=dict)
     incidents: PeerIncidents = field(init=False)
+    # segment|phase -> the spread of its requests' log latency, learned (not stored: a
+    # restarted watch starts from the prior, which is the cautious side)
+    spread: dict[str, float] = field(default_factory=dict)
+    calibration: dict[str, Calibration] = field(default_factory=dict)  # model|phase -> (not stored either)
+    # model|phase -> instance -> [requests, weighted difference, weighted variance] not yet compared
+    blocks: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     judged_until: dict[str, float] = field(default_factory=dict)  # model -> newest window end judged
     judged: int = 0  # windows judged since the states were last taken
 
@@ -178,7 +207,10 @@ class ReplicaWatch:
         findings: dict[str, dict[Signal, tuple[float, float]]] = {name: {} for name in ready}
         if len(ready) >= 2:
             for signal, (phase, _) in LATENCY_PHASES.items():
-                for name, step in _latency_steps(segments, ready, phase, self.min_ratio).items():
+                calibration = self.calibration.setdefault(f"{model}|{phase}", Calibration())
+                blocks = self.blocks.setdefault(f"{model}|{phase}", {})
+                steps = _latency_steps(segments, ready, phase, self.min_ratio, self.spread, calibration, blocks)
+                for name, step in steps.items():
                     findings[name][signal] = step
             for name, step in _error_steps(segments, ready).items():
                 findings[name][Signal.ERROR_RATE] = step
@@ -238,12 +270,17 @@ def replica_series_key(model: str, instance: str) -> str:
 
 
 def _latency_steps(
-    segments: dict[str, dict[str, WindowStats]], ready: set[str], phase: str, min_ratio: float
-) -> dict[str, tuple[float, float]]:
-    """Per instance of ``ready``: (CUSUM increment, ratio to its peers) of one latency phase."""
+    segments: dict[str, dict[str, WindowStats]], ready: set[str], phase: str, min_ratio: float,
+    learned: dict[str, float], calibration: Calibration, blocks: dict[str, list[float]],
+) -> dict[str, tuple[float, float]]:  # fmt: skip
+    """Per instance of ``ready``: (CUSUM increment, ratio to its peers) of one latency phase.
+
+    The spread of a request's log latency is the window's own, shrunk towards the segment's
+    ``learned`` one (kept in place, by segment and phase): a window of a few requests says
+    little about it, and a tight one would make a single slow request a certainty."""
     n_at, log_at, log2_at = (COLUMN_OF[f"{phase}{part}"] for part in ("_n", "_log", "_log2"))
     sums: dict[str, list[float]] = {}  # instance -> [weight, weighted diff, weighted variance]
-    for rows in segments.values():
+    for segment_key, rows in segments.items():
         means: dict[str, tuple[float, float]] = {}  # instance -> (n, mean)
         spread_n = spread_sq = 0.0
         for instance, row in rows.items():
@@ -258,7 +295,11 @@ def _latency_steps(
             spread_sq += max(squares - n * mean * mean, 0.0)
         if len(means) < 2:
             continue
-        variance = max(spread_sq / max(spread_n - len(means), 1.0), MIN_SPREAD**2)
+        df = spread_n - len(means)
+        known = learned.get(segment := f"{segment_key}|{phase}", PRIOR_SPREAD**2)
+        variance = max((spread_sq + PRIOR_DF * known) / (df + PRIOR_DF), MIN_SPREAD**2)
+        if df > 0:
+            learned[segment] = known + (spread_sq / df - known) * df / (df + LEARN_DF)
         for instance, (n, mean) in means.items():
             peers = [m for other, (_, m) in means.items() if other != instance]
             peer_n = sum(k for other, (k, _) in means.items() if other != instance)
@@ -269,15 +310,51 @@ def _latency_steps(
             kept[0] += n
             kept[1] += n * diff
             kept[2] += n * n * var_diff
+    # A comparison is made over at least ``MIN_BLOCK_REQUESTS`` of an instance's requests: a
+    # quiet replica's few requests of one window are pooled with its next windows'.
+    full = []
+    for instance, (weight, weighted_diff, weighted_var) in sums.items():
+        block = blocks.setdefault(instance, [0.0, 0.0, 0.0])
+        block[0] += weight
+        block[1] += weighted_diff
+        block[2] += weighted_var
+        if block[0] >= MIN_BLOCK_REQUESTS:
+            full.append((instance, blocks.pop(instance)))
     steps = {}
     shift = math.log(min_ratio)
-    for instance, (weight, weighted_diff, weighted_var) in sums.items():
-        diff = weighted_diff / weight
-        error = max(math.sqrt(weighted_var) / weight, MIN_STANDARD_ERROR)
+    scores = [(block[1] / block[0], math.sqrt(block[2]) / block[0]) for _, block in full]
+    inflation = calibration.inflation()
+    calibration.note(abs(diff) / error for diff, error in scores if error > 0)
+    if inflation is None:
+        return {}  # too few differences seen yet to know how far they stray
+    for (instance, _), (diff, modelled) in zip(full, scores, strict=True):
+        error = max(modelled * inflation, MIN_STANDARD_ERROR)
         # Log-likelihood ratio of a mean 2*shift against 0, with the reference at the shift:
         # positive only for differences beyond ``min_ratio``.
         steps[instance] = ((diff - shift) * 2 * shift / error**2, math.exp(diff))
     return steps
+
+
+@dataclass
+class Calibration:
+    """How far instances' differences from their peers stray beyond what the requests' spread
+    predicts: the 90th percentile of recent ``|difference| / standard error`` over the normal
+    curve's (1.645), never below 1.
+
+    Requests of one window are not independent draws (a burst queues several together, a few
+    mostly cached prompts have extreme seconds per uncached token), so the modelled standard
+    error can be several times too small on real traffic; a percentile rather than a mean
+    square, so that a minority of bad replicas moves it little."""
+
+    seen: deque[float] = field(default_factory=lambda: deque(maxlen=CALIBRATION_MEMORY))
+
+    def note(self, ratios: Iterable[float]) -> None:
+        self.seen.extend(ratios)
+
+    def inflation(self) -> float | None:
+        if len(self.seen) < CALIBRATION_SEEN:
+            return None
+        return max(1.0, float(np.quantile(np.fromiter(self.seen, dtype=float), 0.9)) / 1.645)
 
 
 def _error_steps(segments: dict[str, dict[str, WindowStats]], ready: set[str]) -> dict[str, tuple[float, float]]:

@@ -5,16 +5,24 @@ The chat model's real arrival trace (Mooncake) through ``instances`` engines beh
 least-loaded balancer (``pipeline.dev.serving_sim``), the fleet sized so that every engine is
 busy about 60 % of the time: with 16 replicas the model takes four times the traffic of 4, and
 each replica serves about as many requests. A fault hits engine 1 for 20 minutes after half
-an hour of history. ``bench/replicas.py`` prints the table; ``tests/test_replicas.py`` asserts
+an hour of history. The real GPU load tests give the same faults on a real server's own
+per-request latencies (``RealRunReplicas``). ``bench/replicas.py`` prints the table; ``tests/test_replicas.py`` asserts
 a few cases.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
+import numpy as np
+
+from servewatch.pipeline.dev.real_runs import HEALTHY_S, RealRunWorkload
 from servewatch.pipeline.dev.scenarios import TRACE_AFTERMATH_S, TRACE_WARMUP_S, Scenario
-from servewatch.pipeline.dev.serving_sim import CHAT_MODEL, SimPhase, TraceWorkload
+from servewatch.pipeline.dev.serving_sim import CHAT_MODEL, SimPhase, TraceWorkload, per_second
+from servewatch.pipeline.dev.workload import EPOCH
 from servewatch.schemas.anomaly import Signal
 
 FAULT_S = 1200.0
@@ -92,6 +100,74 @@ def rolling_restart(instances: int = 4, step_s: float = 120.0) -> Scenario:
     return _scenario(f"replicas_rolling_restart_of_{instances}", instances, phases, frozenset(), "rolling restart")
 
 
+@dataclass
+class RealRunReplicas:
+    """A real GPU load test's healthy stretch (``pipeline.dev.real_runs``) as if served by
+    ``instances`` replicas: each request's real latencies, sent to a replica picked at random;
+    in the middle third of the launches, replica ``FAULTY`` prefills (its TTFT) and/or decodes
+    (the rest of its end-to-end time) ``factor`` times slower. The latencies, their heavy tails
+    and the load's swings are the real server's, not the simulator's."""
+
+    run: str
+    instances: int
+    factor: float = 1.0
+    kind: str = "both"
+    seed: int = 7
+    start: float = EPOCH
+    _records: list[dict[str, Any]] | None = field(init=False, repr=False, default=None)
+
+    @property
+    def duration_s(self) -> float:
+        return RealRunWorkload(self.run, healthy_only=True, start=self.start).duration_s
+
+    @property
+    def fault_s(self) -> tuple[float, float]:
+        first, last = HEALTHY_S[self.run]
+        third = (last - first) / 3
+        return first + third, first + 2 * third
+
+    def records(self) -> list[dict[str, Any]]:
+        if self._records is not None:
+            return self._records
+        base = RealRunWorkload(self.run, healthy_only=True, seed=self.seed, start=self.start)
+        rows = [dict(r) for r in base.records()]
+        picks = np.random.default_rng(self.seed).integers(self.instances, size=len(rows))
+        prefill, decode = KINDS[self.kind]
+        low, high = self.fault_s
+        for row, pick in zip(rows, picks.tolist(), strict=True):
+            ttft, e2e = row["ttft_s"], row["e2e_s"]
+            launch = row["timestamp"] - e2e
+            slow = pick == FAULTY and low <= launch - self.start < high
+            ttft_now = ttft * (self.factor if slow and prefill else 1.0)
+            decode_now = (e2e - ttft) * (self.factor if slow and decode else 1.0)
+            row.update(
+                instance=f"10.0.0.{10 + pick}:8000", ttft_s=round(ttft_now, 5), decode_s=round(decode_now, 5),
+                e2e_s=round(ttft_now + decode_now, 5), timestamp=round(launch + ttft_now + decode_now, 4),
+            )  # fmt: skip
+        rows.sort(key=lambda r: r["timestamp"])
+        self._records = rows
+        return rows
+
+    def seconds(self) -> Iterator[tuple[float, list[dict[str, Any]]]]:
+        return per_second(self.records(), self.start, self.duration_s)
+
+
+def real_run_replicas(run: str, instances: int = 4, factor: float = 1.0, kind: str = "both") -> Scenario:
+    """``RealRunReplicas`` as a scenario: a fault (``factor`` > 1) must page naming engine 1."""
+    probe = RealRunReplicas(run, instances, factor, kind)
+    low, high = probe.fault_s
+    prefill, decode = KINDS[kind]
+    signals = ({Signal.PREFILL_PER_TOKEN} if prefill else set()) | ({Signal.ITL} if decode else set())
+    faulty = factor > 1.0
+    name = f"real_{run}_{kind}_{factor:g}x_of_{instances}" if faulty else f"real_{run}_healthy_of_{instances}"
+    return Scenario(
+        name, None, frozenset(signals) if faulty else frozenset(), warmup_s=low, family="replicas",
+        description=f"{run}: one of {instances} replicas {kind} {factor:g}x slower" if faulty else f"{run}: healthy",
+        make=lambda seed: RealRunReplicas(run, instances, factor, kind, seed), injected_s=high - low,
+        aftermath_s=TRACE_AFTERMATH_S,
+    )  # fmt: skip
+
+
 def replica_scenarios() -> list[Scenario]:
     """Every case of the bench's table: slowdowns of 2.5x and 1.5x (prefill, decode, both)
     among 4, 8 and 16 replicas, a failing replica, and the healthy moves."""
@@ -101,4 +177,7 @@ def replica_scenarios() -> list[Scenario]:
         for instances in (4, 8, 16)
         for kind in ("prefill", "decode", "both")
     ]
-    return [*cases, failing_replica(), autoscaler(), rolling_restart()]
+    real = [
+        real_run_replicas(run, 4, factor, "both") for run in ("dram_only", "gds_dram") for factor in (1.0, 2.5, 1.5)
+    ]
+    return [*cases, failing_replica(), autoscaler(), rolling_restart(), *real]
