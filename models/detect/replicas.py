@@ -26,7 +26,7 @@ Real traffic is rougher than a per-request spread says, so three guards (each fo
 real GPU load tests, where replicas are random splits of one server's requests and any page
 is false): a segment's spread is its window's shrunk towards the one learned over many
 (``PRIOR_SPREAD``, ``PRIOR_DF``); a comparison pools an instance's windows until it holds
-``MIN_BLOCK_REQUESTS`` requests; and the standard errors are calibrated against how far
+``MIN_BLOCK_REQUESTS`` requests (or critical evidence already); and the standard errors are calibrated against how far
 the model's recent differences actually strayed (``Calibration``), nothing judged before
 ``CALIBRATION_SEEN`` of them. As a segment's lifecycle, one window pages alone only with
 critical evidence (``models.detect.peer_incidents``).
@@ -209,7 +209,16 @@ class ReplicaWatch:
             for signal, (phase, _) in LATENCY_PHASES.items():
                 calibration = self.calibration.setdefault(f"{model}|{phase}", Calibration())
                 blocks = self.blocks.setdefault(f"{model}|{phase}", {})
-                steps = _latency_steps(segments, ready, phase, self.min_ratio, self.spread, calibration, blocks)
+                steps = _latency_steps(
+                    segments,
+                    ready,
+                    phase,
+                    self.min_ratio,
+                    self.spread,
+                    calibration,
+                    blocks,
+                    self.config.critical * LN10,
+                )
                 for name, step in steps.items():
                     findings[name][signal] = step
             for name, step in _error_steps(segments, ready).items():
@@ -271,7 +280,7 @@ def replica_series_key(model: str, instance: str) -> str:
 
 def _latency_steps(
     segments: dict[str, dict[str, WindowStats]], ready: set[str], phase: str, min_ratio: float,
-    learned: dict[str, float], calibration: Calibration, blocks: dict[str, list[float]],
+    learned: dict[str, float], calibration: Calibration, blocks: dict[str, list[float]], critical_llr: float,
 ) -> dict[str, tuple[float, float]]:  # fmt: skip
     """Per instance of ``ready``: (CUSUM increment, ratio to its peers) of one latency phase.
 
@@ -311,27 +320,32 @@ def _latency_steps(
             kept[1] += n * diff
             kept[2] += n * n * var_diff
     # A comparison is made over at least ``MIN_BLOCK_REQUESTS`` of an instance's requests: a
-    # quiet replica's few requests of one window are pooled with its next windows'.
-    full = []
+    # quiet replica's few requests of one window are pooled with its next windows'; unless
+    # those few already hold critical evidence on their own (a replica plainly broken).
+    shift = math.log(min_ratio)
+    inflation = calibration.inflation()
+
+    def step(block: list[float]) -> tuple[float, float]:
+        diff, modelled = block[1] / block[0], math.sqrt(block[2]) / block[0]
+        error = max(modelled * (inflation or 1.0), MIN_STANDARD_ERROR)
+        # Log-likelihood ratio of a mean 2*shift against 0, with the reference at the shift:
+        # positive only for differences beyond ``min_ratio``.
+        return (diff - shift) * 2 * shift / error**2, math.exp(diff)
+
+    steps = {}
     for instance, (weight, weighted_diff, weighted_var) in sums.items():
         block = blocks.setdefault(instance, [0.0, 0.0, 0.0])
         block[0] += weight
         block[1] += weighted_diff
         block[2] += weighted_var
-        if block[0] >= MIN_BLOCK_REQUESTS:
-            full.append((instance, blocks.pop(instance)))
-    steps = {}
-    shift = math.log(min_ratio)
-    scores = [(block[1] / block[0], math.sqrt(block[2]) / block[0]) for _, block in full]
-    inflation = calibration.inflation()
-    calibration.note(abs(diff) / error for diff, error in scores if error > 0)
+        found = step(block)
+        if block[0] >= MIN_BLOCK_REQUESTS or found[0] >= critical_llr:
+            del blocks[instance]
+            if block[2] > 0:
+                calibration.note([abs(block[1]) / math.sqrt(block[2])])
+            steps[instance] = found
     if inflation is None:
         return {}  # too few differences seen yet to know how far they stray
-    for (instance, _), (diff, modelled) in zip(full, scores, strict=True):
-        error = max(modelled * inflation, MIN_STANDARD_ERROR)
-        # Log-likelihood ratio of a mean 2*shift against 0, with the reference at the shift:
-        # positive only for differences beyond ``min_ratio``.
-        steps[instance] = ((diff - shift) * 2 * shift / error**2, math.exp(diff))
     return steps
 
 
@@ -349,6 +363,7 @@ class Calibration:
     seen: deque[float] = field(default_factory=lambda: deque(maxlen=CALIBRATION_MEMORY))
 
     def note(self, ratios: Iterable[float]) -> None:
+        """``|difference| / standard error`` of comparisons just made."""
         self.seen.extend(ratios)
 
     def inflation(self) -> float | None:
