@@ -24,6 +24,7 @@ import orjson
 
 from servewatch.pipeline.dev.replica_scenarios import FAULTY_HOST, replica_scenarios
 from servewatch.pipeline.dev.scenarios import Scenario, ScenarioResult, run_scenario
+from servewatch.pipeline.dev.serving_sim import TraceWorkload
 from servewatch.pipeline.dev.sim_scrapes import run_scrape_scenario
 from servewatch.pipeline.dev.workload import Phase, Workload
 from servewatch.pipeline.replay.request_logs import Replay
@@ -62,6 +63,8 @@ def row(result: ScenarioResult) -> str:
 def scrape_row(scenario: Scenario, seed: int) -> str:
     """The same case from the engines' /metrics alone (``run_scrape_scenario``)."""
     workload = scenario.build(seed)
+    if not isinstance(workload, TraceWorkload):  # a real run's request logs: it has no engines to scrape
+        return f"{scenario.name:34} (request logs only)"
     run = run_scrape_scenario(workload)
     start = float(workload.start)
     injected_at = start + scenario.warmup_s

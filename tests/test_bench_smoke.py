@@ -53,3 +53,11 @@ def test_the_naive_baselines_fire_once_on_a_jump_and_look_only_backwards() -> No
     assert fixed_threshold_incidents(series, threshold) == [("model=m", 410.0)]  # 2 anomalous windows of 3
     assert rolling_z_incidents(series) == [("model=m", 410.0)]
     assert rolling_z_incidents({"model=m": points[:40]}) == []
+
+
+@pytest.mark.long
+def test_the_replica_benchmark_runs_a_real_run_case_and_its_scale_rows() -> None:
+    out = run("-m", "bench.replicas", "--only", "real_gds_dram_healthy", "--scrapes", "--scale", "--replicas", "4",
+              "--models", "2", "--seconds", "60")  # fmt: skip
+    assert "real_gds_dram_healthy_of_4" in out and "(request logs only)" in out
+    assert "ratio" in out and "state per instance" in out
