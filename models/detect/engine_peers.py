@@ -40,7 +40,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from servewatch.models.detect.peer_incidents import InstanceState, PeerIncidents
+from servewatch.models.detect.peer_incidents import InstanceState, PeerIncidents, count_step
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.engine_window import EngineWindow
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
@@ -113,10 +113,6 @@ class EnginePeers:
     def __post_init__(self) -> None:
         self.incidents = PeerIncidents(self.config, WORDS, "at the same time", critical_alone=False)
 
-    def view(self, model: str) -> dict[str, dict[str, float]]:
-        """Per engine, each signal's latest ratio to its peers (for a replica table)."""
-        return {instance: dict(state.ratio) for instance, state in self.states.get(model, {}).items()}
-
     def observe(self, window: EngineWindow) -> list[AnomalyEvent]:
         model, instance = window.labels.get("model", "other"), window.labels.get("instance", "")
         logs = _log_latencies(window)
@@ -171,12 +167,8 @@ class EnginePeers:
 def _count_step(
     signal: Signal, requests: float, count: float, peers: dict[str, _Latest]
 ) -> dict[Signal, tuple[float, float]]:
-    """The Poisson log-likelihood ratio of ``COUNT_ALTERNATIVE`` times the peers' rate of
-    ``signal`` per finished request, against their rate."""
+    """``count_step`` of ``signal``'s events per finished request against the peers' rate."""
     peer_requests = sum(latest.requests for latest in peers.values())
-    if requests <= 0 or peer_requests <= 0:
-        return {}
     peer_count = sum(latest.counts.get(signal, 0.0) for latest in peers.values())
-    expected = requests * max(peer_count / peer_requests, MIN_PEER_RATE[signal])
-    increment = count * math.log(COUNT_ALTERNATIVE) - expected * (COUNT_ALTERNATIVE - 1)
-    return {signal: (increment, count / expected)}
+    step = count_step(count, requests, peer_count, peer_requests, MIN_PEER_RATE[signal], COUNT_ALTERNATIVE)
+    return {} if step is None else {signal: step}

@@ -24,6 +24,18 @@ from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal
 LN10 = math.log(10.0)
 
 
+def count_step(
+    count: float, requests: float, peer_count: float, peer_requests: float, floor: float, alternative: float
+) -> tuple[float, float] | None:
+    """(CUSUM increment, ratio to the peers) of an instance's ``count`` events (failures,
+    preemptions) over its ``requests``: the Poisson log-likelihood ratio of ``alternative``
+    times the peers' rate (at least ``floor``) against it. None without requests on either side."""
+    if requests <= 0 or peer_requests <= 0:
+        return None
+    expected = requests * max(peer_count / peer_requests, floor)
+    return count * math.log(alternative) - expected * (alternative - 1), count / expected
+
+
 @dataclass(slots=True)
 class InstanceState:
     """One replica of one model: what it served and each signal's CUSUM and incident."""

@@ -64,7 +64,7 @@ from typing import Any
 
 import numpy as np
 
-from servewatch.models.detect.peer_incidents import LN10, InstanceState, PeerIncidents
+from servewatch.models.detect.peer_incidents import LN10, InstanceState, PeerIncidents, count_step
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.segments import join_key, parse_key
 from servewatch.models.windows.window import COLUMN_OF, WindowStats
@@ -221,7 +221,7 @@ class ReplicaWatch:
                 )
                 for name, step in steps.items():
                     findings[name][signal] = step
-            for name, step in _error_steps(segments, ready).items():
+            for name, step in _error_steps(segments, ready, served).items():
                 findings[name][Signal.ERROR_RATE] = step
         events = []
         for name, state in list(instances.items()):
@@ -372,30 +372,22 @@ class Calibration:
         return max(1.0, float(np.quantile(np.fromiter(self.seen, dtype=float), 0.9)) / 1.645)
 
 
-def _error_steps(segments: dict[str, dict[str, WindowStats]], ready: set[str]) -> dict[str, tuple[float, float]]:
+def _error_steps(
+    segments: dict[str, dict[str, WindowStats]], ready: set[str], served: dict[str, int]
+) -> dict[str, tuple[float, float]]:
     """Per instance of ``ready``: (CUSUM increment, ratio to its peers) of its failed requests."""
-    errors: dict[str, float] = {}
-    requests: dict[str, float] = {}
+    errors = dict.fromkeys(ready, 0.0)
     for rows in segments.values():
         for instance, row in rows.items():
             if instance in ready:
-                errors[instance] = errors.get(instance, 0.0) + float(row.errors)
-                requests[instance] = requests.get(instance, 0.0) + float(row.requests)
-    total_errors, total_requests = sum(errors.values()), sum(requests.values())
-    alternative = ERROR_ALTERNATIVE
+                errors[instance] += float(row.errors)
+    total_errors, total_requests = sum(errors.values()), sum(served[name] for name in ready)
     steps = {}
-    for instance, n in requests.items():
-        if n <= 0:
-            continue
-        peer_n = total_requests - n
-        if peer_n <= 0:
-            continue
-        rate = max((total_errors - errors[instance]) / peer_n, MIN_PEER_ERROR_RATE)
-        expected = n * rate
-        observed = errors[instance]
-        # Poisson log-likelihood ratio of ``alternative`` times the peers' rate against it.
-        increment = observed * math.log(alternative) - expected * (alternative - 1)
-        steps[instance] = (increment, observed / expected if expected > 0 else 1.0)
+    for instance, count in errors.items():
+        n = served[instance]
+        step = count_step(count, n, total_errors - count, total_requests - n, MIN_PEER_ERROR_RATE, ERROR_ALTERNATIVE)
+        if step is not None:
+            steps[instance] = step
     return steps
 
 

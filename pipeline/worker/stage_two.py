@@ -177,14 +177,14 @@ class StageTwo:
             self._locate_baseline(event)
         skipped = self.bank.records_skipped - skipped_records
         # Replica rows hold the segments' records again: counted once, with their segments.
-        judged = sum(int(window.requests) for window in windows if not is_replica_key(window.key)) - skipped
+        segment_windows = [window for window in windows if not is_replica_key(window.key)]
+        judged = sum(int(window.requests) for window in segment_windows) - skipped
         self.judged_records += judged
         metrics.JUDGED_RECORDS.inc(judged)
         if skipped:
             metrics.LATE_RECORDS.labels("older_than_state").inc(skipped)
             self._log_skipped(self.bank.windows_skipped - skipped_windows, skipped)
-        segment_windows = sum(not is_replica_key(window.key) for window in windows)
-        metrics.WINDOWS.inc(segment_windows - (self.bank.windows_skipped - skipped_windows))
+        metrics.WINDOWS.inc(len(segment_windows) - (self.bank.windows_skipped - skipped_windows))
         for via, until in self.assembler.released_until.items():
             if via not in self.handed_over:
                 metrics.JUDGED_UNTIL.labels(str(via)).set(until)
