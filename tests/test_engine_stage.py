@@ -3,11 +3,17 @@ preemptions, judged per engine on its scrape intervals, at the load it serves.""
 
 from __future__ import annotations
 
+import dataclasses
 import random
+from types import SimpleNamespace
 
 import orjson
 
+from servewatch.models.explain.hints import engine_slots_idle
+from servewatch.models.stats.capacity import Capacity
 from servewatch.models.windows.engine_window import EngineMemory, EngineWindow
+from servewatch.pipeline.dev.serving_sim import CHAT_MODEL, SimPhase, TraceWorkload
+from servewatch.pipeline.dev.sim_scrapes import run_scrape_scenario
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker.decode import Source
 from servewatch.pipeline.worker.engine_stage import JudgeEngines
@@ -205,3 +211,27 @@ def test_request_log_events_name_the_engines_that_report_prefix_caching_off() ->
     assert event.hints[0].message.endswith("enable_prefix_caching=False on gpu-1:8000")
     assert "enable_prefix_caching=False on gpu-1:8000" in event.summary
     assert other.hints[0].message == message  # no engine of that model said anything
+
+
+def test_a_fleet_judged_from_its_first_scrape_pages_no_one_for_the_queues_of_its_first_bursts() -> None:
+    """In a model's first minutes its engines' capacity is not learned yet (``Capacity``'s
+    warm windows): a burst's queue then cannot be "slots lost", having no slots kept before to
+    fall short of. Four engines of six serving the bursty Mooncake trace paged capacity_lost or
+    latency_rise within 5 minutes of a cold start on each of these seeds when an unknown capacity
+    read as 0 % of the slots busy."""
+    model = dataclasses.replace(CHAT_MODEL, instances=6, utilisation=0.4)
+    for seed in (7, 8, 10):
+        workload = TraceWorkload((SimPhase("normal", 480.0, serving_instances=4),), models=(model,), seed=seed)
+        run = run_scrape_scenario(workload)
+        assert not run.paging_groups, (seed, [g.title for g in run.paging_groups])
+        # The bursts did queue: reported, as load.
+        if seed == 7:
+            assert any(e.hints and e.hints[0].code == "capacity_saturated" for e in run.events)
+
+
+def test_a_capacity_not_learned_yet_says_nothing_of_slots_or_demand_against_usual() -> None:
+    capacity, load = Capacity(), {"model_running": 3.0, "model_requests_per_s": 2.0}
+    window = SimpleNamespace(length=10.0, end=T0 + 10, running_measured=True)
+    capacity.observe(window, load)
+    assert not {"running_vs_most", "served_vs_capacity", "arrivals_vs_usual"} & load.keys()
+    assert not engine_slots_idle({**load, "running_measured": 1.0})

@@ -285,7 +285,9 @@ class SignalDetector:
         # demand (served throughput, which saturation reads, cannot tell the two apart).
         if engine_slots_idle(x):
             return False
-        flat_out = x.get("running_measured", 0.0) > 0 or x.get("running_vs_most", 0.0) >= MOMENTARY_BUSY
+        # Before the model's capacity is learned (its first minutes) there is no "fewer slots
+        # busy than before" to find: a queue then is the engines full, as any queue is at first.
+        flat_out = x.get("running_measured", 0.0) > 0 or x.get("running_vs_most", 1.0) >= MOMENTARY_BUSY
         if x.get("saturated", 0.0) > 0:
             return True
         queue = x.get("queue_s", math.nan)

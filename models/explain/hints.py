@@ -175,9 +175,9 @@ def engine_slots_idle(load: dict[str, float]) -> bool:
     """An engine's gauges say it ran well below the most it has (its KV cache not full) when
     its queue formed: whatever demand did, that queue is not saturation
     (``SignalDetector._saturated``)."""
-    if not load.get("running_measured", 0.0):
-        return False
-    return load.get("running_vs_most", 0.0) < MOMENTARY_BUSY and not load.get("kv_full", 0.0) > 0
+    if not load.get("running_measured", 0.0) or "running_vs_most" not in load:
+        return False  # nothing measured, or no "most" learned yet to be below
+    return load["running_vs_most"] < MOMENTARY_BUSY and not load.get("kv_full", 0.0) > 0
 
 
 def _engine_saturated(load: dict[str, float]) -> str:

@@ -144,7 +144,7 @@ class Capacity(CompactState):
         ring's windows; the served figures when the window says nothing of arrivals),
         ``capacity_requests_per_s``, ``capacity_prompt_tokens_per_s``, ``arrivals_vs_usual``
         (arrivals), ``served_vs_capacity``, ``running_vs_most`` (slots kept busy against the
-        most ever) and ``saturated`` (1.0 or 0.0)."""
+        most ever; these three only once the capacity is known) and ``saturated`` (1.0 or 0.0)."""
         ring = self._ring()
         length = float(window.length)
         shift = round((window.end - self.ring_end) / length) if self.ring_end > -1e17 else ARRIVAL_LAGS
@@ -178,7 +178,8 @@ class Capacity(CompactState):
         usual = (self.usual_arrivals_per_s, self.usual_arrival_tokens_per_s)
         surge = _ratio((requests, tokens), usual) if known else 0.0
         busy = _ratio(served, capacity) if known else 0.0
-        load["arrivals_vs_usual"], load["served_vs_capacity"] = round(surge, 4), round(busy, 4)
+        if known:  # unknown is not zero: "0 % of the slots busy" would read as slots lost
+            load["arrivals_vs_usual"], load["served_vs_capacity"] = round(surge, 4), round(busy, 4)
         running = load.get("model_running", 0.0)
         # An engine's running gauge is measured at its scrapes (``EngineWindow.running_measured``),
         # not Little's law over the requests that finished: nothing to smooth, and smoothing would
@@ -188,7 +189,8 @@ class Capacity(CompactState):
         else:
             self.running_smoothed += RUNNING_SMOOTHING * (running - self.running_smoothed)
         most = self.most_running
-        load["running_vs_most"] = round(self.running_smoothed / most, 4) if known and most > 0 else 0.0
+        if known and most > 0:
+            load["running_vs_most"] = round(self.running_smoothed / most, 4)
         if not known or busy < p.held_share:
             self.saturated = 0.0  # the engines serve less than they can: not load (any more)
         elif busy >= p.busy_share and surge >= p.surge_ratio:
