@@ -370,6 +370,12 @@ class Settings(BaseSettings):
         default=2000, ge=0, description="Leading prompt characters hashed into prefix_hash (0: no hashing)."
     )
     ship_keep_prompt: bool = Field(default=False, description="Ship prompts as logged instead of dropping them.")
+    ship_instance_from: str = Field(
+        default="",
+        description="A dotted path in each logged record whose value names its replica (pod, "
+        "kubernetes.node_name), shipped as instance: what replicas are compared by. Empty: the "
+        "record's own instance field.",
+    )
     ship_state_dir: str | None = Field(
         default=None, description="Where followed files' positions are kept; default $XDG_STATE_HOME/servewatch."
     )

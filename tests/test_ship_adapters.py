@@ -135,6 +135,20 @@ def test_defaults_fill_only_missing_labels_and_are_checked() -> None:
         parse_defaults(["route"])
 
 
+def test_the_replica_label_a_team_logs_is_shipped_as_the_instance_replicas_are_compared_by() -> None:
+    pods = AdaptOptions(instance_from="kubernetes.pod_name", defaults={"instance": "unknown"})
+    logged = {**NATIVE, "instance": "10.0.0.7:8000", "kubernetes": {"pod_name": "vllm-llama-5f7c9-x2x8q"}}
+    assert valid(adapter_for("native", pods)(logged))["instance"] == "vllm-llama-5f7c9-x2x8q"
+    assert valid(adapter_for("auto", pods)({**OPENAI, "kubernetes": {"pod_name": "p-2"}}))["instance"] == "p-2"
+    # Nothing at the path: the record's own instance, else the default.
+    assert valid(adapter_for("native", pods)({**NATIVE, "instance": "gpu-3:8000"}))["instance"] == "gpu-3:8000"
+    assert valid(adapter_for("native", pods)(NATIVE))["instance"] == "unknown"
+    assert valid(adapter_for("native", AdaptOptions(instance_from="node"))({**NATIVE, "node": 17}))["instance"] == "17"
+    for bad in ("kubernetes.", ".pod", "a..b"):
+        with pytest.raises(ValueError, match="dotted path"):
+            AdaptOptions(instance_from=bad)
+
+
 # -- openai ---------------------------------------------------------------------------------
 
 

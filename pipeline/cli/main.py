@@ -284,6 +284,9 @@ def build_parser() -> _Parser:
     p.add_argument("--prefix-chars", type=int, help="leading prompt characters hashed into prefix_hash (2000)")
     p.add_argument("--default", action="append", default=[], metavar="LABEL=VALUE", help="route, tenant, instance, "
                    "engine or engine_version for records without one (repeatable)")  # fmt: skip
+    p.add_argument("--instance-from", metavar="PATH", help="a dotted path in each record naming its replica (pod, "
+                   "kubernetes.node_name), shipped as instance (default: SERVEWATCH_SHIP_INSTANCE_FROM, else the "
+                   "record's instance)")  # fmt: skip
     p.add_argument("--batch", type=int, help="records per message (default 500)")
     p.add_argument("--linger", help="how long a partly filled batch waits: 200ms (default), 1s")
     add_broker_flags(p)

@@ -36,7 +36,10 @@ def cmd_ship(args: argparse.Namespace) -> int:
     try:
         mapping = FieldMapping.parse(orjson.loads(Path(args.mapping).read_bytes())) if args.mapping else None
         prefix_chars = base.ship_prefix_chars if args.prefix_chars is None else args.prefix_chars
-        options = AdaptOptions(args.keep_prompt or base.ship_keep_prompt, prefix_chars, parse_defaults(args.default))
+        options = AdaptOptions(
+            args.keep_prompt or base.ship_keep_prompt, prefix_chars, parse_defaults(args.default),
+            args.instance_from or base.ship_instance_from,
+        )  # fmt: skip
         adapter = adapter_for("mapping" if mapping else args.in_format, options, mapping)
         config = ShipConfig(batch_records=args.batch or base.ship_batch_records,
                             batch_bytes=min(base.ship_batch_bytes, base.max_message_bytes),

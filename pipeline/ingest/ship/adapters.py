@@ -97,10 +97,16 @@ class AdaptOptions:
     keep_prompt: bool = False
     prefix_chars: int = PREFIX_CHARS
     defaults: Mapping[str, str] = field(default_factory=dict)
+    # A dotted path in each record whose value names the replica (``pod``,
+    # ``kubernetes.node_name``): shipped as ``instance``, which the worker compares replicas
+    # by. Where a record has nothing there, its own ``instance`` (or the default) stays.
+    instance_from: str = ""
 
     def __post_init__(self) -> None:
         if self.prefix_chars < 0:
             raise ValueError("prefix_chars must be >= 0")
+        if self.instance_from and not all(self.instance_from.split(".")):
+            raise ValueError(f"instance_from {self.instance_from!r}: a dotted path such as pod or kubernetes.pod_name")
         for name, value in self.defaults.items():
             if name not in LABELS:
                 raise ValueError(f"default {name!r} is not a label; choose from {', '.join(LABELS)}")
@@ -537,7 +543,30 @@ def is_openai(value: Any) -> bool:
 
 
 def adapter_for(fmt: str, options: AdaptOptions = DEFAULT_OPTIONS, mapping: FieldMapping | None = None) -> Adapter:
-    """The adapter of a format name (``FORMATS``); ``mapping`` needs a ``FieldMapping``."""
+    """The adapter of a format name (``FORMATS``); ``mapping`` needs a ``FieldMapping``. With
+    ``options.instance_from``, each record's replica is read from that path first."""
+    adapter = _adapter_for(fmt, options, mapping)
+    if not options.instance_from:
+        return adapter
+    path = tuple(options.instance_from.split("."))
+    return lambda value: adapter(_with_instance(value, path))
+
+
+def _with_instance(value: Any, path: tuple[str, ...]) -> Any:
+    """``value`` with ``instance`` set from ``path``, where a label is there (else as it was)."""
+    found: Any = value
+    for step in path:
+        if not isinstance(found, dict):
+            return value
+        found = found.get(step)
+    if isinstance(found, int | float) and not isinstance(found, bool):
+        found = str(found)
+    if not isinstance(found, str) or not 1 <= len(found) <= 256:
+        return value
+    return {**value, "instance": found}
+
+
+def _adapter_for(fmt: str, options: AdaptOptions, mapping: FieldMapping | None) -> Adapter:
     if fmt == "native":
         return lambda value: adapt_native(value, options)
     if fmt == "openai":
