@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from servewatch.models.detect.detector import DetectorBank
-from servewatch.models.detect.engine_peers import EnginePeers
+from servewatch.models.detect.engine_peers import MIN_COUNT, EnginePeers
 from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.models.detect.replicas import ReplicaWatch
 from servewatch.models.detect.signal_detector import DetectorConfig
@@ -82,6 +82,8 @@ def test_two_replicas_say_they_differ_not_which_one_is_faulty() -> None:
     events = run(watch, 40, lambda w: fleet(2, {1: 2.5} if w >= 30 else None))
     assert firings(events)[0] == ("10.0.0.1:8000", "itl")
     assert "not which one is faulty" in events[0].hints[0].message
+    # No majority says which one to drain: the triage feed hears of it, no pager does.
+    assert events[0].severity == "info" and not any(e.pages for e in events)
 
 
 def test_a_new_replica_is_judged_once_it_has_served_its_warmup() -> None:
@@ -186,6 +188,26 @@ def test_from_scrapes_a_cold_restarted_engine_is_not_named_and_a_failing_one_is(
             events += peers.observe(engine(k, float(t), prefill_per_token=1e-4 * noise, hit=0.0 if cold else 0.6,
                                            itl=0.02 * noise, errors=2.0 if failing else 0.0))  # fmt: skip
     assert firings(events) == [("10.0.0.3:8000", "error_rate")]
+
+
+def test_from_scrapes_an_interval_of_few_requests_is_judged_with_the_error_few_requests_have() -> None:
+    """Scraped intervals hold from 3 to 60 requests (night and day): the mean prefill of 3
+    strays far more than the mean of 60, and a spread learned without the counts takes one
+    such interval for a slow replica. Judged per request, six hours page no one, and a replica
+    prefilling 2.5x slower is still named."""
+    peers, events = EnginePeers(DetectorConfig()), []
+    rng = np.random.default_rng(11)
+    for t in range(0, 6 * 3600, 10):
+        busy = 3 + int(57 * (0.5 + 0.5 * np.sin(t / 3600)))  # requests per interval: 3 to 60
+        for k in range(4):
+            n = max(int(rng.poisson(busy)), MIN_COUNT)
+            per_token = float(np.exp(rng.normal(0.0, 0.8, n)).mean())  # heavy per-request spread
+            slow = 2.5 if k == 1 and t >= 5 * 3600 else 1.0
+            window = engine(k, float(t), prefill_per_token=1e-4 * per_token * slow)
+            window.latency["prefill_time"] = LatencySummary(count=n, mean_s=window.latency["prefill_time"].mean_s)
+            events += peers.observe(window)
+    assert firings(events) == [("10.0.0.1:8000", "prefill_per_token")]
+    assert min(e.window_end for e in events) > 5 * 3600
 
 
 def test_from_scrapes_one_slow_replica_of_four_is_named_alone() -> None:

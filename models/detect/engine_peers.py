@@ -11,10 +11,16 @@ their rates.
 
 Scrapes carry no per-request spread, and an interval's mean moves with the few requests
 it holds (a 30k-token prompt in one engine's interval and not in its peers'), besides the
-small differences replicas always have. So the standard error of an engine's difference
-from its peers is *learned*, robustly: 1.4826 times the median absolute difference of the
-model's engines' recent differences (a minority of bad replicas moves a median little),
-never below ``MIN_STANDARD_ERROR``; until enough were seen, nothing is judged.
+small differences replicas always have. So the spread is *learned*, per request and
+robustly: each difference is put on the scale of one request (times the square root of
+``1/n + (pi/2)/n_peers``, the requests behind the engine's mean and its peers' median), and
+the spread is the 90th percentile of the model's engines' recent ones over the normal
+curve's (1.645): a percentile, so that a minority of bad replicas moves it little, and the
+90th rather than the median, as ``models.detect.replicas.Calibration`` reads its own, because
+intervals' differences have heavy tails (one interval of long prompts is prefilled slower per
+token than the pooled prompt lengths say). An interval of 8 requests is then judged with the
+error 8 requests have, not the error of a busy interval's 60; never below
+``MIN_STANDARD_ERROR``. Until enough were seen, nothing is judged.
 Evidence then accumulates as in ``models.detect.replicas`` (``models.detect.peer_incidents``).
 
 >>> from servewatch.models.windows.engine_window import EngineWindow
@@ -39,6 +45,8 @@ import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from servewatch.models.detect.peer_incidents import InstanceState, PeerIncidents, count_step
 from servewatch.models.detect.signal_detector import DetectorConfig
@@ -68,18 +76,19 @@ COUNT_ALTERNATIVE = 10.0
 @dataclass(slots=True)
 class _Latest:
     end: float
-    logs: dict[Signal, float]  # signal -> log of the interval's mean seconds (per token, for prefill)
+    logs: dict[Signal, tuple[float, float]]  # signal -> (log of the interval's mean seconds, requests behind it)
     requests: float
     counts: dict[Signal, float]  # errors and preemptions in the interval
 
 
-def _log_latencies(window: EngineWindow) -> dict[Signal, float]:
-    """The interval's mean ITL and prefill seconds per uncached prompt token, as logs (only
-    those with ``MIN_COUNT`` observations behind them)."""
+def _log_latencies(window: EngineWindow) -> dict[Signal, tuple[float, float]]:
+    """The interval's mean ITL and prefill seconds per uncached prompt token, as logs, each
+    with the requests behind it (only those with ``MIN_COUNT`` observations behind them)."""
     logs = {}
     itl = window.latency.get("itl")
     if itl is not None and itl.mean_s and itl.count >= MIN_COUNT:
-        logs[Signal.ITL] = math.log(itl.mean_s)
+        # Its tokens come from the requests decoding: those that finished, or the batch running.
+        logs[Signal.ITL] = (math.log(itl.mean_s), max(window.requests, window.running or 0.0, 1.0))
     prefill = window.latency.get("prefill_time")
     # Uncached prompt tokens per request pooled over the engine's recent scrapes where known
     # (``EngineMemory``): vLLM counts prompt tokens at the first token and observes prefill
@@ -91,7 +100,7 @@ def _log_latencies(window: EngineWindow) -> dict[Signal, float]:
         hit = 0.0 if math.isnan(window.cache_hit_rate) else window.cache_hit_rate
     uncached = per_request * (1.0 - hit)
     if prefill is not None and prefill.mean_s and prefill.count >= MIN_COUNT and uncached >= 1.0:
-        logs[Signal.PREFILL_PER_TOKEN] = math.log(prefill.mean_s / uncached)
+        logs[Signal.PREFILL_PER_TOKEN] = (math.log(prefill.mean_s / uncached), float(prefill.count))
     return logs
 
 
@@ -136,15 +145,17 @@ class EnginePeers:
         if peers and state.served >= self.warmup_intervals:
             spread = self.spread.setdefault(model, {})
             shift = math.log(self.min_ratio)
-            for signal, own in logs.items():
+            for signal, (own, n) in logs.items():
                 theirs = [latest.logs[signal] for latest in peers.values() if signal in latest.logs]
                 if not theirs:
                     continue
-                diff = own - statistics.median(theirs)
+                diff = own - statistics.median(log for log, _ in theirs)
+                # The median of the peers' means is about as noisy as a mean of pi/2 fewer requests.
+                scale = math.sqrt(1.0 / n + (math.pi / 2) / sum(k for _, k in theirs))
                 seen = spread.setdefault(signal, deque(maxlen=SPREAD_MEMORY))
                 known = len(seen) >= SPREAD_SEEN  # judged once the fleet's usual spread is
-                error = max(1.4826 * statistics.median(seen), MIN_STANDARD_ERROR) if known else math.inf
-                seen.append(abs(diff))
+                error = max(_spread(seen) * scale, MIN_STANDARD_ERROR) if known else math.inf
+                seen.append(abs(diff) / scale)
                 if known:
                     steps[signal] = ((diff - shift) * 2 * shift / error**2, math.exp(diff))
             for signal in MIN_PEER_RATE:
@@ -162,6 +173,11 @@ class EnginePeers:
             if event is not None:
                 events.append(event)
         return events
+
+
+def _spread(seen: deque[float]) -> float:
+    """The per-request spread of differences ``seen``: their 90th percentile over the normal curve's."""
+    return float(np.quantile(np.fromiter(seen, dtype=float), 0.9)) / 1.645
 
 
 def _count_step(

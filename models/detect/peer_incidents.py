@@ -108,6 +108,10 @@ class PeerIncidents:
             tracker = state.trackers[name] = self.config.tracker()
         score = level / LN10
         severity = Severity.CRITICAL if score >= self.config.critical else Severity.WARNING
+        if state.peers == 1:
+            # Two replicas: no majority says which one to drain, only that they differ. That is
+            # for the triage feed (``info``); what users feel pages at the model level.
+            severity = Severity.INFO
         transition = tracker.step(anomalous, window_start=window[0], severity=severity.value, sustained=anomalous)
         if not tracker.firing and transition is None and not anomalous and level == 0.0:
             del state.trackers[name]  # quiet again: a healthy replica keeps no tracker
