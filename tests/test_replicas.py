@@ -17,7 +17,7 @@ from servewatch.models.detect.replicas import ReplicaWatch
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.engine_window import EngineWindow
 from servewatch.models.windows.window import COLUMN_OF, WindowStats, log_seconds
-from servewatch.pipeline.dev.replica_scenarios import FAULTY_HOST, slow_replica
+from servewatch.pipeline.dev.replica_scenarios import FAULTY_HOST, rolling_restart, slow_replica
 from servewatch.pipeline.dev.scenarios import run_scenario
 from servewatch.pipeline.dev.sim_scrapes import run_scrape_scenario
 from servewatch.pipeline.dev.workload import Phase, Workload
@@ -92,6 +92,14 @@ def test_a_new_replica_is_judged_once_it_has_served_its_warmup() -> None:
     # A fifth replica joins, warming up 3x slower for its first windows: not judged yet.
     assert run(watch, 8, lambda w: {**fleet(4), "10.0.0.9:8000": 0.06}, first=30) == []
     assert watch.models["m"]["10.0.0.9:8000"].served == 96
+
+
+def test_a_rolling_restart_pages_no_one_from_request_logs_or_scrapes() -> None:
+    """Each of 4 replicas in turn restarted with an empty prefix cache, which fills again as it
+    prefills (``SimPhase.cold_instances``): its first requests miss the cache, nothing is wrong."""
+    scenario = rolling_restart()
+    assert run_scenario(scenario, seed=7).group_pages == []
+    assert run_scrape_scenario(scenario.build(7)).paging_groups == []
 
 
 def test_a_drained_replica_resolves_and_a_restarted_watch_goes_on_from_its_state() -> None:

@@ -158,6 +158,23 @@ def test_caching_off_raises_uncached_tokens_and_ttft() -> None:
     assert len({r["prefix_hash"] for r in chat}) == 1  # Mooncake: every prompt opens with block 0
 
 
+def test_a_restarted_engines_cache_fills_again_as_it_prefills_each_prefix() -> None:
+    """A restarted engine starts with an empty prefix cache: the first request of each prefix
+    it serves since is prefilled whole, the later ones hit as on an engine that did not restart."""
+    model = dataclasses.replace(CHAT_MODEL, instances=2)
+    phases = (SimPhase("normal", 120), SimPhase("restarted", 120, cold_instances=(1,)))
+    records = list(TraceWorkload(phases, models=(model,), seed=5).records())
+
+    def served_by(host: str) -> list[dict[str, Any]]:
+        """The host's requests that began service in the second phase."""
+        return [r for r in records if r["instance"] == host and 120 <= _arrival(r) + r["queue_s"] < 240]
+
+    restarted, warm = served_by("10.0.0.11:8000"), served_by("10.0.0.10:8000")
+    # Mooncake's prompts all open with one prefix: one request prefilled it whole, then it hit.
+    assert [r["cached_tokens"] for r in restarted].count(0) == 1
+    assert [r["cached_tokens"] for r in warm].count(0) == 0 and len(restarted) > 10
+
+
 @pytest.mark.parametrize("contention", [0.0, CHAT_MODEL.prefill_contention])
 def test_prefill_slowdown_hits_only_prompts_above_its_threshold(contention: float) -> None:
     chat = dataclasses.replace(CHAT_MODEL, prefill_contention=contention)

@@ -297,7 +297,8 @@ class SimPhase:
     #: ones of the model's ``instances``); None: all. The others finish what they hold.
     serving_instances: int | None = None
     #: Engines taken out of rotation for the phase (a rolling restart's current one), and
-    #: engines whose prefix cache starts empty (just restarted: nothing cached hits).
+    #: engines whose prefix cache starts the phase empty (just restarted): a prompt prefix
+    #: hits there once the engine has prefilled it since, as a real cache fills.
     down_instances: tuple[int, ...] = ()
     cold_instances: tuple[int, ...] = ()
 
@@ -563,6 +564,8 @@ class TraceWorkload:
         kv_held = np.zeros(n, dtype=np.int64)
         busy = [0] * engines
         held = [0] * engines
+        # Per (phase, engine) that restarted at the phase's start: the prefixes prefilled since.
+        warmed: dict[tuple[int, int], set[str]] = {}
         queues: list[deque[int]] = [deque() for _ in range(engines)]
         # Departures (time, engine, KV tokens freed) and capacity changes at phase boundaries (time, -1, 0).
         events: list[tuple[float, int, int]] = [(b, -1, 0) for b in bounds[:-1]]
@@ -589,8 +592,12 @@ class TraceWorkload:
             held[engine] += tokens
             load = busy[engine] / slots  # the batch this request joins, itself included
             engine_phase = phase_at(now)
-            cold = engine in engine_phase.cold_instances
-            hit = int(cacheable[i]) if engine_phase.prefix_caching and not cold else 0
+            hit = int(cacheable[i]) if engine_phase.prefix_caching else 0
+            if engine in engine_phase.cold_instances:
+                since_restart = warmed.setdefault((id(engine_phase), engine), set())
+                if prefix_hash[i] not in since_restart:  # its first since the restart: prefilled whole, then cached
+                    hit = 0
+                    since_restart.add(prefix_hash[i])
             p = (spec.prefill_overhead_s + (prompt[i] - hit) * spec.prefill_s_per_token * prefill_jitter[i]) * (
                 1.0 + spec.prefill_contention * load
             )
