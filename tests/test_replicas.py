@@ -227,6 +227,24 @@ def test_from_scrapes_one_slow_replica_of_four_is_named_alone() -> None:
     assert causes[0] == (f"replica_outlier {FAULTY_HOST}", True) and all(after for _, after in causes)
 
 
+async def test_the_replica_table_shows_the_scrapes_comparison_beside_the_request_logs(
+    make_client: MakeClient,
+) -> None:
+    peers, store = EnginePeers(DetectorConfig(), series=[]), TriageStore()
+    for t in range(0, 900, 10):
+        for k in range(4):
+            for event in peers.observe(engine(k, float(t), itl=0.05 if k == 2 and t >= 600 else 0.02)):
+                store.add(event)
+    assert peers.series
+    for point in peers.series:
+        store.add(point)
+    rows = store.replicas("m")
+    assert [row.point.segment["instance"] for row in rows] == [f"10.0.0.{k}:8000" for k in range(4)]
+    assert {row.point.segment["source"] for row in rows} == {"scrapes"}
+    page = await (await (await make_client(store)).get("/replicas", params={"model": "m"})).text()
+    assert page.count("<td>scrapes</td>") == 4 and re.search(r'class="num firing">2\.\d\dx', page)
+
+
 async def test_the_triage_page_has_a_replica_table_linked_from_the_incident(make_client: MakeClient) -> None:
     bank = DetectorBank(DetectorConfig(replica_warmup_requests=0), series=[])
     rng = np.random.default_rng(5)

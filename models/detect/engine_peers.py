@@ -48,10 +48,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from servewatch.models.detect.peer_incidents import InstanceState, PeerIncidents, count_step
+from servewatch.models.detect.peer_incidents import InstanceState, PeerIncidents, count_step, ratio_point
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.engine_window import EngineWindow
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
+from servewatch.schemas.series import SeriesPoint
 
 #: Latency signals compared across engines, the histogram each reads, and how a ratio is said.
 WORDS = {
@@ -118,6 +119,9 @@ class EnginePeers:
     # model -> signal -> recent absolute log differences of its engines from their peers
     spread: dict[str, dict[Signal, deque[float]]] = field(default_factory=dict)
     incidents: PeerIncidents = field(init=False)
+    # Where each compared interval's ratios go as a replica table row (``ratio_point``); None:
+    # nowhere (a replay). The worker publishes and empties it, as ``DetectorBank.series``.
+    series: list[SeriesPoint] | None = None
 
     def __post_init__(self) -> None:
         self.incidents = PeerIncidents(self.config, WORDS, "at the same time", critical_alone=False)
@@ -172,6 +176,10 @@ class EnginePeers:
             )
             if event is not None:
                 events.append(event)
+        if self.series is not None and steps:
+            span = (window.start, window.end)
+            self.series.append(ratio_point(self.incidents, self.min_ratio, model, instance, state, steps, span, load,
+                                           source="scrapes"))  # fmt: skip
         return events
 
 

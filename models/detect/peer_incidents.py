@@ -20,6 +20,7 @@ from servewatch.models.detect.lifecycle import IncidentTracker, Transition
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.segments import join_key
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal
+from servewatch.schemas.series import SeriesPoint, SignalPoint
 
 LN10 = math.log(10.0)
 
@@ -34,6 +35,13 @@ def count_step(
         return None
     expected = requests * max(peer_count / peer_requests, floor)
     return count * math.log(alternative) - expected * (alternative - 1), count / expected
+
+
+def replica_series_key(model: str, instance: str, source: str = "requests") -> str:
+    """The series key of an instance's ratios to its peers (no segment's key starts so); the
+    scrapes' comparison of the same instance is a row of its own."""
+    key = "~replica|" + join_key({"model": model, "instance": instance})
+    return key if source == "requests" else f"{key}|from={source}"
 
 
 @dataclass(slots=True)
@@ -156,3 +164,27 @@ class PeerIncidents:
             load={**load, "peers": float(peers)},
             incident_name=f"replica_{signal.value}",
         )
+
+
+def ratio_point(
+    incidents: PeerIncidents, min_ratio: float, model: str, instance: str, state: InstanceState,
+    found: dict[Signal, tuple[float, float]], window: tuple[float, float], load: dict[str, float],
+    source: str = "requests",
+) -> SeriesPoint:  # fmt: skip
+    """An instance's window as a replica table row (``servewatch.series``, key
+    ``replica_series_key``): per signal its ratio to its peers, the ratio that pages, and the
+    accumulated evidence as the surprise."""
+    bar = incidents.config.threshold
+    signals = {}
+    for signal, (_, ratio) in found.items():
+        score = state.cusum.get(signal.value, 0.0) / LN10
+        tracker = state.trackers.get(signal.value)
+        signals[signal.value] = SignalPoint(
+            observed=round(ratio, 4), expected=1.0, high=min_ratio, score=round(score, 3),
+            anomalous=score >= bar, firing=tracker is not None and tracker.firing,
+        )  # fmt: skip
+    return SeriesPoint(
+        key=replica_series_key(model, instance, source),
+        segment={"model": model, "instance": instance, "source": source},
+        window_start=window[0], window_end=window[1], load={**load, "peers": float(state.peers)}, signals=signals,
+    )  # fmt: skip

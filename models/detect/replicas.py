@@ -64,12 +64,19 @@ from typing import Any
 
 import numpy as np
 
-from servewatch.models.detect.peer_incidents import LN10, InstanceState, PeerIncidents, count_step
+from servewatch.models.detect.peer_incidents import (
+    LN10,
+    InstanceState,
+    PeerIncidents,
+    count_step,
+    ratio_point,
+    replica_series_key,
+)
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.segments import join_key, parse_key
 from servewatch.models.windows.window import COLUMN_OF, WindowStats
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
-from servewatch.schemas.series import SeriesPoint, SignalPoint
+from servewatch.schemas.series import SeriesPoint
 
 #: Latency signals compared across replicas, with the window phase each reads and how it is said.
 LATENCY_PHASES: dict[Signal, tuple[str, str]] = {
@@ -171,7 +178,7 @@ class ReplicaWatch:
     def observe(self, rows: list[WindowStats], series: list[SeriesPoint] | None = None) -> list[AnomalyEvent]:
         """Judge the replica rows of windows released together (every row of a model's window
         comes in one release: stage 1 sends them through one partials partition); with
-        ``series``, append each compared instance's ratios to its peers (``series_point``)."""
+        ``series``, append each compared instance's ratios to its peers (``ratio_point``)."""
         by_window: dict[tuple[str, float], dict[str, dict[str, WindowStats]]] = {}
         for row in rows:
             model, segment, instance = _split(row.key)
@@ -239,29 +246,9 @@ class ReplicaWatch:
                 if event is not None:
                     events.append(event)
             if series is not None and found:
-                series.append(self.series_point(model, name, state, found, (start, end), load))
+                point = ratio_point(self.incidents, self.min_ratio, model, name, state, found, (start, end), load)
+                series.append(point)
         return events
-
-    def series_point(
-        self, model: str, instance: str, state: InstanceState, found: dict[Signal, tuple[float, float]],
-        window: tuple[float, float], load: dict[str, float],
-    ) -> SeriesPoint:  # fmt: skip
-        """An instance's window as a replica table row (``servewatch.series``, key
-        ``replica_series_key``): per signal its ratio to its peers, the ratio that pages, and
-        the accumulated evidence as the surprise."""
-        bar = self.config.threshold
-        signals = {}
-        for signal, (_, ratio) in found.items():
-            score = state.cusum.get(signal.value, 0.0) / LN10
-            tracker = state.trackers.get(signal.value)
-            signals[signal.value] = SignalPoint(
-                observed=round(ratio, 4), expected=1.0, high=self.min_ratio, score=round(score, 3),
-                anomalous=score >= bar, firing=tracker is not None and tracker.firing,
-            )  # fmt: skip
-        return SeriesPoint(
-            key=replica_series_key(model, instance), segment={"model": model, "instance": instance},
-            window_start=window[0], window_end=window[1], load={**load, "peers": float(state.peers)}, signals=signals,
-        )  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -271,11 +258,6 @@ def _split(key: str) -> tuple[str, str, str | None]:
     labels = parse_key(key)
     instance = labels.pop("instance", None)
     return labels["model"], join_key(labels), instance
-
-
-def replica_series_key(model: str, instance: str) -> str:
-    """The series key of an instance's ratios to its peers (no segment's key starts so)."""
-    return "~replica|" + join_key({"model": model, "instance": instance})
 
 
 def _latency_steps(

@@ -1,8 +1,9 @@
 """The triage page's replica table: per model, each serving instance against its peers.
 
-One row per instance (``TriageStore.replicas``): the requests it served in its latest
-window, how many peers it was compared with, and per signal its ratio to their median with
-a sparkline of the recent windows; a cell is ``firing`` while the instance's incident of
+One row per instance and source (``TriageStore.replicas``): its request logs' comparison,
+its scrapes', or both; the requests it served in its latest window (interval), how many
+peers it was compared with, and per signal its ratio to their median with a sparkline of
+the recent windows; a cell is ``firing`` while the instance's incident of
 that signal is open and ``anomalous`` while its evidence is past the paging bar. An
 instance not heard from for a few windows (drained, scaled in) is shown as such.
 """
@@ -17,7 +18,14 @@ from servewatch.pipeline.web.render import attrs, esc, page, select_box
 from servewatch.pipeline.web.store import SegmentOverview
 
 #: The compared signals, in the table's order, with their column titles.
-COLUMNS = (("prefill_per_token", "prefill per token"), ("itl", "inter-token latency"), ("error_rate", "errors"))
+COLUMNS = (
+    ("prefill_per_token", "prefill per token"),
+    ("itl", "inter-token latency"),
+    ("error_rate", "errors"),
+    ("preemptions", "preemptions"),
+)
+#: Where a row's comparison comes from, as the table says it.
+SOURCES = {"requests": "request logs", "scrapes": "scrapes"}
 #: Windows without a point after which an instance is shown as not heard from.
 STALE_WINDOWS = 3
 
@@ -32,7 +40,7 @@ def _cell(row: SegmentOverview, signal: str) -> str:
 
 
 def replicas_page(rows: Sequence[SegmentOverview], models: Sequence[str], model: str | None, csrf: str) -> str:
-    head = "".join(f"<th>{esc(h)}</th>" for h in ("instance", "last window (UTC)", "requests/s", "peers",
+    head = "".join(f"<th>{esc(h)}</th>" for h in ("instance", "from", "last window (UTC)", "requests/s", "peers",
                                                    *(title for _, title in COLUMNS)))  # fmt: skip
     newest: dict[str, float] = {}
     for row in rows:
@@ -44,13 +52,14 @@ def replicas_page(rows: Sequence[SegmentOverview], models: Sequence[str], model:
         name = point.segment.get("model", "")
         if name != current:
             current = name
-            bodies.append(f'<tr class="model-row"><th colspan="{4 + len(COLUMNS)}">{esc(name)}</th></tr>')
+            bodies.append(f'<tr class="model-row"><th colspan="{5 + len(COLUMNS)}">{esc(name)}</th></tr>')
         length = point.window_end - point.window_start
         stale = newest[name] - point.window_end > STALE_WINDOWS * length
         seen = f"{utc(point.window_end)}{' (not heard from since)' if stale else ''}"
         bodies.append(
             f"<tr{attrs(data_key=row.key, class_='stale' if stale else None)}>"
-            f"<td><code>{esc(point.segment.get('instance', ''))}</code></td><td>{esc(seen)}</td>"
+            f"<td><code>{esc(point.segment.get('instance', ''))}</code></td>"
+            f"<td>{esc(SOURCES.get(point.segment.get('source', 'requests'), ''))}</td><td>{esc(seen)}</td>"
             f'<td class="num">{fmt(point.load.get("requests_per_s", 0.0))}</td>'
             f'<td class="num">{point.load.get("peers", 0.0):.0f}</td>'
             + "".join(_cell(row, s) for s, _ in COLUMNS)

@@ -47,6 +47,10 @@ def segment_key(segment: dict[str, str]) -> str:
     return join_key(segment)
 
 
+#: A replica table row's place: by model, instance, then where its comparison comes from.
+REPLICA_ORDER = ("model", "instance", "source")
+
+
 @dataclass(frozen=True)
 class Filters:
     """Conditions a group or an incident must all meet; ``severity`` is a minimum."""
@@ -309,7 +313,7 @@ class TriageStore:
             recent = points[-self.sparkline_points :]
             sparks = {s: [p.signals[s].observed for p in recent if s in p.signals] for s in latest.signals}
             overview.append(SegmentOverview(key, latest, sparks))
-        return sorted(overview, key=lambda o: (o.point.segment.get("model", ""), o.point.segment.get("instance", "")))
+        return sorted(overview, key=lambda o: tuple(o.point.segment.get(k, "") for k in REPLICA_ORDER))
 
     def models(self) -> list[str]:
         names = {g.model for g in self._groups.values()}

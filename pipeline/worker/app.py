@@ -125,6 +125,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     stage_two.bank.series = []  # the worker publishes judged windows for charts (servewatch.series)
     metrics.watch_open_windows(stage_one, stage_two)  # the progress line counts what they hold
     engines = JudgeEngines(settings)
+    engines.peers.series = []  # and the engines' ratios to their peers, for the replica table
     # Detector state survives restarts and rebalances in a changelog-backed table keyed by
     # segment. ``use_partitioner``: the producer places each key, by the same partitioner
     # as ``stage_one.partition_of``, so state and partials of a segment share a partition
@@ -205,11 +206,12 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             await delivery
 
     async def publish_series() -> None:
-        """Judged windows as chart points (``SeriesPoint``), by segment, and as per-segment gauges."""
-        points = stage_two.bank.series
+        """Judged windows as chart points (``SeriesPoint``), by segment, and as per-segment gauges;
+        the engines' ratios to their peers as replica table rows."""
+        points = [*(stage_two.bank.series or []), *(engines.peers.series or [])]
         if not points:
             return
-        stage_two.bank.series = []
+        stage_two.bank.series, engines.peers.series = [], []
         segment_metrics.record_points(points)
         for point in points:
             await topics.series.send(key=point.key.encode(), value=point.model_dump_json().encode())
