@@ -218,6 +218,26 @@ def test_from_scrapes_an_interval_of_few_requests_is_judged_with_the_error_few_r
     assert min(e.window_end for e in events) > 5 * 3600
 
 
+def test_from_scrapes_a_restarted_worker_resolves_the_replica_incident_its_predecessor_fired() -> None:
+    stored: dict[str, dict[str, object]] = {}
+    first = EnginePeers(DetectorConfig(), save_every=30)
+    events = []
+    for t in range(0, 900, 10):
+        for k in range(4):
+            events += first.observe(engine(k, float(t), itl=0.05 if k == 2 and t >= 600 else 0.02))
+        stored.update(orjson.loads(orjson.dumps(first.states_to_save())))  # as the state table holds them
+    assert firings(events) == [("10.0.0.2:8000", "itl")]
+    # Killed; a successor reads the table and sees engine 2 healthy again.
+    successor = EnginePeers(DetectorConfig(), save_every=30, restore=stored.get)  # type: ignore[arg-type]
+    after = []
+    for t in range(900, 1200, 10):
+        for k in range(4):
+            after += successor.observe(engine(k, float(t)))
+    assert [(e.segment["instance"], e.transition) for e in after] == [("10.0.0.2:8000", "resolved")]
+    # A model nobody stored (or stored by another version) starts fresh.
+    assert EnginePeers(restore={"~engine-peers|m": {"instances": 3}}.get)._meet("m") == {}  # type: ignore[arg-type]
+
+
 def test_from_scrapes_one_slow_replica_of_four_is_named_alone() -> None:
     scenario = slow_replica(4, 2.5, "decode")
     workload = scenario.build(7)

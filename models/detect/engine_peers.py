@@ -44,7 +44,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -107,7 +109,13 @@ def _log_latencies(window: EngineWindow) -> dict[Signal, tuple[float, float]]:
 
 @dataclass
 class EnginePeers:
-    """Every model's engines, each against its peers, fed one engine interval at a time."""
+    """Every model's engines, each against its peers, fed one engine interval at a time.
+
+    ``restore(key)`` returns a model's stored state (``states_to_save``) the first time its
+    engines are met: each engine's CUSUMs and open incidents, and the model's learned spread.
+    So a restarted worker resolves the incidents its predecessor fired, and judges at once.
+    The peers' latest intervals are not stored: they come again within an interval.
+    """
 
     config: DetectorConfig = field(default_factory=DetectorConfig)
     min_ratio: float = 1.3
@@ -122,9 +130,58 @@ class EnginePeers:
     # Where each compared interval's ratios go as a replica table row (``ratio_point``); None:
     # nowhere (a replay). The worker publishes and empties it, as ``DetectorBank.series``.
     series: list[SeriesPoint] | None = None
+    restore: Callable[[str], dict[str, Any] | None] | None = None
+    save_every: int = 30  # intervals of a model between its stored states (and at once after an event)
+    _unsaved: dict[str, int] = field(default_factory=dict)  # model -> intervals judged since stored (-1: an event)
 
     def __post_init__(self) -> None:
         self.incidents = PeerIncidents(self.config, WORDS, "at the same time", critical_alone=False)
+
+    @staticmethod
+    def key(model: str) -> str:
+        """The state table key of a model's engines against their peers."""
+        return f"~engine-peers|{model}"
+
+    def states_to_save(self, every_one: bool = False) -> list[tuple[str, dict[str, Any]]]:
+        """(key, state) of models judged ``save_every`` intervals since last stored, or whose
+        incidents moved; of every model with ``every_one``."""
+        due = []
+        for model, unsaved in self._unsaved.items():
+            if every_one or unsaved < 0 or unsaved >= self.save_every:
+                self._unsaved[model] = 0
+                instances = {name: state.state() for name, state in self.states[model].items()}
+                spread = {
+                    signal.value: [round(d, 5) for d in seen] for signal, seen in self.spread.get(model, {}).items()
+                }
+                due.append((self.key(model), {"instances": instances, "spread": spread}))
+        return due
+
+    def forget(self) -> None:
+        """Drop every model (after ``states_to_save(every_one=True)``, when engines were handed
+        to another worker): each is met again from its stored state."""
+        self.latest.clear()
+        self.states.clear()
+        self.spread.clear()
+        self._unsaved.clear()
+
+    def _meet(self, model: str) -> dict[str, InstanceState]:
+        """A model's engines as stored, or none known (another version's state: fresh)."""
+        instances: dict[str, InstanceState] = {}
+        stored = self.restore(self.key(model)) if self.restore is not None else None
+        if stored is not None:
+            try:
+                for name, saved in stored["instances"].items():
+                    instances[str(name)] = InstanceState.from_state(saved, self.config)
+                self.spread[model] = {
+                    Signal(signal): deque(map(float, seen), maxlen=SPREAD_MEMORY)
+                    for signal, seen in stored["spread"].items()
+                }  # fmt: skip
+            except (KeyError, TypeError, ValueError, AttributeError):
+                instances = {}
+                self.spread.pop(model, None)
+        self.states[model] = instances
+        self._unsaved[model] = 0
+        return instances
 
     def observe(self, window: EngineWindow) -> list[AnomalyEvent]:
         model, instance = window.labels.get("model", "other"), window.labels.get("instance", "")
@@ -132,7 +189,10 @@ class EnginePeers:
         engines = self.latest.setdefault(model, {})
         counts = {Signal.ERROR_RATE: window.errors, Signal.PREEMPTIONS: float(window.preempted)}
         engines[instance] = _Latest(window.end, logs, window.requests, counts)
-        state = self.states.setdefault(model, {}).setdefault(instance, InstanceState())
+        instances = self.states.get(model)
+        if instances is None:
+            instances = self._meet(model)
+        state = instances.setdefault(instance, InstanceState())
         state.served += 1  # intervals, for the warm-up
         state.last_seen = window.end
         peers = {
@@ -144,6 +204,8 @@ class EnginePeers:
         }
         for name in [name for name, latest in engines.items() if window.end - latest.end > 10 * self.peer_horizon_s]:
             del engines[name]  # gone (scaled in): its last interval is no peer any more
+            if not instances[name].firing:
+                del instances[name]  # nor is it kept, or stored, unless an incident of it is open
         state.peers = len(peers)
         steps: dict[Signal, tuple[float, float]] = {}
         if peers and state.served >= self.warmup_intervals:
@@ -176,6 +238,7 @@ class EnginePeers:
             )
             if event is not None:
                 events.append(event)
+        self._unsaved[model] = -1 if events or self._unsaved[model] < 0 else self._unsaved[model] + 1
         if self.series is not None and steps:
             span = (window.start, window.end)
             self.series.append(ratio_point(self.incidents, self.min_ratio, model, instance, state, steps, span, load,

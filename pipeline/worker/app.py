@@ -144,7 +144,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
 
     # Engines' detectors share the table: their keys (``instance|model``, as the scraper keys
     # its messages) never look like a segment's (``model=...|route=...``).
-    stage_two.bank.restore = engines.bank.restore = restore
+    stage_two.bank.restore = engines.bank.restore = engines.peers.restore = restore
 
     # A state write that failed: every state is written again at the next step, and until one
     # succeeds no partials message is acknowledged (the windows they fed are in no stored state).
@@ -166,6 +166,8 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             for bank in (stage_two.bank, engines.bank):
                 for key, state in bank.states_to_save(every_one, unsaved=quiet and bank is stage_two.bank):
                     state_writes.put(key.encode(), orjson.dumps(state), partition_of(key, partials_partitions))
+            for key, state in engines.peers.states_to_save(every_one):
+                state_writes.put(key.encode(), orjson.dumps(state), partition_of(key, partials_partitions))
                 while bank.expired:  # segments idle for segment_idle_s: their state and gauges go too
                     key = bank.expired.pop()
                     state_table.pop(key.encode(), None)
@@ -456,5 +458,7 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
             stage_two.bank.forget(lambda key: partition_of(key, partials_partitions) in judged_here)
             stage_two.hand_over(judged_here)
             engines.bank.forget(lambda key: partition_of(key, partials_partitions) in engines_here)
+            if engines_here:  # a model's engines may span partitions: each model is met again from the store
+                engines.peers.forget()
 
     return app, topics

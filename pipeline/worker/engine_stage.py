@@ -43,8 +43,8 @@ class JudgeEngines:
     settings: Settings
     bank: DetectorBank = field(init=False)
     headroom: HeadroomWatch = field(default_factory=HeadroomWatch)
-    # Each engine against the other engines of its model (``replica_outlier`` from scrapes).
-    # Not stored: a successor compares again once its engines have warmed up (a minute).
+    # Each engine against the other engines of its model (``replica_outlier`` from scrapes),
+    # stored beside the detectors (``EnginePeers.states_to_save``, under ``~engine-peers|<model>``).
     peers: EnginePeers = field(init=False)
     intervals: int = 0  # judged
     skipped: int = 0  # valid, but saying nothing about capacity (a restart inside, no length)
@@ -58,8 +58,9 @@ class JudgeEngines:
 
     def __post_init__(self) -> None:
         config = replace(self.settings.detector_config(), signals=ENGINE_SIGNALS, source="engines")
-        self.bank = DetectorBank(config, save_every=self.settings.state_every_windows)
-        self.peers = EnginePeers(config, min_ratio=config.replica_min_ratio)
+        every = self.settings.state_every_windows
+        self.bank = DetectorBank(config, save_every=every)
+        self.peers = EnginePeers(config, min_ratio=config.replica_min_ratio, save_every=every)
 
     def receive(self, raw: bytes | None, source: Source | None = None) -> tuple[list[AnomalyEvent], list[DeadLetter]]:
         """One message of the scrapes topic: an interval, or a JSON array of them."""
