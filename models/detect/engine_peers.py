@@ -50,7 +50,14 @@ from typing import Any
 
 import numpy as np
 
-from servewatch.models.detect.peer_incidents import InstanceState, PeerIncidents, count_step, ratio_point
+from servewatch.models.detect.peer_incidents import (
+    UNREADABLE,
+    InstanceState,
+    PeerIncidents,
+    count_step,
+    instances_from_state,
+    ratio_point,
+)
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.engine_window import EngineWindow
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
@@ -170,13 +177,12 @@ class EnginePeers:
         stored = self.restore(self.key(model)) if self.restore is not None else None
         if stored is not None:
             try:
-                for name, saved in stored["instances"].items():
-                    instances[str(name)] = InstanceState.from_state(saved, self.config)
+                instances = instances_from_state(stored, self.config)
                 self.spread[model] = {
                     Signal(signal): deque(map(float, seen), maxlen=SPREAD_MEMORY)
                     for signal, seen in stored["spread"].items()
                 }  # fmt: skip
-            except (KeyError, TypeError, ValueError, AttributeError):
+            except UNREADABLE:
                 instances = {}
                 self.spread.pop(model, None)
         self.states[model] = instances

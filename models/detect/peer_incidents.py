@@ -74,6 +74,16 @@ class InstanceState:
         return state
 
 
+#: What reading a stored state of another version raises: that model then starts fresh.
+UNREADABLE = (KeyError, TypeError, ValueError, AttributeError)
+
+
+def instances_from_state(stored: dict[str, Any], config: DetectorConfig) -> dict[str, InstanceState]:
+    """A model's instances from its stored state (``{"instances": {name: InstanceState.state()}}``);
+    raises one of ``UNREADABLE`` where it is not that."""
+    return {str(name): InstanceState.from_state(saved, config) for name, saved in stored["instances"].items()}
+
+
 @dataclass
 class PeerIncidents:
     """CUSUM and lifecycle per (instance, signal); ``words`` says what a ratio means per signal

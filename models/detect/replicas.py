@@ -66,9 +66,11 @@ import numpy as np
 
 from servewatch.models.detect.peer_incidents import (
     LN10,
+    UNREADABLE,
     InstanceState,
     PeerIncidents,
     count_step,
+    instances_from_state,
     ratio_point,
     replica_series_key,
 )
@@ -166,10 +168,9 @@ class ReplicaWatch:
         stored = self.restore(self.key(model)) if self.restore is not None else None
         if stored is not None:
             try:
-                for name, saved in stored["instances"].items():
-                    instances[str(name)] = InstanceState.from_state(saved, self.config)
+                instances = instances_from_state(stored, self.config)
                 self.judged_until[model] = float(stored["until"])
-            except (KeyError, TypeError, ValueError, AttributeError):  # another version: start fresh
+            except UNREADABLE:  # another version: start fresh
                 instances = {}
         self.models[model] = instances
         return instances
