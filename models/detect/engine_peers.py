@@ -48,15 +48,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from servewatch.models.detect.peer_incidents import (
-    UNREADABLE,
     InstanceState,
     PeerIncidents,
     count_step,
-    instances_from_state,
     ratio_point,
+    restored_instances,
+    tail_spread,
 )
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.engine_window import EngineWindow
@@ -173,19 +171,14 @@ class EnginePeers:
 
     def _meet(self, model: str) -> dict[str, InstanceState]:
         """A model's engines as stored, or none known (another version's state: fresh)."""
-        instances: dict[str, InstanceState] = {}
-        stored = self.restore(self.key(model)) if self.restore is not None else None
-        if stored is not None:
-            try:
-                instances = instances_from_state(stored, self.config)
-                self.spread[model] = {
-                    Signal(signal): deque(map(float, seen), maxlen=SPREAD_MEMORY)
-                    for signal, seen in stored["spread"].items()
-                }  # fmt: skip
-            except UNREADABLE:
-                instances = {}
-                self.spread.pop(model, None)
-        self.states[model] = instances
+
+        def spread(stored: dict[str, Any]) -> None:
+            self.spread[model] = {
+                Signal(signal): deque(map(float, seen), maxlen=SPREAD_MEMORY)
+                for signal, seen in stored["spread"].items()
+            }
+
+        instances = self.states[model] = restored_instances(self.restore, self.key(model), self.config, spread)
         self._unsaved[model] = 0
         return instances
 
@@ -226,7 +219,7 @@ class EnginePeers:
                 scale = math.sqrt(1.0 / n + (math.pi / 2) / sum(k for _, k in theirs))
                 seen = spread.setdefault(signal, deque(maxlen=SPREAD_MEMORY))
                 known = len(seen) >= SPREAD_SEEN  # judged once the fleet's usual spread is
-                error = max(_spread(seen) * scale, MIN_STANDARD_ERROR) if known else math.inf
+                error = max(tail_spread(seen) * scale, MIN_STANDARD_ERROR) if known else math.inf
                 seen.append(abs(diff) / scale)
                 if known:
                     steps[signal] = ((diff - shift) * 2 * shift / error**2, math.exp(diff))
@@ -250,11 +243,6 @@ class EnginePeers:
             self.series.append(ratio_point(self.incidents, self.min_ratio, model, instance, state, steps, span, load,
                                            source="scrapes"))  # fmt: skip
         return events
-
-
-def _spread(seen: deque[float]) -> float:
-    """The per-request spread of differences ``seen``: their 90th percentile over the normal curve's."""
-    return float(np.quantile(np.fromiter(seen, dtype=float), 0.9)) / 1.645
 
 
 def _count_step(

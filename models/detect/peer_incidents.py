@@ -12,8 +12,11 @@ detector's ``threshold``; it is capped at three times that, so a fixed replica r
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from servewatch.models.detect.events import incident_event
 from servewatch.models.detect.lifecycle import IncidentTracker, Transition
@@ -74,14 +77,30 @@ class InstanceState:
         return state
 
 
-#: What reading a stored state of another version raises: that model then starts fresh.
-UNREADABLE = (KeyError, TypeError, ValueError, AttributeError)
+def tail_spread(values: Iterable[float]) -> float:
+    """The spread of absolute differences read from their tail: the 90th percentile over the
+    normal curve's (1.645). A percentile, so that a minority of bad replicas moves it little;
+    the 90th, because differences between replicas have heavier tails than a median shows."""
+    return float(np.quantile(np.fromiter(values, dtype=float), 0.9)) / 1.645
 
 
-def instances_from_state(stored: dict[str, Any], config: DetectorConfig) -> dict[str, InstanceState]:
-    """A model's instances from its stored state (``{"instances": {name: InstanceState.state()}}``);
-    raises one of ``UNREADABLE`` where it is not that."""
-    return {str(name): InstanceState.from_state(saved, config) for name, saved in stored["instances"].items()}
+def restored_instances(
+    restore: Callable[[str], dict[str, Any] | None] | None, key: str, config: DetectorConfig,
+    rest: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, InstanceState]:  # fmt: skip
+    """A model's instances as stored under ``key`` (``{"instances": {name: InstanceState.state()}}``),
+    ``rest(stored)`` reading what else the caller stored; none where nothing is stored, and
+    none where another version's state cannot be read (the model starts fresh)."""
+    stored = restore(key) if restore is not None else None
+    if stored is None:
+        return {}
+    try:
+        instances = {str(name): InstanceState.from_state(saved, config) for name, saved in stored["instances"].items()}
+        if rest is not None:
+            rest(stored)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return {}
+    return instances
 
 
 @dataclass

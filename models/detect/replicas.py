@@ -62,17 +62,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from servewatch.models.detect.peer_incidents import (
     LN10,
-    UNREADABLE,
     InstanceState,
     PeerIncidents,
     count_step,
-    instances_from_state,
     ratio_point,
     replica_series_key,
+    restored_instances,
+    tail_spread,
 )
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.segments import join_key, parse_key
@@ -164,15 +162,10 @@ class ReplicaWatch:
         return {"until": self.judged_until.get(model, -math.inf), "instances": instances}
 
     def _meet(self, model: str) -> dict[str, InstanceState]:
-        instances: dict[str, InstanceState] = {}
-        stored = self.restore(self.key(model)) if self.restore is not None else None
-        if stored is not None:
-            try:
-                instances = instances_from_state(stored, self.config)
-                self.judged_until[model] = float(stored["until"])
-            except UNREADABLE:  # another version: start fresh
-                instances = {}
-        self.models[model] = instances
+        def until(stored: dict[str, Any]) -> None:
+            self.judged_until[model] = float(stored["until"])
+
+        instances = self.models[model] = restored_instances(self.restore, self.key(model), self.config, until)
         return instances
 
     # -- judging ---------------------------------------------------------------------
@@ -352,7 +345,7 @@ class Calibration:
     def inflation(self) -> float | None:
         if len(self.seen) < CALIBRATION_SEEN:
             return None
-        return max(1.0, float(np.quantile(np.fromiter(self.seen, dtype=float), 0.9)) / 1.645)
+        return max(1.0, tail_spread(self.seen))
 
 
 def _error_steps(
