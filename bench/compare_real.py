@@ -2,9 +2,9 @@
 
 Each row compares two stretches of one real run (``pipeline/dev/real_runs``) with the
 ``ChangeVerifier``: stretches that are both healthy, and a stretch across ``dram_only``'s
-real degradation. The comparison holds the request mix fixed, not the load: the tester
-changes its concurrency between stretches, so the request rates are printed beside the
-verdicts, with the table's load warning where it would show.
+real degradation. The tester changes its concurrency between stretches (closed loop), so
+the request rates are printed beside the verdicts, and why a verdict is inconclusive
+under them. ``--raw`` compares without holding the traffic fixed (segments only).
 
     .venv/bin/python -m bench.compare_real
 """
@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 
 from servewatch.models.compare import ChangeVerifier
-from servewatch.pipeline.changes.render import load_warning
+from servewatch.pipeline.changes.render import notes
 from servewatch.pipeline.dev.real_runs import RealRunWorkload
 
 #: (run, what it is, start, split, end): seconds of finish time from the run's first request.
@@ -30,8 +30,9 @@ SHOWN = ("ttft_p50", "ttft_p95", "e2e_p95", "cache_hit_rate")
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--resamples", type=int, default=500)
+    parser.add_argument("--raw", action="store_true", help="segments only: load and cache eligibility not held")
     args = parser.parse_args(argv)
-    verifier = ChangeVerifier(resamples=args.resamples)
+    verifier = ChangeVerifier(resamples=args.resamples, hold_traffic=not args.raw)
     print(f"{'run':<20} {'stretches':<38} {'req/s':>11}  " + "  ".join(f"{s:<24}" for s in SHOWN))
     for run, what, start, split, end in CASES:
         workload = RealRunWorkload(run)
@@ -52,9 +53,8 @@ def main(argv: list[str] | None = None) -> int:
             )
             cells.append(f"{(row.verdict if row else '-') + ' ' + change:<24}")
         print(f"{run:<20} {what:<38} {rates:>11}  " + "  ".join(cells))
-        warning = load_warning(report)
-        if warning:
-            print(f"{'':<20} {warning}")
+        for line in notes(report):
+            print(f"{'':<20} {line}")
     return 0
 
 

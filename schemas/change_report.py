@@ -2,8 +2,9 @@
 
 Written by ``models.compare`` from the requests before and after a marker, read by
 ``servewatch compare`` and anything that gates a rollout on it. Each signal row says what the
-period after would have shown with the period before's mix of segments (post-stratified), so
-a shift towards longer prompts does not pass for a regression; rendering is the CLI's.
+period after would have shown with the period before's mix of segments, load and cache
+eligibility (post-stratified), so a shift towards longer prompts, a quieter hour or less
+prefix reuse does not pass for a regression; rendering is the CLI's.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from servewatch.schemas.version import SCHEMA_VERSION
 
-Verdict = Literal["improved", "no change", "regressed", "insufficient data"]
+#: ``inconclusive``: enough requests, but too few of them had a counterpart on the other side
+#: (same segment, load band and cache eligibility) for a verdict to be earned.
+Verdict = Literal["improved", "no change", "regressed", "insufficient data", "inconclusive"]
 
 
 class Period(BaseModel):
@@ -25,6 +28,25 @@ class Period(BaseModel):
     first: float | None = None
     last: float | None = None
     requests: int = Field(ge=0)
+
+    def rate(self) -> float | None:
+        """Requests per second over the period (None for an empty or instantaneous one)."""
+        if self.first is None or self.last is None or self.last <= self.first:
+            return None
+        return self.requests / (self.last - self.first)
+
+
+class TrafficMix(BaseModel):
+    """What each period's traffic was, held fixed by the comparison rather than judged: its
+    arrival rate (requests per second), and the share of its requests whose prompt prefix was seen shortly before
+    (cache-eligible; None where the logs carry no prefix hash)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rate_before: float | None
+    rate_after: float | None
+    eligible_before: float | None = None
+    eligible_after: float | None = None
 
 
 class SignalChange(BaseModel):
@@ -46,9 +68,12 @@ class SignalChange(BaseModel):
     ci_low: float | None
     ci_high: float | None
     verdict: Verdict
-    segments_used: int = Field(ge=0, description="segments with enough requests on both sides")
-    coverage_before: float = Field(ge=0.0, le=1.0, description="share of the before requests in those segments")
-    coverage_after: float = Field(ge=0.0, le=1.0, description="share of the after requests in those segments")
+    reason: str | None = Field(default=None, description="Why the verdict is inconclusive, in the traffic's terms.")
+    segments_used: int = Field(
+        ge=0, description="strata (segment, load band, cache eligibility) with enough requests on both sides"
+    )
+    coverage_before: float = Field(ge=0.0, le=1.0, description="share of the before requests in those strata")
+    coverage_after: float = Field(ge=0.0, le=1.0, description="share of the after requests in those strata")
 
 
 class RollbackCheck(BaseModel):
@@ -87,3 +112,4 @@ class ChangeReport(BaseModel):
     description: str | None = Field(default=None, description="The change's description (live reports).")
     final: bool = Field(default=True, description="False while the period after is still filling (live reports).")
     rollback: list[RollbackCheck] = Field(default_factory=list, description="Declared rollback conditions.")
+    traffic: TrafficMix | None = Field(default=None, description="The traffic held fixed (None: not held).")

@@ -5,6 +5,7 @@ segments; ``report`` turns that into a ``ChangeReport`` with a verdict per signa
 no I/O: ``servewatch compare`` reads the files.
 """
 
-from servewatch.models.compare.report import SIGNALS, ChangeVerifier, SignalSpec
+from servewatch.models.compare.report import ChangeVerifier
+from servewatch.models.compare.signals import SIGNALS, SignalSpec
 
 __all__ = ["SIGNALS", "ChangeVerifier", "SignalSpec"]

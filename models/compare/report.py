@@ -16,123 +16,27 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from scipy.stats import binom
 
+from servewatch.models.compare import strata
+from servewatch.models.compare.adjust import explained_shift
 from servewatch.models.compare.mix import (
     Columns,
     Mix,
     Segmentation,
+    Side,
     bootstrap,
     columns,
     mix_of,
-    number,
     side,
     statistic,
 )
-from servewatch.models.windows.segments import Segmenter
-from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS, leaked
-from servewatch.schemas.change_report import ChangeReport, Period, SignalChange, Verdict
+from servewatch.models.compare.signals import SIGNALS, SignalSpec, default_segment_of, extractors
+from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS
+from servewatch.schemas.change_report import ChangeReport, Period, SignalChange, TrafficMix, Verdict
 from servewatch.schemas.request_log import RequestLog
 
 Record = Mapping[str, Any] | RequestLog
-
-
-def _itl(row: Mapping[str, Any]) -> float:
-    decode, tokens = row.get("decode_s"), row.get("completion_tokens")
-    if isinstance(decode, int | float) and isinstance(tokens, int) and tokens > 1:
-        return float(decode) / (tokens - 1)
-    return math.nan
-
-
-def _tokens_per_s(row: Mapping[str, Any]) -> float:
-    tokens, e2e = row.get("completion_tokens"), row.get("e2e_s")
-    if isinstance(tokens, int) and isinstance(e2e, int | float) and e2e > 0:
-        return tokens / float(e2e)
-    return math.nan
-
-
-def _is_error(row: Mapping[str, Any]) -> float:
-    status = row.get("status_code")
-    return float(row.get("finish_reason") == "error" or (isinstance(status, int) and status >= 500))
-
-
-def extractors(markers: Sequence[str] = DEFAULT_REASONING_MARKERS) -> dict[str, Callable[[Mapping[str, Any]], float]]:
-    """Per-request columns the signals read (NaN where a record lacks what a column needs);
-    ``markers``: the reasoning end markers a leaked answer shows (``leak`` is NaN without content)."""
-
-    def leak(row: Mapping[str, Any]) -> float:
-        content = row.get("content")
-        return float(leaked(content, markers)) if isinstance(content, str) else math.nan
-
-    return {
-        "timestamp": number("timestamp"),
-        "ttft": number("ttft_s"),
-        "e2e": number("e2e_s"),
-        "itl": _itl,
-        "tokens_per_s": _tokens_per_s,
-        "prompt": number("prompt_tokens"),
-        "cached": number("cached_tokens"),
-        "length": lambda row: float(row.get("finish_reason") == "length"),
-        "leak": leak,
-        "error": _is_error,
-    }
-
-
-@dataclass(frozen=True)
-class SignalSpec:
-    """What a signal measures: a quantile of one column, or a (weighted) ratio of sums.
-
-    ``points``: compared as a difference in percentage points (shares), else as a ratio.
-    ``only_ok``: failed requests left out (their timings stop early; ``error_share`` counts them).
-    ``by_output``: stratified on the output band as well, for signals that grow with the answer's
-    length (e2e, tokens/s per request); the others are stratified on what a request asks (route,
-    prompt band) only, since the output band is an outcome: a lower ``max_tokens`` moves requests
-    between output bands, and stratifying on it would hide the truncations it causes.
-    """
-
-    name: str
-    numerator: str
-    denominator: str | None = None
-    quantile: float | None = None
-    points: bool = False
-    lower_is_better: bool = True
-    only_ok: bool = False
-    by_output: bool = False
-
-
-SIGNALS: tuple[SignalSpec, ...] = (
-    SignalSpec("ttft_p50", "ttft", quantile=0.5, only_ok=True),
-    SignalSpec("ttft_p95", "ttft", quantile=0.95, only_ok=True),
-    SignalSpec("e2e_p95", "e2e", quantile=0.95, only_ok=True, by_output=True),
-    SignalSpec("itl_p50", "itl", quantile=0.5, only_ok=True),
-    SignalSpec("tokens_per_s_p50", "tokens_per_s", quantile=0.5, lower_is_better=False, only_ok=True, by_output=True),
-    SignalSpec("cache_hit_rate", "cached", "prompt", points=True, lower_is_better=False),
-    SignalSpec("truncation_share", "length", points=True),
-    SignalSpec("leak_share", "leak", points=True),
-    SignalSpec("error_share", "error", points=True),
-)
-
-
-def default_segment_of(
-    prompt_band_edges: tuple[int, ...] = (4096, 32768),
-    output_band_edges: tuple[int, ...] = (1024,),
-    by_output: bool = False,
-) -> Callable[[Mapping[str, Any]], str]:
-    """The worker's segments (model, route, prompt band; with ``by_output`` the output band
-    too), uncapped: offline, a comparison holds every combination it reads."""
-    dimensions = ("model", "route", "prompt_band", "output_band") if by_output else ("model", "route", "prompt_band")
-    segmenter = Segmenter(
-        dimensions=dimensions, prompt_band_edges=prompt_band_edges, output_band_edges=output_band_edges
-    )
-
-    def segment_of(row: Mapping[str, Any]) -> str:
-        return segmenter.natural_key(
-            model=str(row.get("model", "other")),
-            route=row.get("route"),
-            prompt_tokens=int(row.get("prompt_tokens") or 0),
-            output_tokens=int(row.get("completion_tokens") or 0),
-        )
-
-    return segment_of
 
 
 def _row(record: Record) -> Mapping[str, Any]:
@@ -147,16 +51,57 @@ def _period(data: Columns) -> Period:
     return Period(first=float(stamps.min()), last=float(stamps.max()), requests=len(data))
 
 
+def _arrival_rate(data: Columns) -> float | None:
+    """Requests per second over the period's arrivals: what the clients asked, which a slower
+    service spreads over a longer stretch of finish times."""
+    arrivals = data.values["arrival"]
+    arrivals = arrivals[np.isfinite(arrivals)]
+    span = float(arrivals.max() - arrivals.min()) if len(arrivals) > 1 else 0.0
+    return len(arrivals) / span if span > 0 else None
+
+
+def _eligible_share(data: Columns) -> float | None:
+    prefix = data.values["prefix"]
+    seen, new = int((prefix == strata.SEEN).sum()), int((prefix == strata.NEW).sum())
+    return seen / (seen + new) if seen + new else None
+
+
+#: Request rates this far apart (either way) are named as the reason a comparison is inconclusive.
+LOAD_RATIO = 1.5
+#: ... and cache-eligible shares this many points apart.
+ELIGIBLE_POINTS = 10.0
+
+
+def why_not_comparable(traffic: TrafficMix, comparable: float) -> str:
+    """Why too few requests had a counterpart, in the traffic's terms.
+
+    >>> why_not_comparable(TrafficMix(rate_before=4.6, rate_after=2.7, eligible_before=0.62,
+    ...                               eligible_after=0.60), 0.38)
+    'load differs: 4.6 vs 2.7 req/s, 38 % of requests comparable'
+    """
+    parts = []
+    rb, ra, eb, ea = traffic.rate_before, traffic.rate_after, traffic.eligible_before, traffic.eligible_after
+    if rb and ra and not 1 / LOAD_RATIO <= ra / rb <= LOAD_RATIO:
+        parts.append(f"load differs: {rb:.1f} vs {ra:.1f} req/s")
+    if eb is not None and ea is not None and abs(eb - ea) * 100 >= ELIGIBLE_POINTS:
+        parts.append(f"prefix reuse differs: {eb:.0%} vs {ea:.0%} of requests cache-eligible")
+    return f"{'; '.join(parts) or 'the traffic differs'}, {100 * comparable:.0f} % of requests comparable"
+
+
 @dataclass
 class ChangeVerifier:
     """Compares two periods of request logs per model; ``compare`` returns a ``ChangeReport`` each.
 
     ``segment_of`` maps a request (a ``RequestLog`` row) to its segment key for most signals
     (default: model, route, prompt band: what a request asks); ``outcome_segment_of`` for the
-    signals marked ``by_output`` (default: the output band too). With ``simultaneous`` (the
-    default) the intervals hold together over the report's signals (Bonferroni): one report
-    reads nine signals, and nine separate 95 % intervals would call one of them changed in
-    about one no-change report in three.
+    signals marked ``by_output`` (default: the output band too). With ``hold_traffic`` (the
+    default) each segment is split further by the load each request met and whether its
+    prompt prefix was seen shortly before (``strata``), so a quieter hour or less prefix reuse
+    does not pass for a change; where less than ``min_coverage`` of either period's requests
+    have a counterpart on the other side the verdict is ``inconclusive``, with the reason.
+    With ``simultaneous`` (the default) the intervals hold together over the report's signals
+    (Bonferroni): one report reads nine signals, and nine separate 95 % intervals would call
+    one of them changed in about one no-change report in three.
 
     >>> rng = np.random.default_rng(7)
     >>> def logs(n, ttft_mean, t0):
@@ -169,6 +114,12 @@ class ChangeVerifier:
     >>> ttft = report.signals[0]
     >>> ttft.ci_low < ttft.change < ttft.ci_high < 0.95, ttft.segments_used, ttft.coverage_after
     (True, 1, 1.0)
+
+    Faster at a third of the load is not an improvement the comparison can vouch for:
+
+    >>> (report,) = ChangeVerifier(resamples=200).compare(logs(400, 0.3, 0), logs(1200, 0.2, 10_000)[::3])
+    >>> report.signals[0].verdict, report.signals[0].reason
+    ('inconclusive', 'load differs: 1.0 vs 0.3 req/s, and less load alone makes a model faster')
     """
 
     min_requests: int = 30
@@ -182,6 +133,11 @@ class ChangeVerifier:
     signals: Sequence[SignalSpec] = SIGNALS
     simultaneous: bool = True
     reasoning_markers: Sequence[str] = DEFAULT_REASONING_MARKERS
+    hold_traffic: bool = True
+    min_coverage: float = 0.5
+    min_stratum_requests: int = 10
+    prefix_lifetime_s: float = strata.PREFIX_LIFETIME_S
+    block_s: float = 60.0  # the bootstrap's time blocks (``mix``)
 
     def compare(
         self, before: Iterable[Record], after: Iterable[Record], model: str | None = None
@@ -197,6 +153,16 @@ class ChangeVerifier:
         rng = np.random.default_rng(self.seed)
         return [self.report(name, *by_model[name], rng=rng) for name in sorted(by_model)]
 
+    def labelled(
+        self, before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+    ) -> tuple[Sequence[Mapping[str, Any]], Sequence[Mapping[str, Any]]]:
+        """One model's two periods with their traffic labels (``strata``), computed over both
+        together unless the rows carry them already (a live watch labels its own)."""
+        if not self.hold_traffic or strata.is_labelled(before) or strata.is_labelled(after):
+            return before, after
+        before, after = strata.label((before, after), self.prefix_lifetime_s)
+        return before, after
+
     def report(
         self,
         model: str,
@@ -206,36 +172,68 @@ class ChangeVerifier:
     ) -> ChangeReport:
         """The report of one model's (or one segment's) rows of both periods."""
         rng = rng if rng is not None else np.random.default_rng(self.seed)
+        before_rows, after_rows = self.labelled(before_rows, after_rows)
+        outcome_of = self.outcome_segment_of or default_segment_of(by_output=True)
         segmentations: dict[str, Segmentation] = {
-            "input": (self.segment_of or default_segment_of(), {}),
-            "outcome": (self.outcome_segment_of or default_segment_of(by_output=True), {}),
+            "input": (self._stratum(self.segment_of or default_segment_of()), {}),
+            "outcome": (self._stratum(outcome_of), {}),
         }
         extract = extractors(self.reasoning_markers)
         before = columns(before_rows, segmentations, extract)
         after = columns(after_rows, segmentations, extract)
-        tested = [spec for spec in self.signals if self._valid(spec, before).any() or self._valid(spec, after).any()]
+        traffic = TrafficMix(
+            rate_before=_arrival_rate(before),
+            rate_after=_arrival_rate(after),
+            eligible_before=_eligible_share(before),
+            eligible_after=_eligible_share(after),
+        )
+        eligibility = traffic.eligible_before is not None or traffic.eligible_after is not None
+        valid = {spec.name: (self._valid(spec, before, eligibility), self._valid(spec, after, eligibility))
+                 for spec in self.signals}  # fmt: skip
+        # A signal the logs carry is in the table even where no request's traffic is known.
+        carried = {spec.name: self._valid(spec, before, eligibility, False).any()
+                   or self._valid(spec, after, eligibility, False).any() for spec in self.signals}  # fmt: skip
+        tested = [spec for spec in self.signals if carried[spec.name]]
         confidence = 1.0 - (1.0 - self.confidence) / len(tested) if self.simultaneous and tested else self.confidence
         sizes = {name: len(index) for name, (_, index) in segmentations.items()}
-        rows = [self._signal(spec, before, after, sizes, rng, confidence) for spec in tested]
+        rows = [self._signal(spec, before, after, valid[spec.name], sizes, rng, confidence, traffic)
+                for spec in tested]  # fmt: skip
         return ChangeReport(
             model=model,
             before=_period(before),
             after=_period(after),
-            segments=sizes["outcome"],
+            segments=len({outcome_of(row) for rows in (before_rows, after_rows) for row in rows}),
             confidence=self.confidence,
             resamples=self.resamples,
             min_requests=self.min_requests,
             signals=rows,
             simultaneous=self.simultaneous,
+            traffic=traffic if self.hold_traffic else None,
         )
 
-    @staticmethod
-    def _valid(spec: SignalSpec, data: Columns) -> np.ndarray:
+    def _stratum(self, segment_of: Callable[[Mapping[str, Any]], str]) -> Callable[[Mapping[str, Any]], str]:
+        """``segment_of`` split by the traffic labels, when they are held fixed."""
+        if not self.hold_traffic:
+            return segment_of
+
+        def stratum(row: Mapping[str, Any]) -> str:
+            octave = int(row.get("prompt_tokens") or 0).bit_length()
+            load = strata.load_band(row.get(strata.LOAD))
+            return f"{segment_of(row)}|prompt<2^{octave}|load={load}|prefix={row.get(strata.PREFIX)}"
+
+        return stratum
+
+    def _valid(self, spec: SignalSpec, data: Columns, eligibility: bool, traffic: bool = True) -> np.ndarray:
+        """The requests that count for ``spec``: ``traffic``, only those whose labels are known."""
         ok = np.isfinite(data.values[spec.numerator])
         if spec.denominator is not None:
             ok &= np.isfinite(data.values[spec.denominator])
         if spec.only_ok:
             ok &= data.values["error"] == 0
+        if self.hold_traffic and traffic:
+            ok &= np.isfinite(data.values["load"]) & (data.values["prefix"] != strata.UNKNOWN)
+        if spec.only_eligible and eligibility:
+            ok &= data.values["prefix"] == strata.SEEN
         return ok
 
     def _signal(
@@ -243,14 +241,23 @@ class ChangeVerifier:
         spec: SignalSpec,
         before: Columns,
         after: Columns,
+        valid: tuple[np.ndarray, np.ndarray],
         sizes: Mapping[str, int],
         rng: np.random.Generator,
         confidence: float,
+        traffic: TrafficMix,
     ) -> SignalChange:
-        """The signal's row (``insufficient data`` when no segment has enough requests on both sides)."""
-        strata = "outcome" if spec.by_output else "input"
-        valid_b, valid_a = self._valid(spec, before), self._valid(spec, after)
-        mix = mix_of(before.strata[strata][valid_b], after.strata[strata][valid_a], sizes[strata], self.min_requests)
+        """The signal's row: ``insufficient data`` when a side has too few requests,
+        ``inconclusive`` when too few of them have a counterpart on the other side."""
+        strata_name = "outcome" if spec.by_output else "input"
+        valid_b, valid_a = valid
+        mix = mix_of(
+            before.strata[strata_name][valid_b], after.strata[strata_name][valid_a], sizes[strata_name],
+            self.min_stratum_requests if self.hold_traffic else self.min_requests,
+        )  # fmt: skip
+        comparable = min(mix.coverage_before, mix.coverage_after, 1.0)
+        enough = min(valid_b.sum(), valid_a.sum()) >= self.min_requests
+        judged = not self.hold_traffic or comparable >= self.min_coverage
         empty = SignalChange(
             signal=spec.name,
             kind="points" if spec.points else "ratio",
@@ -260,14 +267,15 @@ class ChangeVerifier:
             change=None,
             ci_low=None,
             ci_high=None,
-            verdict="insufficient data",
+            verdict="insufficient data" if judged or not enough else "inconclusive",
+            reason=None if judged or not enough else why_not_comparable(traffic, comparable),
             segments_used=len(mix.used),
             coverage_before=min(mix.coverage_before, 1.0),
             coverage_after=min(mix.coverage_after, 1.0),
         )
         if not len(mix.used):
             return empty
-        sides = [self._side(spec, data, valid, mix, strata) for data, valid in ((before, valid_b), (after, valid_a))]
+        sides = [self._side(spec, data, ok, mix, strata_name) for data, ok in ((before, valid_b), (after, valid_a))]
         b, a = (float(statistic(s, None, spec.quantile)[0]) for s in sides)
         boot_b, boot_a = (bootstrap(s, spec.quantile, rng, self.resamples) for s in sides)
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -281,6 +289,14 @@ class ChangeVerifier:
             return empty.model_copy(update={"before": _finite(b), "after": _finite(a)})
         tail = (1.0 - confidence) / 2
         low, high = (float(x) for x in np.quantile(draws, [tail, 1.0 - tail]))
+        verdict = self._verdict(spec, b, change, low, high) if judged else "inconclusive"
+        if verdict in ("regressed", "improved") and spec.points and spec.denominator is None:
+            verdict = verdict if counts_differ(sides[0], sides[1], alpha=1.0 - confidence) else "no change"
+        reason = empty.reason
+        if verdict in ("regressed", "improved") and self.hold_traffic:
+            reason = self._explained_by_traffic(spec, verdict, before, after, valid, mix, strata_name,
+                                                (b, change, low, high), traffic)  # fmt: skip
+            verdict = "inconclusive" if reason else verdict
         return empty.model_copy(
             update={
                 "before": b,
@@ -288,21 +304,106 @@ class ChangeVerifier:
                 "change": change,
                 "ci_low": low,
                 "ci_high": high,
-                "verdict": self._verdict(spec, change, low, high),
+                "verdict": verdict,
+                "reason": reason,
             }
         )
 
-    @staticmethod
-    def _side(spec: SignalSpec, data: Columns, valid: np.ndarray, mix: Mix, strata: str) -> Any:
+    def _side(self, spec: SignalSpec, data: Columns, valid: np.ndarray, mix: Mix, which: str) -> Any:
         den = data.values[spec.denominator][valid] if spec.denominator is not None else None
-        return side(data.strata[strata][valid], data.values[spec.numerator][valid], den, mix)
+        arrival = data.values["arrival"][valid]
+        # A request without a timestamp is a block of its own (negative, apart from the others).
+        blocks = np.where(
+            np.isfinite(arrival), np.floor(np.nan_to_num(arrival) / self.block_s), -1 - np.arange(len(arrival))
+        )
+        return side(data.strata[which][valid], data.values[spec.numerator][valid], den, blocks, mix)
 
-    def _verdict(self, spec: SignalSpec, change: float, low: float, high: float) -> Verdict:
-        none, threshold = (0.0, self.points_threshold) if spec.points else (1.0, self.ratio_threshold)
+    def _explained_by_traffic(
+        self, spec: SignalSpec, verdict: Verdict, before: Columns, after: Columns, valid: tuple[np.ndarray, np.ndarray],
+        mix: Mix, which: str, estimate: tuple[float, float, float, float], traffic: TrafficMix,
+    ) -> str | None:  # fmt: skip
+        """Why a verdict is not earned, if the traffic could have made it.
+
+        Latency only grows with load, so a latency change *against* the load stands (slower at a lower
+        request rate is a regression whatever the load did), while one *with* it is checked
+        two ways: the request rates differ beyond ``LOAD_RATIO`` (a closed-loop tester's
+        requests in flight and a batching engine's decode speed both follow the rate more than
+        the strata can hold: a quieter hour decodes faster at the same usual load), or the part
+        of the change that the load and prompt lengths left inside the strata explain
+        (``adjust``) leaves no verdict.
+        """
+        b, change, low, high = estimate
+        worse = verdict == "regressed"
+        rb, ra = traffic.rate_before, traffic.rate_after
+        if not spec.points and rb and ra and (ra / rb > LOAD_RATIO if worse else ra / rb < 1 / LOAD_RATIO):
+            return (f"load differs: {rb:.1f} vs {ra:.1f} req/s, and {'more' if worse else 'less'} load alone makes "
+                    f"a model {'slower' if worse else 'faster'}")  # fmt: skip
+        response = before.values[spec.numerator][valid[0]]
+        if spec.denominator is not None:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                response = 100.0 * response / before.values[spec.denominator][valid[0]]
+        elif spec.points:
+            response = 100.0 * response
+        else:
+            response = np.log(np.maximum(response, 1e-9))
+        covariates = [
+            np.column_stack([np.log1p(data.values["load"][ok]), np.log1p(data.values["prompt"][ok])])
+            for data, ok in ((before, valid[0]), (after, valid[1]))
+        ]
+        strata_of = [data.strata[which][ok] for data, ok in ((before, valid[0]), (after, valid[1]))]
+        shift = explained_shift(
+            (strata_of[0], covariates[0], response), (strata_of[1], covariates[1]), mix, spec.quantile
+        )
+        if spec.points:
+            left = (change - shift, low - shift, high - shift)
+            said = f"{shift:+.2f} pt"
+        else:
+            factor = math.exp(shift)
+            left = (change / factor, low / factor, high / factor)
+            said = f"{100 * (factor - 1):+.1f} %"
+        if self._verdict(spec, b, *left) == verdict:
+            return None
+        return (
+            f"the load in flight and the prompt lengths within comparable strata differ enough to explain {said} of it"
+        )
+
+    def _verdict(self, spec: SignalSpec, before: float, change: float, low: float, high: float) -> Verdict:
+        """A verdict needs the interval to exclude no change and a practical size: 5 % of the
+        value (``ratio_threshold``), and for shares also at least 0.1 point."""
+        if spec.points:
+            none, threshold = 0.0, max(self.points_threshold, 100.0 * self.ratio_threshold * abs(before))
+        else:
+            none, threshold = 1.0, self.ratio_threshold
         if low <= none <= high or abs(change - none) < threshold:
             return "no change"
         went_up = change > none
         return "regressed" if went_up == spec.lower_is_better else "improved"
+
+
+def counts_differ(before: Side, after: Side, alpha: float) -> bool:
+    """Whether two periods' counts of a 0/1 outcome differ beyond chance (two-sided, at ``alpha``).
+
+    The exact test of two Poisson counts: given ``k`` events in all, the period after's number
+    is binomial with its share of the requests. The bootstrap alone cannot say this for rare
+    events: a period with no event has no spread to resample, so 4 errors in 3,000 requests
+    against none in 2,300 would look certain, while chance alone puts all 4 on one side one
+    time in ten.
+
+    >>> def side_of(events, n):
+    ...     return Side(np.r_[np.ones(events), np.zeros(n - events)], None, np.full(n, 1 / n),
+    ...                 np.zeros(1, np.int64), np.array([n]), np.ones(1), np.zeros(n, np.int64))
+    >>> counts_differ(side_of(4, 3000), side_of(0, 2300), 0.05)
+    False
+    >>> counts_differ(side_of(40, 3000), side_of(5, 2300), 0.05)
+    True
+    """
+    events_b, events_a = int(before.numerator.sum()), int(after.numerator.sum())
+    total = events_b + events_a
+    if total == 0:
+        return False
+    share = len(after.numerator) / (len(before.numerator) + len(after.numerator))
+    tails = binom.cdf(events_a, total, share), binom.sf(events_a - 1, total, share)
+    return bool(min(1.0, 2 * min(tails)) < alpha)
 
 
 def _finite(value: float) -> float | None:

@@ -6,7 +6,9 @@ points for shares) and where: on the model as a whole, or on *any* segment (rout
 band) with at least ``min_requests`` requests on both sides. It holds only when the estimate
 crossed the limit *and* the confidence interval excludes no change, so noise does not roll
 back a good change. Over many segments one of them crosses by chance now and then, so the
-segment scope's intervals are widened together (Bonferroni over the segments tested).
+segment scope's intervals are widened together (Bonferroni over the segments tested). A
+comparison the traffic makes inconclusive (``report``) never rolls back: the condition is
+then "not judged", and a firing one stays firing until a comparison says it no longer holds.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any, Literal
 
 import numpy as np
 
-from servewatch.models.compare.report import SIGNALS, ChangeVerifier, SignalSpec, default_segment_of, extractors
+from servewatch.models.compare.report import ChangeVerifier
+from servewatch.models.compare.signals import SIGNALS, SignalSpec, default_segment_of, extractors
 from servewatch.schemas.change_report import RollbackCheck, SignalChange
 
 Row = Mapping[str, Any]
@@ -60,8 +63,9 @@ class RollbackCondition:
         return f"{self.signal} {sign}{amount} on {where} with at least {self.min_requests} requests"
 
     def crossed(self, row: SignalChange) -> bool:
-        """Whether a report row crossed this limit, its interval excluding no change."""
-        if row.change is None or row.ci_low is None or row.ci_high is None:
+        """Whether a report row crossed this limit, its interval excluding no change (never on an
+        inconclusive row: the traffic, not the change, may have moved it)."""
+        if row.verdict == "inconclusive" or row.change is None or row.ci_low is None or row.ci_high is None:
             return False
         spec = self.spec
         if spec.points:
@@ -84,6 +88,7 @@ def check(
 ) -> RollbackCheck:
     """Evaluate ``condition`` on one model's rows of both periods; the worst crossing is named."""
     verifier = replace(verifier or ChangeVerifier(), signals=(condition.spec,), simultaneous=False)
+    before, after = verifier.labelled(before, after)  # the load is the model's, whatever the scope
     if condition.scope == "model":
         scopes = {model: (list(before), list(after))}
     else:
@@ -99,6 +104,12 @@ def check(
     found = [(key, signals[0]) for key, signals in rows.items() if signals and condition.crossed(signals[0])]
     of = f"{len(tested)} {'segment' if condition.scope == 'segment' else 'scope'}{'s' * (len(tested) != 1)}"
     if not found:
+        unjudged = [(key, s[0]) for key, s in rows.items() if s and s[0].verdict == "inconclusive" and s[0].reason]
+        if unjudged:
+            key, row = unjudged[0]
+            where = "" if key == model else f" on {key}"
+            detail = f"not judged: inconclusive on {len(unjudged)} of {of}; {row.reason}{where}"
+            return RollbackCheck(condition=condition.text, holds=False, detail=detail)
         return RollbackCheck(condition=condition.text, holds=False,
                              detail=f"not crossed on any of {of} tested ({confidence:.1%} intervals)")  # fmt: skip
     worst_key, worst = max(found, key=lambda item: _badness(condition.spec, item[1]))

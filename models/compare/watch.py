@@ -9,7 +9,9 @@ condition that holds fires a ``critical`` incident with hint ``rollback_conditio
 resolves when the condition stops holding or a later change of the model supersedes it.
 
 Memory is bounded: each period keeps a uniform reservoir of ``max_requests`` slim rows (the
-fields the signals and the evidence read, content cut to an excerpt).
+fields the signals and the evidence read, content cut to an excerpt). What the comparison
+holds fixed (each request's load and whether its prefix was seen before, ``strata``) is
+taken from every request, not the sample: a ``TrafficLog`` keeps 12 bytes a request.
 
 >>> from servewatch.schemas.change_marker import ChangeMarker
 >>> marker = ChangeMarker(id="c1", at=1000.0, model="m", description="lower max_tokens")
@@ -39,6 +41,7 @@ from typing import Any
 
 from servewatch.models.compare.report import ChangeVerifier
 from servewatch.models.compare.rollback import RollbackCondition, check, describe_change, evidence
+from servewatch.models.compare.strata import PREFIX, TrafficLog
 from servewatch.models.detect.events import incident_event
 from servewatch.models.detect.lifecycle import Transition
 from servewatch.models.explain.wording import event_id
@@ -107,6 +110,7 @@ class ChangeWatch:
         self._before = _Reservoir(self.max_requests, rng)
         self._after = _Reservoir(self.max_requests, rng)
         self._seen: set[tuple[str, float]] = set()
+        self._traffic = TrafficLog(lifetime_s=self.verifier.prefix_lifetime_s)
         self.watermark = -math.inf
         self._next_check = self.marker.at + self.check_every_s
         self._firing: dict[str, AnomalyEvent] = {}  # condition text -> its firing event
@@ -140,14 +144,15 @@ class ChangeWatch:
 
     def add(self, rows: Iterable[Row]) -> int:
         """Take the marker's model's (and instance's) requests of either period; returns how
-        many were taken. A request seen before (id and timestamp) is skipped: a replayed message."""
+        many were taken. A request seen before (id and timestamp) is skipped: a replayed message.
+        Those that finished before the period before count towards the load it starts with."""
         marker, taken = self.marker, 0
         for row in rows:
             stamp = row.get("timestamp")
             if not isinstance(stamp, int | float):
                 continue
             self.observe(float(stamp))
-            if row.get("model") != marker.model or not self.start <= stamp < self.end:
+            if row.get("model") != marker.model or stamp >= self.end:
                 continue
             if marker.instance is not None and row.get("instance") != marker.instance:
                 continue
@@ -155,7 +160,10 @@ class ChangeWatch:
             if seen in self._seen:
                 continue
             self._seen.add(seen)
-            (self._after if stamp >= marker.at else self._before).offer(self._slim(row))
+            prefix = self._traffic.add(row)
+            if stamp < self.start:
+                continue
+            (self._after if stamp >= marker.at else self._before).offer({**self._slim(row), PREFIX: prefix})
             taken += 1
         return taken
 
@@ -174,7 +182,8 @@ class ChangeWatch:
         if self.watermark >= self._next_check:
             steps = math.floor((self.watermark - self.marker.at) / self.check_every_s) + 1
             self._next_check = self.marker.at + steps * self.check_every_s
-        before, after = self._before.rows, self._after.rows
+        before = self._traffic.labelled(self._before.rows, self._before.rows)
+        after = self._traffic.labelled(self._after.rows, self._before.rows)
         (report,) = self.verifier.compare(before, after, model=self.marker.model) or [self._empty_report()]
         checks = [check(condition, before, after, self.verifier, self.marker.model) for condition in self.conditions]
         events = [event for condition, result in zip(self.conditions, checks, strict=True)
@@ -197,7 +206,9 @@ class ChangeWatch:
                             confidence=self.verifier.confidence, resamples=self.verifier.resamples,
                             min_requests=self.verifier.min_requests, signals=[])  # fmt: skip
 
-    def _transition(self, condition: RollbackCondition, result: RollbackCheck, after: list[Row]) -> list[AnomalyEvent]:
+    def _transition(
+        self, condition: RollbackCondition, result: RollbackCheck, after: Sequence[Row]
+    ) -> list[AnomalyEvent]:
         text = condition.text
         if result.holds and text not in self._firing:
             return [self._fire(condition, result, after)]
@@ -205,7 +216,7 @@ class ChangeWatch:
             return [self._resolved(text, "the condition no longer holds")]
         return []
 
-    def _fire(self, condition: RollbackCondition, result: RollbackCheck, after: list[Row]) -> AnomalyEvent:
+    def _fire(self, condition: RollbackCondition, result: RollbackCheck, after: Sequence[Row]) -> AnomalyEvent:
         marker = self.marker
         key = result.where if result.where and result.where != marker.model else join_key({"model": marker.model})
         summary = (

@@ -24,8 +24,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from servewatch.models.compare.report import SIGNALS
 from servewatch.models.compare.rollback import RollbackCondition
+from servewatch.models.compare.signals import SIGNALS
 from servewatch.pipeline.config_files import ConfigError, parse_mapping, read_config_text
 from servewatch.pipeline.durations import Duration
 

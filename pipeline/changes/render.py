@@ -42,10 +42,41 @@ def render(report: ChangeReport) -> str:
         rows.append((row.signal, _value(row, row.before), _value(row, row.after), change, row.verdict, coverage))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(r, widths, strict=True)).rstrip() for r in rows]
-    warning = load_warning(report)
-    if warning:
-        lines.append(warning)
+    lines.extend(notes(report))
     return "\n".join([head, *lines])
+
+
+def notes(report: ChangeReport) -> list[str]:
+    """The lines under a report's table: the traffic it held fixed, and why each inconclusive
+    verdict is one (signals with the same reason share a line).
+
+    >>> from servewatch.schemas.change_report import TrafficMix
+    >>> report = ChangeReport(model="m", before=Period(requests=1), after=Period(requests=1), segments=1,
+    ...     confidence=0.95, resamples=10, min_requests=1, signals=[],
+    ...     traffic=TrafficMix(rate_before=4.6, rate_after=2.7, eligible_before=0.62, eligible_after=0.45))
+    >>> notes(report)
+    ['traffic held fixed: 4.6 req/s before, 2.7 after; cache-eligible 62 % before, 45 % after']
+    """
+    traffic = report.traffic
+    if traffic is None:
+        warning = load_warning(report)
+        return [warning] if warning else []
+    said = f"traffic held fixed: {_rate(traffic.rate_before)} req/s before, {_rate(traffic.rate_after)} after"
+    if traffic.eligible_before is not None or traffic.eligible_after is not None:
+        said += f"; cache-eligible {_share(traffic.eligible_before)} before, {_share(traffic.eligible_after)} after"
+    reasons: dict[str, list[str]] = {}
+    for row in report.signals:
+        if row.verdict == "inconclusive" and row.reason:
+            reasons.setdefault(row.reason, []).append(row.signal)
+    return [said, *(f"inconclusive ({', '.join(signals)}): {reason}" for reason, signals in reasons.items())]
+
+
+def _rate(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f} %"
 
 
 #: Request rates this far apart (either way) make the latency verdicts partly the load's.
@@ -60,11 +91,9 @@ def request_rate(period: Period) -> float | None:
 
 
 def load_warning(report: ChangeReport) -> str | None:
-    """A line saying the two periods ran at different request rates, when they did.
-
-    The comparison holds the request *mix* fixed, not the load: at 3x the arrival rate a
-    model queues more whatever changed, and a closed-loop load test at another concurrency
-    shows the same. The reader is told rather than the latency verdicts silently trusted.
+    """A line saying the two periods ran at different request rates, when they did: for a
+    report that did not hold the traffic fixed (``traffic`` is None), whose latency verdicts
+    then include the load's effect.
 
     >>> report = ChangeReport(model="m", before=Period(first=0.0, last=100.0, requests=100),
     ...     after=Period(first=200.0, last=300.0, requests=300), segments=1, confidence=0.95,

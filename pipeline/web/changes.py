@@ -73,7 +73,7 @@ def report_gist(report: ChangeReport) -> str:
     counts: dict[str, int] = {}
     for row in report.signals:
         counts[row.verdict] = counts.get(row.verdict, 0) + 1
-    order = ("regressed", "improved", "no change", "insufficient data")
+    order = ("regressed", "improved", "inconclusive", "no change", "insufficient data")
     verdicts = ", ".join(f"{counts[v]} {v}" for v in order if v in counts) or "no signals yet"
     held = sum(check.holds for check in report.rollback)
     rollback = f"; {held} rollback condition{'s' if held > 1 else ''} HOLD{'' if held > 1 else 'S'}" if held else ""
@@ -142,7 +142,8 @@ def signals_table(report: ChangeReport) -> str:
             f' <span class="better">({esc(row.better)} is better)</span></td>'
             f'<td class="num">{esc(value_text(row, row.before))}</td><td class="num">{esc(value_text(row, row.after))}'
             f'</td><td class="num">{esc(change_text(row.kind, row.change, row.ci_low, row.ci_high))}</td>'
-            f'<td class="outcome outcome-{esc(slug)}">{esc(row.verdict)}</td><td class="num">{esc(coverage)}</td></tr>'
+            f'<td class="outcome outcome-{esc(slug)}"{attrs(title=row.reason)}>{esc(row.verdict)}</td>'
+            f'<td class="num">{esc(coverage)}</td></tr>'
         )
     return f'<table class="report"><thead><tr>{head}</tr></thead><tbody>{"".join(rows)}</tbody></table>'
 
