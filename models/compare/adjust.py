@@ -11,6 +11,8 @@ the change the traffic explains. A verdict must hold on what is left (``report``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from servewatch.models.compare.mix import Mix
@@ -53,12 +55,22 @@ def _slope(x: np.ndarray, y: np.ndarray, quantile: float | None) -> float:
     return rise / run
 
 
+@dataclass(frozen=True)
+class TrafficEffect:
+    """``slopes``: how the statistic moves per unit of each covariate within the strata of
+    the period before; ``shift``: how much of the change the covariates' remaining
+    difference between the periods explains at those slopes."""
+
+    shift: float
+    slopes: np.ndarray
+
+
 def explained_shift(
     before: tuple[np.ndarray, np.ndarray, np.ndarray],
     after: tuple[np.ndarray, np.ndarray],
     mix: Mix,
     quantile: float | None = None,
-) -> float:
+) -> TrafficEffect:
     """The change in the statistic (``quantile`` of the response, else its mean) that the
     covariates' remaining difference explains.
 
@@ -69,16 +81,17 @@ def explained_shift(
     >>> rng = np.random.default_rng(1)
     >>> x = rng.uniform(0, 1, (400, 1)); y = 2.0 * x[:, 0] + rng.normal(0, 0.01, 400)
     >>> mix = Mix(np.array([0]), np.array([1.0]), 1.0, 1.0)
-    >>> round(explained_shift((np.zeros(400, int), x, y), (np.zeros(400, int), x + 0.1), mix), 2)
-    0.2
+    >>> effect = explained_shift((np.zeros(400, int), x, y), (np.zeros(400, int), x + 0.1), mix)
+    >>> round(effect.shift, 2), effect.slopes.round(1).tolist()
+    (0.2, [2.0])
     """
     stratum_b, x_b, y_b = before
     stratum_a, x_a = after
     keep_b = np.isin(stratum_b, mix.used) & np.isfinite(x_b).all(axis=1) & np.isfinite(y_b)
     keep_a = np.isin(stratum_a, mix.used) & np.isfinite(x_a).all(axis=1)
     if not keep_b.any() or not keep_a.any():
-        return 0.0
+        return TrafficEffect(0.0, np.zeros(x_b.shape[1]))
     xc = _centred(stratum_b[keep_b], x_b[keep_b])
     slopes = np.array([_slope(xc[:, k], y_b[keep_b], quantile) for k in range(x_b.shape[1])])
     difference = _mix_mean(stratum_a[keep_a], x_a[keep_a], mix) - _mix_mean(stratum_b[keep_b], x_b[keep_b], mix)
-    return float(difference @ slopes)
+    return TrafficEffect(float(difference @ slopes), slopes)

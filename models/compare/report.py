@@ -28,6 +28,7 @@ from servewatch.models.compare.mix import (
     bootstrap,
     columns,
     mix_of,
+    overlap,
     side,
     statistic,
 )
@@ -107,10 +108,11 @@ class ChangeVerifier:
     >>> def logs(n, ttft_mean, t0):
     ...     return [{"request_id": f"r{t0 + i}", "timestamp": 1.77e9 + t0 + i, "model": "m", "route": "chat",
     ...              "prompt_tokens": 800, "completion_tokens": 100, "e2e_s": 5.0 + float(t), "ttft_s": float(t),
-    ...              "finish_reason": "stop"} for i, t in enumerate(rng.gamma(4.0, ttft_mean / 4.0, n))]
+    ...              "decode_s": 5.0, "finish_reason": "stop"}
+    ...             for i, t in enumerate(rng.gamma(4.0, ttft_mean / 4.0, n))]
     >>> (report,) = ChangeVerifier(resamples=200).compare(logs(400, 0.3, 0), logs(400, 0.2, 10_000))
     >>> [(row.signal, row.verdict) for row in report.signals][:4]
-    [('ttft_p50', 'improved'), ('ttft_p95', 'improved'), ('e2e_p95', 'no change'), ('tokens_per_s_p50', 'no change')]
+    [('ttft_p50', 'improved'), ('ttft_p95', 'improved'), ('e2e_p95', 'no change'), ('itl_p50', 'no change')]
     >>> ttft = report.signals[0]
     >>> ttft.ci_low < ttft.change < ttft.ci_high < 0.95, ttft.segments_used, ttft.coverage_after
     (True, 1, 1.0)
@@ -119,7 +121,7 @@ class ChangeVerifier:
 
     >>> (report,) = ChangeVerifier(resamples=200).compare(logs(400, 0.3, 0), logs(1200, 0.2, 10_000)[::3])
     >>> report.signals[0].verdict, report.signals[0].reason
-    ('inconclusive', 'load differs: 1.0 vs 0.3 req/s, and less load alone makes a model faster')
+    ('inconclusive', 'load differs: 1.0 vs 0.3 req/s, 0 % of requests comparable')
     """
 
     min_requests: int = 30
@@ -175,8 +177,9 @@ class ChangeVerifier:
         before_rows, after_rows = self.labelled(before_rows, after_rows)
         outcome_of = self.outcome_segment_of or default_segment_of(by_output=True)
         segmentations: dict[str, Segmentation] = {
-            "input": (self._stratum(self.segment_of or default_segment_of()), {}),
-            "outcome": (self._stratum(outcome_of), {}),
+            "input": (self._stratum(self.segment_of or default_segment_of(), by_load=False), {}),
+            "input+load": (self._stratum(self.segment_of or default_segment_of()), {}),
+            "outcome+load": (self._stratum(outcome_of), {}),
         }
         extract = extractors(self.reasoning_markers)
         before = columns(before_rows, segmentations, extract)
@@ -211,15 +214,18 @@ class ChangeVerifier:
             traffic=traffic if self.hold_traffic else None,
         )
 
-    def _stratum(self, segment_of: Callable[[Mapping[str, Any]], str]) -> Callable[[Mapping[str, Any]], str]:
-        """``segment_of`` split by the traffic labels, when they are held fixed."""
+    def _stratum(
+        self, segment_of: Callable[[Mapping[str, Any]], str], by_load: bool = True
+    ) -> Callable[[Mapping[str, Any]], str]:
+        """``segment_of`` split by the traffic labels, when they are held fixed: the prompt's
+        octave and its cache eligibility, and with ``by_load`` its load band."""
         if not self.hold_traffic:
             return segment_of
 
         def stratum(row: Mapping[str, Any]) -> str:
             octave = int(row.get("prompt_tokens") or 0).bit_length()
-            load = strata.load_band(row.get(strata.LOAD))
-            return f"{segment_of(row)}|prompt<2^{octave}|load={load}|prefix={row.get(strata.PREFIX)}"
+            load = f"|load={strata.load_band(row.get(strata.LOAD))}" if by_load else ""
+            return f"{segment_of(row)}|prompt<2^{octave}{load}|prefix={row.get(strata.PREFIX)}"
 
         return stratum
 
@@ -231,7 +237,9 @@ class ChangeVerifier:
         if spec.only_ok:
             ok &= data.values["error"] == 0
         if self.hold_traffic and traffic:
-            ok &= np.isfinite(data.values["load"]) & (data.values["prefix"] != strata.UNKNOWN)
+            ok &= data.values["prefix"] != strata.UNKNOWN
+            if not spec.points:
+                ok &= np.isfinite(data.values["load"])
         if spec.only_eligible and eligibility:
             ok &= data.values["prefix"] == strata.SEEN
         return ok
@@ -249,13 +257,18 @@ class ChangeVerifier:
     ) -> SignalChange:
         """The signal's row: ``insufficient data`` when a side has too few requests,
         ``inconclusive`` when too few of them have a counterpart on the other side."""
-        strata_name = "outcome" if spec.by_output else "input"
+        # Shares (errors, truncations, cache hits) are held to what requests ask and could hit;
+        # latencies to the load they met too. A lower max_tokens lightens the load: holding
+        # the truncations it causes to the load would call them inconclusive.
+        strata_name = "input" if spec.points else "outcome+load" if spec.by_output else "input+load"
         valid_b, valid_a = valid
         mix = mix_of(
             before.strata[strata_name][valid_b], after.strata[strata_name][valid_a], sizes[strata_name],
             self.min_stratum_requests if self.hold_traffic else self.min_requests,
         )  # fmt: skip
-        comparable = min(mix.coverage_before, mix.coverage_after, 1.0)
+        comparable = overlap(
+            before.strata[strata_name][valid_b], after.strata[strata_name][valid_a], sizes[strata_name]
+        )
         enough = min(valid_b.sum(), valid_a.sum()) >= self.min_requests
         judged = not self.hold_traffic or comparable >= self.min_coverage
         empty = SignalChange(
@@ -289,11 +302,13 @@ class ChangeVerifier:
             return empty.model_copy(update={"before": _finite(b), "after": _finite(a)})
         tail = (1.0 - confidence) / 2
         low, high = (float(x) for x in np.quantile(draws, [tail, 1.0 - tail]))
-        verdict = self._verdict(spec, b, change, low, high) if judged else "inconclusive"
+        verdict = self._verdict(spec, b, change, low, high)
         if verdict in ("regressed", "improved") and spec.points and spec.denominator is None:
             verdict = verdict if counts_differ(sides[0], sides[1], alpha=1.0 - confidence) else "no change"
-        reason = empty.reason
-        if verdict in ("regressed", "improved") and self.hold_traffic:
+        reason = None
+        if not judged and not against_the_load(spec, verdict, traffic):
+            verdict, reason = "inconclusive", empty.reason
+        elif verdict in ("regressed", "improved") and self.hold_traffic:
             reason = self._explained_by_traffic(spec, verdict, before, after, valid, mix, strata_name,
                                                 (b, change, low, high), traffic)  # fmt: skip
             verdict = "inconclusive" if reason else verdict
@@ -322,22 +337,17 @@ class ChangeVerifier:
         self, spec: SignalSpec, verdict: Verdict, before: Columns, after: Columns, valid: tuple[np.ndarray, np.ndarray],
         mix: Mix, which: str, estimate: tuple[float, float, float, float], traffic: TrafficMix,
     ) -> str | None:  # fmt: skip
-        """Why a verdict is not earned, if the traffic could have made it.
+        """Why a verdict is not earned, if the traffic could have made it (``adjust``).
 
-        Latency only grows with load, so a latency change *against* the load stands (slower at a lower
-        request rate is a regression whatever the load did), while one *with* it is checked
-        two ways: the request rates differ beyond ``LOAD_RATIO`` (a closed-loop tester's
-        requests in flight and a batching engine's decode speed both follow the rate more than
-        the strata can hold: a quieter hour decodes faster at the same usual load), or the part
-        of the change that the load and prompt lengths left inside the strata explain
-        (``adjust``) leaves no verdict.
+        The period before shows how the signal moves with the load and the prompt length
+        within its strata. Two differences are weighed at those slopes: what the strata left
+        (a half-octave of load, an octave of prompt), and, for latencies when the arrival rates
+        differ beyond ``LOAD_RATIO``, the whole difference in rate (a closed-loop tester's
+        requests in flight, and a batching engine's decode speed, follow the rate more than
+        the strata can hold). If what is left of the change is no verdict, it is inconclusive.
+        A change *against* the traffic (slower at a lower rate) is never explained away.
         """
         b, change, low, high = estimate
-        worse = verdict == "regressed"
-        rb, ra = traffic.rate_before, traffic.rate_after
-        if not spec.points and rb and ra and (ra / rb > LOAD_RATIO if worse else ra / rb < 1 / LOAD_RATIO):
-            return (f"load differs: {rb:.1f} vs {ra:.1f} req/s, and {'more' if worse else 'less'} load alone makes "
-                    f"a model {'slower' if worse else 'faster'}")  # fmt: skip
         response = before.values[spec.numerator][valid[0]]
         if spec.denominator is not None:
             with np.errstate(invalid="ignore", divide="ignore"):
@@ -351,21 +361,23 @@ class ChangeVerifier:
             for data, ok in ((before, valid[0]), (after, valid[1]))
         ]
         strata_of = [data.strata[which][ok] for data, ok in ((before, valid[0]), (after, valid[1]))]
-        shift = explained_shift(
+        effect = explained_shift(
             (strata_of[0], covariates[0], response), (strata_of[1], covariates[1]), mix, spec.quantile
         )
-        if spec.points:
-            left = (change - shift, low - shift, high - shift)
-            said = f"{shift:+.2f} pt"
-        else:
-            factor = math.exp(shift)
-            left = (change / factor, low / factor, high / factor)
-            said = f"{100 * (factor - 1):+.1f} %"
-        if self._verdict(spec, b, *left) == verdict:
-            return None
-        return (
-            f"the load in flight and the prompt lengths within comparable strata differ enough to explain {said} of it"
-        )
+        shifts = [(effect.shift, "the load in flight and the prompt lengths left within comparable strata")]
+        rb, ra = traffic.rate_before, traffic.rate_after
+        if not spec.points and rb and ra and not 1 / LOAD_RATIO <= ra / rb <= LOAD_RATIO:
+            said = f"load differs: {rb:.1f} vs {ra:.1f} req/s"
+            shifts.append((float(effect.slopes[0]) * math.log(ra / rb), said))
+        for shift, what in shifts:
+            if spec.points:
+                left, amount = (change - shift, low - shift, high - shift), f"{shift:+.2f} pt"
+            else:
+                factor = math.exp(shift)
+                left, amount = (change / factor, low / factor, high / factor), f"{100 * (factor - 1):+.1f} %"
+            if self._verdict(spec, b, *left) != verdict:
+                return f"{what}, at the period before's sensitivity to them, could explain {amount} of it"
+        return None
 
     def _verdict(self, spec: SignalSpec, before: float, change: float, low: float, high: float) -> Verdict:
         """A verdict needs the interval to exclude no change and a practical size: 5 % of the
@@ -378,6 +390,23 @@ class ChangeVerifier:
             return "no change"
         went_up = change > none
         return "regressed" if went_up == spec.lower_is_better else "improved"
+
+
+def against_the_load(spec: SignalSpec, verdict: Verdict, traffic: TrafficMix) -> bool:
+    """Whether a latency verdict goes against a load difference beyond ``LOAD_RATIO``: slower
+    at a lower arrival rate, or faster at a higher one. Latency does not fall as load grows,
+    so such a verdict stands however little the two periods' traffic overlaps.
+
+    >>> spec = SignalSpec("ttft_p50", "ttft", quantile=0.5)
+    >>> quieter = TrafficMix(rate_before=2.2, rate_after=1.1)
+    >>> against_the_load(spec, "regressed", quieter), against_the_load(spec, "improved", quieter)
+    (True, False)
+    """
+    rb, ra = traffic.rate_before, traffic.rate_after
+    if spec.points or verdict not in ("regressed", "improved") or not rb or not ra:
+        return False
+    worse = verdict == "regressed"
+    return ra / rb < 1 / LOAD_RATIO if worse else ra / rb > LOAD_RATIO
 
 
 def counts_differ(before: Side, after: Side, alpha: float) -> bool:
