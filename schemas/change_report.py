@@ -29,12 +29,6 @@ class Period(BaseModel):
     last: float | None = None
     requests: int = Field(ge=0)
 
-    def rate(self) -> float | None:
-        """Requests per second over the period (None for an empty or instantaneous one)."""
-        if self.first is None or self.last is None or self.last <= self.first:
-            return None
-        return self.requests / (self.last - self.first)
-
 
 class TrafficMix(BaseModel):
     """What each period's traffic was, held fixed by the comparison rather than judged: its
