@@ -20,7 +20,7 @@ only the blocks' luck varies.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -46,20 +46,33 @@ def _number(row: Mapping[str, Any], name: str) -> float:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else np.nan
 
 
-Segmentation = tuple[Callable[[Mapping[str, Any]], str], dict[str, int]]
+@dataclass
+class Segmentations:
+    """Named ways to segment requests, from one key function that gives a request its key
+    under each (in ``names`` order: the segmentations share their parts, computed once per
+    request), and per name the index of keys seen, shared by both periods."""
+
+    names: tuple[str, ...]
+    keys_of: Callable[[Mapping[str, Any]], tuple[str, ...]]
+    indexes: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def sizes(self) -> dict[str, int]:
+        """Segments seen so far, per segmentation."""
+        return {name: len(self.indexes.get(name, {})) for name in self.names}
 
 
 def columns(
     rows: Sequence[Mapping[str, Any]],
-    segmentations: Mapping[str, Segmentation],
+    segmentations: Segmentations,
     extract: Mapping[str, Callable[[Mapping[str, Any]], float]],
 ) -> Columns:
-    """``rows`` as columns; each segmentation is a key function and its index of segment keys,
-    to which new keys are added (the index is shared by both periods)."""
-    strata = {
-        name: np.fromiter((index.setdefault(key_of(row), len(index)) for row in rows), np.int64, len(rows))
-        for name, (key_of, index) in segmentations.items()
-    }
+    """``rows`` as columns; each request's segment index under each segmentation (new keys
+    are added to the segmentation's index)."""
+    keys = [segmentations.keys_of(row) for row in rows]
+    strata = {}
+    for position, name in enumerate(segmentations.names):
+        index = segmentations.indexes.setdefault(name, {})
+        strata[name] = np.fromiter((index.setdefault(k[position], len(index)) for k in keys), np.int64, len(rows))
     values = {name: np.fromiter((get(row) for row in rows), np.float64, len(rows)) for name, get in extract.items()}
     return Columns(strata, values)
 

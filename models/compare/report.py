@@ -1,11 +1,13 @@
 """Verdicts per signal for a change: the period after a marker against the period before.
 
 Each signal is a statistic of a model's requests (a latency quantile, a token-weighted hit
-rate, a share of bad finishes) computed on both periods with the before period's segment mix
-(``mix``), with a stratified-bootstrap confidence interval of the ratio (latency,
-throughput) or of the difference in points (shares). A verdict needs both: the interval
-excludes no change (so it is not noise) *and* the estimate moved past a practical threshold
-(so a 0.5 % TTFT shift on a million requests is not called a regression).
+rate, a share of bad finishes) computed on both periods with the before period's mix of
+strata (segment, prompt octave, cache eligibility and, for latencies, load: ``strata``,
+``mix``), with a block-bootstrap confidence interval of the ratio (latency, throughput) or
+of the difference in points (shares). A verdict needs both: the interval excludes no change
+(so it is not noise) *and* the estimate moved past a practical threshold (so a 0.5 % TTFT
+shift on a million requests is not called a regression). Where the traffic could have made
+it, it is ``inconclusive`` instead, with the reason.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from servewatch.models.compare.adjust import explained_shift
 from servewatch.models.compare.mix import (
     Columns,
     Mix,
-    Segmentation,
+    Segmentations,
     Side,
     bootstrap,
     columns,
@@ -73,6 +75,14 @@ LOAD_RATIO = 1.5
 ELIGIBLE_POINTS = 10.0
 
 
+def load_differs(traffic: TrafficMix) -> str | None:
+    """``load differs: 4.6 vs 2.7 req/s`` when the arrival rates are more than ``LOAD_RATIO`` apart."""
+    rb, ra = traffic.rate_before, traffic.rate_after
+    if not rb or not ra or 1 / LOAD_RATIO <= ra / rb <= LOAD_RATIO:
+        return None
+    return f"load differs: {rb:.1f} vs {ra:.1f} req/s"
+
+
 def why_not_comparable(traffic: TrafficMix, comparable: float) -> str:
     """Why too few requests had a counterpart, in the traffic's terms.
 
@@ -80,10 +90,9 @@ def why_not_comparable(traffic: TrafficMix, comparable: float) -> str:
     ...                               eligible_after=0.60), 0.38)
     'load differs: 4.6 vs 2.7 req/s, 38 % of requests comparable'
     """
-    parts = []
-    rb, ra, eb, ea = traffic.rate_before, traffic.rate_after, traffic.eligible_before, traffic.eligible_after
-    if rb and ra and not 1 / LOAD_RATIO <= ra / rb <= LOAD_RATIO:
-        parts.append(f"load differs: {rb:.1f} vs {ra:.1f} req/s")
+    load = load_differs(traffic)
+    parts = [load] if load else []
+    eb, ea = traffic.eligible_before, traffic.eligible_after
     if eb is not None and ea is not None and abs(eb - ea) * 100 >= ELIGIBLE_POINTS:
         parts.append(f"prefix reuse differs: {eb:.0%} vs {ea:.0%} of requests cache-eligible")
     return f"{'; '.join(parts) or 'the traffic differs'}, {100 * comparable:.0f} % of requests comparable"
@@ -98,8 +107,9 @@ class ChangeVerifier:
     signals marked ``by_output`` (default: the output band too). With ``hold_traffic`` (the
     default) each segment is split further by the load each request met and whether its
     prompt prefix was seen shortly before (``strata``), so a quieter hour or less prefix reuse
-    does not pass for a change; where less than ``min_coverage`` of either period's requests
-    have a counterpart on the other side the verdict is ``inconclusive``, with the reason.
+    does not pass for a change; where the periods have less than ``min_coverage`` of their
+    requests in common (``overlap``), or the traffic explains the change, the verdict is
+    ``inconclusive``, with the reason.
     With ``simultaneous`` (the default) the intervals hold together over the report's signals
     (Bonferroni): one report reads nine signals, and nine separate 95 % intervals would call
     one of them changed in about one no-change report in three.
@@ -175,12 +185,7 @@ class ChangeVerifier:
         """The report of one model's (or one segment's) rows of both periods."""
         rng = rng if rng is not None else np.random.default_rng(self.seed)
         before_rows, after_rows = self.labelled(before_rows, after_rows)
-        outcome_of = self.outcome_segment_of or default_segment_of(by_output=True)
-        segmentations: dict[str, Segmentation] = {
-            "input": (self._stratum(self.segment_of or default_segment_of(), by_load=False), {}),
-            "input+load": (self._stratum(self.segment_of or default_segment_of()), {}),
-            "outcome+load": (self._stratum(outcome_of), {}),
-        }
+        segmentations = Segmentations(("input", "input+load", "outcome+load", "segment"), self._strata_of())
         extract = extractors(self.reasoning_markers)
         before = columns(before_rows, segmentations, extract)
         after = columns(after_rows, segmentations, extract)
@@ -198,14 +203,14 @@ class ChangeVerifier:
                    or self._valid(spec, after, eligibility, False).any() for spec in self.signals}  # fmt: skip
         tested = [spec for spec in self.signals if carried[spec.name]]
         confidence = 1.0 - (1.0 - self.confidence) / len(tested) if self.simultaneous and tested else self.confidence
-        sizes = {name: len(index) for name, (_, index) in segmentations.items()}
+        sizes = segmentations.sizes()
         rows = [self._signal(spec, before, after, valid[spec.name], sizes, rng, confidence, traffic)
                 for spec in tested]  # fmt: skip
         return ChangeReport(
             model=model,
             before=_period(before),
             after=_period(after),
-            segments=len({outcome_of(row) for rows in (before_rows, after_rows) for row in rows}),
+            segments=sizes["segment"],
             confidence=self.confidence,
             resamples=self.resamples,
             min_requests=self.min_requests,
@@ -214,20 +219,29 @@ class ChangeVerifier:
             traffic=traffic if self.hold_traffic else None,
         )
 
-    def _stratum(
-        self, segment_of: Callable[[Mapping[str, Any]], str], by_load: bool = True
-    ) -> Callable[[Mapping[str, Any]], str]:
-        """``segment_of`` split by the traffic labels, when they are held fixed: the prompt's
-        octave and its cache eligibility, and with ``by_load`` its load band."""
-        if not self.hold_traffic:
-            return segment_of
+    def _strata_of(self) -> Callable[[Mapping[str, Any]], tuple[str, str, str, str]]:
+        """A request's strata: what it asks split by the traffic labels (the prompt's octave
+        and its cache eligibility; with the load band too), the same for the outcome segment
+        with the load band, and the outcome segment alone. Without ``hold_traffic``, the
+        segments alone."""
+        asked_of = self.segment_of or default_segment_of()
+        outcome_of = self.outcome_segment_of or default_segment_of(by_output=True)
 
-        def stratum(row: Mapping[str, Any]) -> str:
-            octave = int(row.get("prompt_tokens") or 0).bit_length()
-            load = f"|load={strata.load_band(row.get(strata.LOAD))}" if by_load else ""
-            return f"{segment_of(row)}|prompt<2^{octave}{load}|prefix={row.get(strata.PREFIX)}"
+        def strata_of(row: Mapping[str, Any]) -> tuple[str, str, str, str]:
+            asked, outcome = asked_of(row), outcome_of(row)
+            if not self.hold_traffic:
+                return asked, asked, outcome, outcome
+            octave = f"|prompt<2^{int(row.get('prompt_tokens') or 0).bit_length()}"
+            load = f"|load={strata.load_band(row.get(strata.LOAD))}"
+            prefix = f"|prefix={row.get(strata.PREFIX)}"
+            return (
+                f"{asked}{octave}{prefix}",
+                f"{asked}{octave}{load}{prefix}",
+                f"{outcome}{octave}{load}{prefix}",
+                outcome,
+            )
 
-        return stratum
+        return strata_of
 
     def _valid(self, spec: SignalSpec, data: Columns, eligibility: bool, traffic: bool = True) -> np.ndarray:
         """The requests that count for ``spec``: ``traffic``, only those whose labels are known."""
@@ -365,10 +379,9 @@ class ChangeVerifier:
             (strata_of[0], covariates[0], response), (strata_of[1], covariates[1]), mix, spec.quantile
         )
         shifts = [(effect.shift, "the load in flight and the prompt lengths left within comparable strata")]
-        rb, ra = traffic.rate_before, traffic.rate_after
-        if not spec.points and rb and ra and not 1 / LOAD_RATIO <= ra / rb <= LOAD_RATIO:
-            said = f"load differs: {rb:.1f} vs {ra:.1f} req/s"
-            shifts.append((float(effect.slopes[0]) * math.log(ra / rb), said))
+        load = load_differs(traffic)
+        if load and not spec.points and traffic.rate_before and traffic.rate_after:
+            shifts.append((float(effect.slopes[0]) * math.log(traffic.rate_after / traffic.rate_before), load))
         for shift, what in shifts:
             if spec.points:
                 left, amount = (change - shift, low - shift, high - shift), f"{shift:+.2f} pt"
@@ -403,10 +416,9 @@ def against_the_load(spec: SignalSpec, verdict: Verdict, traffic: TrafficMix) ->
     (True, False)
     """
     rb, ra = traffic.rate_before, traffic.rate_after
-    if spec.points or verdict not in ("regressed", "improved") or not rb or not ra:
+    if spec.points or verdict not in ("regressed", "improved") or not rb or not ra or not load_differs(traffic):
         return False
-    worse = verdict == "regressed"
-    return ra / rb < 1 / LOAD_RATIO if worse else ra / rb > LOAD_RATIO
+    return (ra < rb) == (verdict == "regressed")
 
 
 def counts_differ(before: Side, after: Side, alpha: float) -> bool:

@@ -253,9 +253,14 @@ class TrafficLog:
         loads = in_flight(arrivals, durations, at)
         return np.where(at - _lookback(durations) >= self._earliest, loads, np.nan)
 
-    def labelled(self, rows: Sequence[Mapping[str, Any]], before: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """``rows`` (each with its ``PREFIX`` from ``add``) with their load, at the pace of ``before``."""
+    def labelled(
+        self, before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
+    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """Both periods' rows (each with its ``PREFIX`` from ``add``) with their load, at the
+        pace of the period before."""
+        rows = [*before, *after]
         loads = self.loads(np.array([arrival_of(row) for row in rows], dtype=np.float64), UsualPace.of(before))
-        return [
+        out = [
             {**row, LOAD: None if math.isnan(load) else load} for row, load in zip(rows, loads.tolist(), strict=True)
         ]
+        return out[: len(before)], out[len(before) :]

@@ -182,8 +182,7 @@ class ChangeWatch:
         if self.watermark >= self._next_check:
             steps = math.floor((self.watermark - self.marker.at) / self.check_every_s) + 1
             self._next_check = self.marker.at + steps * self.check_every_s
-        before = self._traffic.labelled(self._before.rows, self._before.rows)
-        after = self._traffic.labelled(self._after.rows, self._before.rows)
+        before, after = self._traffic.labelled(self._before.rows, self._after.rows)
         (report,) = self.verifier.compare(before, after, model=self.marker.model) or [self._empty_report()]
         checks = [check(condition, before, after, self.verifier, self.marker.model) for condition in self.conditions]
         events = [event for condition, result in zip(self.conditions, checks, strict=True)
