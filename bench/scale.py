@@ -74,8 +74,8 @@ def batches(segments: int, windows: int, partitions: int = 1, full: bool = False
 
 
 def child(segments: int, windows: int, partitions: int, max_segments: int, full: bool) -> dict[str, float]:
+    from servewatch.pipeline.messages.origin import MessageOrigin
     from servewatch.pipeline.tuning import trim_heap, tune_process
-    from servewatch.pipeline.worker.decode import Source
     from servewatch.pipeline.worker.stage_one import StageOne
     from servewatch.pipeline.worker.stage_two import StageTwo
 
@@ -85,13 +85,13 @@ def child(segments: int, windows: int, partitions: int, max_segments: int, full:
     )
     one, two = StageOne(settings), StageTwo(settings)
     for offset, (partition, raw) in enumerate(batches(10, 3, partitions)):  # warm up allocators, lazy imports
-        StageOne(settings).process(raw, Source("warm", partition, offset), now=0.0)
+        StageOne(settings).process(raw, MessageOrigin("warm", partition, offset), now=0.0)
     gc.collect()
     trim_heap()  # the worker trims its heap every few seconds from the start
     base = rss_kib()
     stage_two_cpu = 0.0
     for offset, (partition, raw) in enumerate(batches(segments, windows, partitions, full)):
-        _, partials = one.process(raw, Source("bench", partition, offset), now=0.0)
+        _, partials = one.process(raw, MessageOrigin("bench", partition, offset), now=0.0)
         # As in the worker: bundles of partials per partials partition, watermarks last.
         bundles = one.bundles(partials, partitions)
         partials = None  # type: ignore[assignment]  # a partial holds its whole window's table

@@ -147,7 +147,7 @@ class RequestLog(BaseModel):
 class RequestLogRow(TypedDict):
     """A ``RequestLog`` as a plain dict (``RequestLog.to_row``): what tests and tools pass around.
 
-    The worker's hot path validates JSON into ``pipeline.worker.fast_rows.FastRow`` instead, which
+    The worker's hot path validates JSON into ``pipeline.messages.fast_rows.FastRow`` instead, which
     has the same fields and bounds and reads the same way.
     """
 

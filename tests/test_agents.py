@@ -11,9 +11,9 @@ from prometheus_client import REGISTRY
 
 from servewatch.models.windows.wire import windows_from_wire
 from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.settings import Settings
-from servewatch.pipeline.worker.app import create_app
-from servewatch.pipeline.worker.decode import Source
+from servewatch.pipeline.worker import create_app
 from servewatch.pipeline.worker.stage_one import StageOne
 from servewatch.schemas.anomaly import AnomalyEvent
 from servewatch.schemas.dead_letter import DeadLetter
@@ -69,7 +69,7 @@ async def test_partials_in_anomalies_out(app_and_sinks: Any) -> None:
     messages: list[bytes] = []
     workload = Workload((Phase("normal", 300), Phase("cache_off", 120, prefix_caching=False)), seed=8)
     for offset, (_, batch) in enumerate(workload.seconds()):
-        _, partials = stage_one.process(orjson.dumps(batch), Source("t", 0, offset), now=0.0)
+        _, partials = stage_one.process(orjson.dumps(batch), MessageOrigin("t", 0, offset), now=0.0)
         messages += [bundle for _, bundle in stage_one.bundles(partials, 1)]
     agent = app.agents["servewatch.pipeline.worker.app.detect_anomalies"]
     async with agent.test_context() as running:
@@ -108,6 +108,6 @@ def dead_letters(reason: str) -> float:
 def test_dead_letters_are_counted_by_reason() -> None:
     before = dead_letters("invalid_json"), dead_letters("too_large")
     stage = StageOne(Settings(max_message_bytes=1024))
-    stage.process(b"{nope", Source("t", 0, 0))
-    stage.process(b"[" + b" " * 2000 + b"]", Source("t", 0, 1))
+    stage.process(b"{nope", MessageOrigin("t", 0, 0))
+    stage.process(b"[" + b" " * 2000 + b"]", MessageOrigin("t", 0, 1))
     assert (dead_letters("invalid_json"), dead_letters("too_large")) == (before[0] + 1, before[1] + 1)

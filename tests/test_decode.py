@@ -1,4 +1,4 @@
-"""``pipeline.worker.decode.decode_message``: one object, a JSON array or NDJSON in; records and dead letters out."""
+"""``pipeline.messages.decode.decode_message``: one object, a JSON array or NDJSON in; records and dead letters out."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from servewatch.pipeline.worker.decode import RAW_KEEP_BYTES, Decoded, Source, decode_message
+from servewatch.pipeline.messages.dead_letters import RAW_KEEP_BYTES
+from servewatch.pipeline.messages.decode import Decoded, decode_message
+from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.schemas import DeadLetter, RequestLog
 from tests.samples import VALID_RECORD
 
 VALID: dict[str, Any] = VALID_RECORD
-SOURCE = Source(topic="servewatch.requests", partition=3, offset=42)
+SOURCE = MessageOrigin(topic="servewatch.requests", partition=3, offset=42)
 
 
 def rec(i: int, **changes: Any) -> dict[str, Any]:
@@ -32,7 +34,7 @@ def reasons(decoded: Decoded) -> list[str]:
     return [letter.reason for letter in decoded.dead_letters]
 
 
-def assert_from(letter: DeadLetter, source: Source) -> None:
+def assert_from(letter: DeadLetter, source: MessageOrigin) -> None:
     assert (letter.source_topic, letter.source_partition, letter.source_offset) == (
         source.topic,
         source.partition,

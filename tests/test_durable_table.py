@@ -8,7 +8,7 @@ import asyncio
 import pytest
 from faust.streams import current_event
 
-from servewatch.pipeline.durable_table import DurableWrites
+from servewatch.pipeline.streams.durable_table import DurableWrites
 
 
 class PartitionedStore(dict[bytes, bytes]):

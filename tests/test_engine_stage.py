@@ -14,8 +14,8 @@ from servewatch.models.stats.capacity import Capacity
 from servewatch.models.windows.engine_window import EngineMemory, EngineWindow
 from servewatch.pipeline.dev.serving_sim import CHAT_MODEL, SimPhase, TraceWorkload
 from servewatch.pipeline.dev.sim_scrapes import run_scrape_scenario
+from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.settings import Settings
-from servewatch.pipeline.worker.decode import Source
 from servewatch.pipeline.worker.engine_stage import JudgeEngines
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 from servewatch.schemas.engine_interval import EngineInterval
@@ -102,7 +102,7 @@ def test_a_replayed_interval_is_judged_once_and_bad_ones_are_dead_lettered() -> 
     judge.receive(raw)
     judge.receive(raw)
     assert (judge.intervals, judge.replayed, judge.bank.windows_judged) == (1, 1, 1)
-    events, letters = judge.receive(b'[{"instance": "x"}, 7]', Source("servewatch.scrapes", 2, 40))
+    events, letters = judge.receive(b'[{"instance": "x"}, 7]', MessageOrigin("servewatch.scrapes", 2, 40))
     assert not events and [letter.record_index for letter in letters] == [0, 1]
     assert letters[0].reason == "validation" and "model" in letters[0].error and letters[0].source_offset == 40
     _, letters = judge.receive(b"{not json")

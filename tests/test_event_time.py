@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from servewatch.models.windows.segments import Segmenter, is_replica_key
 from servewatch.models.windows.windowing import Windower
+from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.pipeline.settings import Settings
-from servewatch.pipeline.worker.decode import Source
 from servewatch.pipeline.worker.stage_one import StageOne
 from servewatch.pipeline.worker.stage_two import StageTwo
 from servewatch.schemas.dead_letter import DeadLetter
@@ -39,7 +39,7 @@ def test_a_future_record_is_dead_lettered_and_offsets_keep_moving() -> None:
     ]
     letters: list[DeadLetter] = []
     for offset, rows in enumerate(messages):
-        got, _ = one.process(orjson.dumps(rows), Source("requests", 1, offset), token=f"m{offset}", wall=wall)
+        got, _ = one.process(orjson.dumps(rows), MessageOrigin("requests", 1, offset), token=f"m{offset}", wall=wall)
         letters += got
     assert [(letter.reason, letter.record_index) for letter in letters] == [("future_timestamp", 1),
                                                                           ("future_timestamp", 0)]  # fmt: skip
@@ -58,7 +58,7 @@ def test_a_simulated_clock_ahead_of_the_wall_is_not_the_future() -> None:
     wall = T0
     letters: list[DeadLetter] = []
     for step in range(20):  # 20 steps of 100 s: 2,000 s ahead of the wall by the end
-        got, _ = one.process(orjson.dumps([log(f"r{step}", T0 + 100 * step)]), Source("t", 0, step), wall=wall)
+        got, _ = one.process(orjson.dumps([log(f"r{step}", T0 + 100 * step)]), MessageOrigin("t", 0, step), wall=wall)
         letters += got
     assert letters == []
 
@@ -140,7 +140,7 @@ def test_windows_older_than_a_segments_state_are_counted_as_late_not_judged() ->
     """A backlog older than what a restored segment already learned is not judged again: it
     is counted (``older_than_state``) and logged, and ``servewatch replay`` judges it."""
     one = StageOne(Settings())
-    one.process(orjson.dumps([log(f"r{i}", T0 + i / 10) for i in range(25)]), Source("t", 0, 0))
+    one.process(orjson.dumps([log(f"r{i}", T0 + i / 10) for i in range(25)]), MessageOrigin("t", 0, 0))
     (old,) = [partial for partial in one.flush_all() if not is_replica_key(partial.key)]
     two = StageTwo(Settings())
     two.bank.segment(old.key).last_window_end = T0 + 600  # as restored from the state table
@@ -168,10 +168,10 @@ def test_a_message_that_failed_is_acknowledged_only_after_the_earlier_ones() -> 
     # acknowledged at once would let a crash lose the earlier messages' records in open windows.
     one = StageOne(Settings(window_s=10, allowed_lateness_s=0, max_lateness_s=0))
     wall = T0 + 40
-    one.process(orjson.dumps([log("a", T0 + 1)]), Source("requests", 1, 0), token="m0", wall=wall)
+    one.process(orjson.dumps([log("a", T0 + 1)]), MessageOrigin("requests", 1, 0), token="m0", wall=wall)
     one.acknowledge_in_order(1, "m1")  # its processing raised: dead-lettered whole
     assert one.safe_to_ack() == []  # m0 still feeds the open window T0
-    one.process(orjson.dumps([log("b", T0 + 25)]), Source("requests", 1, 2), token="m2", wall=wall)
+    one.process(orjson.dumps([log("b", T0 + 25)]), MessageOrigin("requests", 1, 2), token="m2", wall=wall)
     assert one.safe_to_ack() == ["m0", "m1"]
 
 
@@ -183,11 +183,15 @@ def test_a_message_read_again_after_its_window_was_sent_is_a_duplicate_not_a_sec
     whole as a replay: those records were lost. Re-read, a message is counted and let go."""
     one = StageOne(Settings(window_s=10, allowed_lateness_s=0, max_lateness_s=0, topic_partitions=2))
     first = orjson.dumps([log(f"a{i}", T0 + i / 10) for i in range(20)])
-    one.process(first, Source("requests", 0, 0), now=0.0, token="m0")
+    one.process(first, MessageOrigin("requests", 0, 0), now=0.0, token="m0")
     sent = one.flush_idle(now=10_000.0)  # quiet for long: the window goes, as it does at an idle flush
     assert sum(int(p.requests) for p in sent if not is_replica_key(p.key)) == 20 and one.safe_to_ack() == ["m0"]
-    one.process(first, Source("requests", 0, 0), now=10_000.0, token="m0 again")  # the seek to the committed offset
-    one.process(orjson.dumps([log("b", T0 + 5)]), Source("requests", 0, 1), now=10_000.0, token="m1")  # read since
+    one.process(
+        first, MessageOrigin("requests", 0, 0), now=10_000.0, token="m0 again"
+    )  # the seek to the committed offset
+    one.process(
+        orjson.dumps([log("b", T0 + 5)]), MessageOrigin("requests", 0, 1), now=10_000.0, token="m1"
+    )  # read since
     (partial,) = [p for p in one.flush_idle(now=20_000.0) if not is_replica_key(p.key)]
     assert (partial.requests, partial.sources) == (1, [(0, 1, 1)])  # its own record only: not a replay
     assert one.redelivered == 20 and one.safe_to_ack() == ["m0 again", "m1"]
@@ -199,8 +203,8 @@ def test_partials_read_again_when_their_partition_comes_back_are_replays_not_jud
     the partials read again are replays, neither judged again nor counted late."""
     config = Settings(window_s=10, allowed_lateness_s=0, max_lateness_s=0, topic_partitions=1)
     one, two = StageOne(config), StageTwo(config)
-    one.process(orjson.dumps([log(f"r{i}", T0 + i / 10) for i in range(25)]), Source("requests", 0, 0))
-    _, partials = one.process(orjson.dumps([log("later", T0 + 25)]), Source("requests", 0, 1))
+    one.process(orjson.dumps([log(f"r{i}", T0 + i / 10) for i in range(25)]), MessageOrigin("requests", 0, 0))
+    _, partials = one.process(orjson.dumps([log("later", T0 + 25)]), MessageOrigin("requests", 0, 1))
     bundles = one.bundles(partials, 1)
     for via, bundle in bundles:
         two.receive(bundle, via, now=0.0, token="m0")
@@ -222,8 +226,8 @@ def test_a_partials_message_is_let_go_once_its_windows_are_judged_and_in_stored_
         compare_replicas=False,  # one partials partition holds the window
     )  # fmt: skip
     one, two = StageOne(config), StageTwo(config)
-    one.process(orjson.dumps([log(f"r{i}", T0 + i / 10) for i in range(25)]), Source("requests", 0, 0))
-    _, partials = one.process(orjson.dumps([log("later", T0 + 25)]), Source("requests", 0, 1))
+    one.process(orjson.dumps([log(f"r{i}", T0 + i / 10) for i in range(25)]), MessageOrigin("requests", 0, 0))
+    _, partials = one.process(orjson.dumps([log("later", T0 + 25)]), MessageOrigin("requests", 0, 1))
     for n, (via, bundle) in enumerate(one.bundles(partials, 2)):
         two.receive(bundle, via, now=0.0, token=f"m{n}")
     ((via, fed),) = [(via, token) for via, held in two.unacked.items() for token, until in held if until > T0]
@@ -248,7 +252,7 @@ def test_a_segment_gone_quiet_is_stored_and_holds_no_acknowledgement_back() -> N
     batches += [[log(f"b{w}-{i}", T0 + 10 * w + i / 10, model="busy") for i in range(25)] for w in range(10)]
     stored_until = []
     for offset, batch in enumerate(batches):
-        _, partials = one.process(orjson.dumps(batch), Source("requests", 0, offset))
+        _, partials = one.process(orjson.dumps(batch), MessageOrigin("requests", 0, offset))
         for via, bundle in one.bundles(partials, 1):
             two.receive(bundle, via, now=0.0)
         two.bank.states_to_save()

@@ -9,8 +9,8 @@ import orjson
 
 from servewatch.models.explain.evidence_sample import EvidenceBudget
 from servewatch.pipeline.dev.workload import Workload, demo_phases
+from servewatch.pipeline.messages.decode import decode_message
 from servewatch.pipeline.replay.request_logs import JsonlChunks, Replay
-from servewatch.pipeline.worker.decode import decode_message
 from servewatch.pipeline.worker.evidence import fill, wanted
 from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status
 

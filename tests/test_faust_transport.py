@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from servewatch.pipeline.settings import Settings
-from servewatch.pipeline.worker.app import faust_app
+from servewatch.pipeline.streams.faust_app import faust_app
 
 
 @pytest.mark.parametrize("profile, idempotent", [("kafka", True), ("tansu", False)])

@@ -14,7 +14,7 @@ from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 from servewatch.pipeline.cli.common import CommandError, load_settings
 from servewatch.pipeline.kafka import PLAINTEXT, KafkaAuth, producer
 from servewatch.pipeline.settings import Settings
-from servewatch.pipeline.worker.app import create_app
+from servewatch.pipeline.worker import create_app
 
 SCRAM = {"security_protocol": "SASL_SSL", "sasl_mechanism": "SCRAM-SHA-512", "sasl_username": "sw",
          "sasl_password": "s3cret", "broker": "127.0.0.1:9"}  # fmt: skip

@@ -1,11 +1,12 @@
 """Dependencies point one way, checked on the source, not by convention:
 
 * between packages, ``schemas`` <- ``models`` <- ``pipeline``;
-* inside ``models``, the order of ``LAYERS["models"]`` below (``stats`` <- ``windows`` <- ... <- ``compare``);
-* inside ``pipeline``, the order of ``LAYERS["pipeline"]`` (its root modules <- ``worker`` <- ... <- ``cli``).
+* inside ``models`` and ``pipeline``, the sub-packages import each other only along the
+  edges of ``GRAPH`` below: the real graph of the code, which must have no cycle. An edge
+  nothing uses any more is taken out, so the graph stays a picture of the code.
 
-A module imports from its own layer or lower ones only. README's "Where things live" lists
-the same sub-packages and modules, and ``pyproject.toml`` every package.
+README's "Where things live" lists the same sub-packages and modules, and ``pyproject.toml``
+every package.
 """
 
 from __future__ import annotations
@@ -31,11 +32,33 @@ ALLOWED = {
     "models": {"pydantic", "numpy", "river", "scipy"},
 }
 
-#: Sub-packages of each package, lowest first ("" is the package's own root modules).
-LAYERS = {
-    "schemas": ("",),
-    "models": ("", "stats", "windows", "workload", "explain", "detect", "compare"),
-    "pipeline": ("", "worker", "ingest", "replay", "loadgen", "notify", "changes", "web", "dev", "cli"),
+#: Which sub-packages each sub-package imports ("" is the package's own root modules; the
+#: package's facade, its ``__init__``, may import any of them).
+GRAPH: dict[str, dict[str, set[str]]] = {
+    "schemas": {"": set()},
+    "models": {
+        "": set(),
+        "stats": set(),
+        "windows": {"stats"},
+        "workload": set(),
+        "explain": {"stats", "windows"},
+        "detect": {"stats", "windows", "explain"},
+        "compare": {"windows", "explain", "detect"},
+    },
+    "pipeline": {
+        "": set(),
+        "messages": set(),  # where a message came from, dead letters, decoding, partitions
+        "streams": {""},  # the Faust app and its plumbing
+        "worker": {"", "messages", "streams"},
+        "ingest": {"", "messages"},
+        "replay": {"", "messages", "ingest", "worker"},
+        "loadgen": set(),
+        "notify": {"", "messages", "streams"},
+        "changes": {"", "messages"},
+        "web": {""},
+        "dev": {"", "changes", "replay"},
+        "cli": {"", "streams", "worker", "ingest", "replay", "loadgen", "notify", "changes", "web", "dev"},
+    },
 }
 
 
@@ -59,38 +82,96 @@ def imports(path: Path) -> list[str]:
     return names
 
 
-def layer_of(path_or_module: Path | str) -> tuple[int, int]:
-    """(package rank, sub-package rank) of a file or a ``servewatch.*`` module name."""
+def sub_package_of(path_or_module: Path | str) -> tuple[str, str | None]:
+    """(package, sub-package) of a file or a ``servewatch.*`` module name: "" for the
+    package's root modules, None for its facade (its ``__init__``)."""
     if isinstance(path_or_module, Path):
         parts = path_or_module.relative_to(ROOT).with_suffix("").parts
         if parts[-1] == "__init__":
             parts = parts[:-1]
     else:
         parts = tuple(path_or_module.split(".")[1:])
-    package = parts[0]
-    if len(parts) == 1:  # the package's facade (``models.REGISTRY``) sits above its sub-packages
-        return PACKAGES.index(package), len(LAYERS[package]) - 1
-    # (package, module) is a root module, layer ""; (package, sub, ...) is in layer sub
-    sub = parts[1] if len(parts) > 2 or parts[1] in LAYERS[package] else ""
-    return PACKAGES.index(package), LAYERS[package].index(sub)
+    if len(parts) == 1:
+        return parts[0], None
+    return parts[0], parts[1] if len(parts) > 2 or parts[1] in GRAPH[parts[0]] else ""
+
+
+def edges(package: str) -> dict[str, set[str]]:
+    """The sub-packages each sub-package of ``package`` imports, read from the source."""
+    found: dict[str, set[str]] = {sub: set() for sub in GRAPH[package]}
+    for path in modules(package):
+        _, here = sub_package_of(path)
+        for name in imports(path):
+            if name.startswith(f"servewatch.{package}."):
+                _, there = sub_package_of(name)
+                if here is not None and there is not None and there != here:
+                    found[here].add(there)
+    return found
+
+
+def cycle(graph: dict[str, set[str]]) -> list[str]:
+    """A cycle of ``graph`` (as the nodes along it), or [] if it has none."""
+    done: set[str] = set()
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        if node in path:
+            return [*path[path.index(node) :], node]
+        if node in done:
+            return []
+        for target in sorted(graph.get(node, ())):
+            if found := visit(target, [*path, node]):
+                return found
+        done.add(node)
+        return []
+
+    return next((found for node in sorted(graph) if (found := visit(node, []))), [])
 
 
 @pytest.mark.parametrize("package", PACKAGES)
-def test_imports_point_down(package: str) -> None:
+def test_packages_import_down_and_nothing_foreign(package: str) -> None:
     upward, foreign = [], []
     for path in modules(package):
-        here = layer_of(path)
         for name in imports(path):
             root = name.split(".")[0]
             if root == "servewatch":
-                if name == "servewatch":
-                    continue  # the version
-                if layer_of(name) > here:
+                if name != "servewatch" and PACKAGES.index(name.split(".")[1]) > PACKAGES.index(package):
                     upward.append(f"{path.relative_to(ROOT)} imports {name}")
             elif root not in STDLIB and package in ALLOWED and root not in ALLOWED[package]:
                 foreign.append(f"{path.relative_to(ROOT)} imports {name}")
     assert not upward, upward
     assert not foreign, foreign
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_sub_packages_import_along_the_graph_only(package: str) -> None:
+    found = edges(package)
+    unlisted = {sub: sorted(targets - GRAPH[package][sub]) for sub, targets in found.items()}
+    unused = {sub: sorted(GRAPH[package][sub] - targets) for sub, targets in found.items()}
+    assert not {sub: t for sub, t in unlisted.items() if t}, "imports outside GRAPH (add the edge, or don't)"
+    assert not {sub: t for sub, t in unused.items() if t}, "edges of GRAPH nothing uses (take them out)"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_the_graph_has_no_cycle(package: str) -> None:
+    assert cycle(GRAPH[package]) == []
+
+
+def test_a_cycle_is_found() -> None:
+    assert cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert cycle({"a": {"b"}, "b": set()}) == []
+
+
+def test_only_the_workers_own_modules_and_its_entry_point_reach_its_app() -> None:
+    """The worker's app is wiring: what other commands share lives in ``messages`` and ``streams``."""
+    reaching = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for package in PACKAGES
+        for path in modules(package)
+        if path.relative_to(ROOT).parts[:2] != ("pipeline", "worker")
+        for name in imports(path)
+        if name == "servewatch.pipeline.worker.app"
+    ]
+    assert reaching == []
 
 
 def test_the_two_shippers_do_not_lean_on_each_other() -> None:
@@ -100,8 +181,8 @@ def test_the_two_shippers_do_not_lean_on_each_other() -> None:
             assert not [n for n in imports(path) if n.startswith(f"servewatch.pipeline.ingest.{theirs}")], path
 
 
-def test_every_folder_is_a_listed_package_of_one_layer() -> None:
-    """A new sub-package is placed in a layer here and shipped in the wheel (pyproject)."""
+def test_every_folder_is_a_listed_package_in_the_graph() -> None:
+    """A new sub-package is placed in the graph here and shipped in the wheel (pyproject)."""
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     for package in PACKAGES:
         for init in (ROOT / package).rglob("__init__.py"):
@@ -109,7 +190,7 @@ def test_every_folder_is_a_listed_package_of_one_layer() -> None:
             assert "servewatch." + ".".join(parts) in listed, f"add {'.'.join(parts)} to pyproject's packages"
             assert len(parts) <= 3, f"{init.parent}: two levels of sub-packages at most"
             if len(parts) > 1:
-                assert parts[1] in LAYERS[package], f"place {init.parent.relative_to(ROOT)} in a layer"
+                assert parts[1] in GRAPH[package], f"place {init.parent.relative_to(ROOT)} in GRAPH"
 
 
 def test_only_the_command_line_prints() -> None:

@@ -28,6 +28,7 @@ from servewatch.models.windows.wire import windows_to_wire
 from servewatch.pipeline.cli.common import variable_is_read, warn_unknown_variables
 from servewatch.pipeline.cli.main import main
 from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.notify.config import check_http_url, parse_config
 from servewatch.pipeline.notify.notification import Notification
 from servewatch.pipeline.notify.sinks.slack import SlackWebhookSink
@@ -36,7 +37,6 @@ from servewatch.pipeline.web.detail import group_page
 from servewatch.pipeline.web.links import LinkTemplates
 from servewatch.pipeline.web.store import TriageStore
 from servewatch.pipeline.worker import metrics
-from servewatch.pipeline.worker.decode import Source
 from servewatch.pipeline.worker.stage_one import StageOne
 from servewatch.pipeline.worker.stage_two import StageTwo
 from servewatch.schemas.anomaly import AnomalyEvent
@@ -226,10 +226,10 @@ def test_in_open_windows_counts_what_the_windows_hold_and_is_right_after_a_resta
     two.release_all()
     assert two.judged_records == 500
     # ...and reads 7 of its own, still in stage 1's open window
-    one.process(orjson.dumps([_record(i, 1767225700.0 + i) for i in range(7)]), Source("t", 0, 0), now=0.0)
+    one.process(orjson.dumps([_record(i, 1767225700.0 + i) for i in range(7)]), MessageOrigin("t", 0, 0), now=0.0)
     one.fold_pending()
     assert _in_open_windows() == 7
-    one.process(orjson.dumps([_record(7, 1767225701.5)]), Source("t", 0, 1), now=0.0)
+    one.process(orjson.dumps([_record(7, 1767225701.5)]), MessageOrigin("t", 0, 1), now=0.0)
     assert _in_open_windows() == 8  # decoded, not folded yet: held all the same
     partials = one.flush_all()
     assert _in_open_windows() == 0 and sum(int(p.requests) for p in partials if not is_replica_key(p.key)) == 8
@@ -258,7 +258,7 @@ def _pipeline_records(model: str) -> list[AnomalyEvent | IncidentGroup]:
     workload = Workload((Phase("normal", 300), Phase("cache_off", 120, prefix_caching=False)), models=(model,), seed=8)
     incidents: list[AnomalyEvent] = []
     for offset, (_, batch) in enumerate(workload.seconds()):
-        _, partials = one.process(orjson.dumps(batch), Source("t", 0, offset), now=0.0)
+        _, partials = one.process(orjson.dumps(batch), MessageOrigin("t", 0, offset), now=0.0)
         for _, bundle in one.bundles(partials, 1):
             incidents += two.receive(bundle, via=0, now=0.0)
     grouper, records = IncidentGrouper(), list[AnomalyEvent | IncidentGroup]()

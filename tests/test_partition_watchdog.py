@@ -1,4 +1,4 @@
-"""The partition watchdog (pipeline/worker/partition_watchdog.py).
+"""The partition watchdog (pipeline/streams/partition_watchdog.py).
 
 Its logic on offsets and an injected clock; one check's counting, logging and recovery over
 a consumer stand-in; and, on the embedded broker, a real aiokafka consumer whose fetch of
@@ -25,8 +25,8 @@ from prometheus_client import REGISTRY
 
 from servewatch.pipeline.kafka import ensure_topics, producer
 from servewatch.pipeline.settings import Settings
-from servewatch.pipeline.worker.app import faust_app
-from servewatch.pipeline.worker.partition_watchdog import (
+from servewatch.pipeline.streams.faust_app import faust_app
+from servewatch.pipeline.streams.partition_watchdog import (
     AIOKafkaWatched,
     FaustWatched,
     Offsets,

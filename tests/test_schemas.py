@@ -349,7 +349,7 @@ import orjson  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from servewatch.pipeline.worker.fast_rows import FastRow, decode_array  # noqa: E402
+from servewatch.pipeline.messages.fast_rows import FastRow, decode_array  # noqa: E402
 
 _values = st.one_of(
     st.none(), st.booleans(), st.integers(-5, 20_000_000), st.floats(allow_nan=True, allow_infinity=True),
@@ -417,7 +417,7 @@ def test_the_hot_paths_row_and_request_log_agree_field_by_field() -> None:
     ISO timestamps and string status codes are left to ``RequestLog``)."""
     import msgspec
 
-    from servewatch.pipeline.worker.fast_rows import FastRow
+    from servewatch.pipeline.messages.fast_rows import FastRow
 
     fast_schema = msgspec.json.schema(FastRow)
     fast_defs = fast_schema.get("$defs", {})

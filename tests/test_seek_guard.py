@@ -20,7 +20,7 @@ from faust.types.tuples import ConsumerMessage, Message
 from mode import Service
 from mode.utils.queues import FlowControlQueue
 
-from servewatch.pipeline.seek_guard import hold_flow_while_seeking
+from servewatch.pipeline.streams.seek_guard import hold_flow_while_seeking
 
 PARTITION = TP("anomalies", 0)
 RECORDS = 10

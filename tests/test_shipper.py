@@ -26,7 +26,7 @@ from servewatch.pipeline.ingest.ship.http_endpoint import HttpSource, parse_list
 from servewatch.pipeline.ingest.ship.shipper import ShipConfig, Shipper
 from servewatch.pipeline.ingest.ship.sources import ChunkResult, LineSplitter, StreamSource, Unit
 from servewatch.pipeline.kafka import read_topic
-from servewatch.pipeline.worker.decode import decode_message
+from servewatch.pipeline.messages.decode import decode_message
 from servewatch.schemas.dead_letter import DeadLetter
 from servewatch.schemas.request_log import RequestLog
 from tests.conftest import Broker, own_broker

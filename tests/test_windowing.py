@@ -16,8 +16,8 @@ from servewatch.models.windows.segments import OVERFLOW_KEY, Segmenter
 from servewatch.models.windows.window import WindowStats
 from servewatch.models.windows.windowing import WindowAssembler, Windower
 from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.settings import Settings
-from servewatch.pipeline.worker.decode import Source
 from servewatch.pipeline.worker.stage_one import StageOne
 from servewatch.pipeline.worker.stage_two import StageTwo
 from servewatch.schemas.request_log import RequestLog, RequestLogRow
@@ -136,7 +136,7 @@ def test_shuffled_delivery_loses_no_partial() -> None:
             continue
         sent += len(batch)
         p = rng.randrange(4)
-        _, partials = one.process(orjson.dumps(batch), Source("t", p, offsets[p]), now=now)
+        _, partials = one.process(orjson.dumps(batch), MessageOrigin("t", p, offsets[p]), now=now)
         offsets[p] += 1
         for k, bundle in one.bundles(partials, 4):
             queues[k].append(bundle)
@@ -160,10 +160,10 @@ def test_messages_are_acknowledged_only_after_their_windows_are_sent() -> None:
     """At-least-once: a message's offset may be committed only once every window it fed is released."""
     one = StageOne(Settings(window_s=10, allowed_lateness_s=0, max_lateness_s=0))
     batch = lambda *ts: orjson.dumps([log(i, t) for i, t in enumerate(ts)])  # noqa: E731
-    one.process(batch(T0 + 1, T0 + 11), Source("t", 0, 0), token="m0")  # feeds windows T0 and T0+10
-    one.process(batch(T0 + 12), Source("t", 0, 1), token="m1")  # closes T0 only
+    one.process(batch(T0 + 1, T0 + 11), MessageOrigin("t", 0, 0), token="m0")  # feeds windows T0 and T0+10
+    one.process(batch(T0 + 12), MessageOrigin("t", 0, 1), token="m1")  # closes T0 only
     assert one.safe_to_ack() == []  # m0 still has records in the open window T0+10
-    one.process(batch(T0 + 25), Source("t", 0, 2), token="m2")  # closes T0+10
+    one.process(batch(T0 + 25), MessageOrigin("t", 0, 2), token="m2")  # closes T0+10
     assert one.safe_to_ack() == ["m0", "m1"]
     one.flush_all()
     assert one.safe_to_ack() == ["m2"]
@@ -179,7 +179,7 @@ def _closed_windows(settings: Settings, messages: list[tuple[int, bytes]]) -> li
         ]
 
     for step, (partition, raw) in enumerate(messages):
-        _, partials = one.process(raw, Source("t", partition, offsets[partition]), now=float(step))
+        _, partials = one.process(raw, MessageOrigin("t", partition, offsets[partition]), now=float(step))
         offsets[partition] += 1
         out += seen(step, partials)
     return out + seen(-1, one.flush_all())
@@ -201,10 +201,10 @@ def test_folding_many_messages_at_once_sends_what_folding_each_would() -> None:
 
 def test_unfolded_messages_are_not_acknowledged() -> None:
     one = StageOne(Settings(window_s=10, allowed_lateness_s=0, max_lateness_s=0, fold_records=100))
-    one.process(orjson.dumps([log(0, T0 + 1)]), Source("t", 0, 0), token="m0")  # first of its partition: folded
-    one.process(orjson.dumps([log(1, T0 + 2)]), Source("t", 0, 1), token="m1")  # same window: waits
+    one.process(orjson.dumps([log(0, T0 + 1)]), MessageOrigin("t", 0, 0), token="m0")  # first of its partition: folded
+    one.process(orjson.dumps([log(1, T0 + 2)]), MessageOrigin("t", 0, 1), token="m1")  # same window: waits
     assert one.pending_records == 1 and one.oldest_pending_offset == {0: 1}
-    one.process(orjson.dumps([log(2, T0 + 13)]), Source("t", 0, 2), token="m2")  # next window: folds, closes T0
+    one.process(orjson.dumps([log(2, T0 + 13)]), MessageOrigin("t", 0, 2), token="m2")  # next window: folds, closes T0
     assert one.pending_records == 0 and one.safe_to_ack() == ["m0", "m1"]
 
 

@@ -30,9 +30,9 @@ from servewatch.models.compare.watch import ChangeWatch
 from servewatch.pipeline.changes.config import ChangesConfig
 from servewatch.pipeline.changes.store import parse_change_record
 from servewatch.pipeline.kafka import KafkaAuth, assign_all, follow_topic
+from servewatch.pipeline.messages.decode import decode_message
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.topics import Topics
-from servewatch.pipeline.worker.decode import decode_message
 from servewatch.schemas.anomaly import AnomalyEvent
 from servewatch.schemas.change_marker import ChangeMarker
 from servewatch.schemas.change_report import ChangeReport

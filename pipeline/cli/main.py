@@ -89,7 +89,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     import faust
 
     from servewatch.pipeline.cli.notify import load_notify_config
-    from servewatch.pipeline.worker.app import create_app
+    from servewatch.pipeline.worker import create_app
 
     settings = settings_from(args)
     # The files first: a config that cannot work is said at once, not after the broker's wait.

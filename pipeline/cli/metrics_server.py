@@ -39,7 +39,7 @@ def metrics_of(modules: Iterable[ModuleType]) -> list[MetricWrapperBase]:
 def command_modules(command: Command, delivers: bool = False) -> list[ModuleType]:
     """The modules whose metrics ``command`` serves; ``delivers``: a worker that notifies too."""
     from servewatch.pipeline.notify import delivery
-    from servewatch.pipeline.worker import partition_watchdog
+    from servewatch.pipeline.streams import partition_watchdog
 
     if command == "notifier":
         return [delivery, partition_watchdog]

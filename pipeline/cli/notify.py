@@ -74,8 +74,8 @@ def cmd_notify(args: argparse.Namespace) -> int:
     import faust
 
     from servewatch.pipeline.notify.agent import add_notifier
+    from servewatch.pipeline.streams.faust_app import faust_app
     from servewatch.pipeline.topics import declare_topics
-    from servewatch.pipeline.worker.app import faust_app
 
     path = args.config or settings_from(args).notify_config
     if not path:

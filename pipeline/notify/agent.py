@@ -24,18 +24,19 @@ import faust
 import httpx
 from pydantic import ValidationError
 
-from servewatch.pipeline.durable_table import DurableWrites
 from servewatch.pipeline.kafka import KafkaAuth
+from servewatch.pipeline.messages.dead_letters import dead_letter as letter_for
+from servewatch.pipeline.messages.dead_letters import describe
+from servewatch.pipeline.messages.origin import MessageOrigin
+from servewatch.pipeline.messages.partitioning import partition_of
 from servewatch.pipeline.notify.config import NotifyConfig
 from servewatch.pipeline.notify.notifier import Notifier, Storage
 from servewatch.pipeline.notify.silence_store import SilenceFeed
 from servewatch.pipeline.notify.sinks.build import build_sink
 from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.streams.durable_table import DurableWrites
+from servewatch.pipeline.streams.partition_watchdog import add_partition_watchdog
 from servewatch.pipeline.topics import NOTIFY_STATE_TABLE, Topics
-from servewatch.pipeline.worker.decode import Source, describe
-from servewatch.pipeline.worker.decode import dead_letter as letter_for
-from servewatch.pipeline.worker.partition_watchdog import add_partition_watchdog
-from servewatch.pipeline.worker.stage_one import partition_of
 from servewatch.schemas.dead_letter import DeadLetter
 from servewatch.schemas.delivery import Delivery
 from servewatch.schemas.incident_group import parse_anomaly_record
@@ -92,7 +93,7 @@ def add_notifier(app: faust.App, topics: Topics, settings: Settings, config: Not
                 await notifier.receive(parse_anomaly_record(event.value))
             except ValidationError as exc:
                 message = event.message
-                source = Source(topic=message.topic, partition=message.partition, offset=message.offset)
+                source = MessageOrigin(topic=message.topic, partition=message.partition, offset=message.offset)
                 await dead_letter(letter_for("invalid_anomaly", describe(exc), event.value or b"", source))
 
     @app.task

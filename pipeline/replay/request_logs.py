@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from servewatch.models.windows.segments import is_replica_key
+from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.settings import Settings
-from servewatch.pipeline.worker.decode import Source
 from servewatch.pipeline.worker.evidence import fill, wanted
 from servewatch.pipeline.worker.stage_one import StageOne
 from servewatch.pipeline.worker.stage_two import StageTwo
@@ -67,7 +67,9 @@ class Replay:
     def feed(self, raw: bytes, offset: int) -> list[AnomalyEvent]:
         if self._reread is None:
             self._kept[offset] = raw
-        letters, partials = self.stage_one.process(raw, Source(topic="file", partition=0, offset=offset), now=0.0)
+        letters, partials = self.stage_one.process(
+            raw, MessageOrigin(topic="file", partition=0, offset=offset), now=0.0
+        )
         self.stats.messages += 1
         self.stats.dead_letters += len(letters)
         if letters and len(self.stats.dead_letter_samples) < 20:

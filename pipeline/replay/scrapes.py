@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 import orjson
 
 from servewatch.pipeline.ingest.scrape.scraper import IntervalTracker
+from servewatch.pipeline.messages.dead_letters import dead_letter
+from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.settings import Settings
-from servewatch.pipeline.worker.decode import Source, dead_letter
 from servewatch.pipeline.worker.engine_stage import JudgeEngines
 from servewatch.schemas.anomaly import AnomalyEvent
 from servewatch.schemas.dead_letter import DeadLetter
@@ -52,7 +53,7 @@ class ScrapeReplay:
         """One line of a record (``number``: its line number from 1, for rejections)."""
         if not line.strip():
             return []
-        source = Source(topic="scrapes-file", partition=0, offset=number)
+        source = MessageOrigin(topic="scrapes-file", partition=0, offset=number)
         try:
             record = orjson.loads(line)
             timestamp, instance, body = float(record["timestamp"]), str(record["instance"]), str(record["body"])
@@ -68,7 +69,7 @@ class ScrapeReplay:
         self.stats.events += len(events)
         return events
 
-    def _reject(self, reason: str, error: str, line: bytes, source: Source) -> list[AnomalyEvent]:
+    def _reject(self, reason: str, error: str, line: bytes, source: MessageOrigin) -> list[AnomalyEvent]:
         self.stats.rejected += 1
         if len(self.stats.rejected_samples) < 20:
             self.stats.rejected_samples.append(dead_letter(reason, error, line, source))

@@ -25,9 +25,10 @@ from servewatch.models.detect.headroom import HeadroomWatch
 from servewatch.models.detect.signals import ENGINE_SPECS
 from servewatch.models.explain.hints import mention_engine_config
 from servewatch.models.windows.engine_window import EngineMemory, engine_key
+from servewatch.pipeline.messages.dead_letters import dead_letter, describe
+from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker import metrics
-from servewatch.pipeline.worker.decode import Source, dead_letter, describe
 from servewatch.schemas.anomaly import AnomalyEvent
 from servewatch.schemas.dead_letter import DeadLetter
 from servewatch.schemas.engine_interval import EngineInterval
@@ -62,9 +63,11 @@ class JudgeEngines:
         self.bank = DetectorBank(config, save_every=every)
         self.peers = EnginePeers(config, min_ratio=config.replica_min_ratio, save_every=every)
 
-    def receive(self, raw: bytes | None, source: Source | None = None) -> tuple[list[AnomalyEvent], list[DeadLetter]]:
+    def receive(
+        self, raw: bytes | None, source: MessageOrigin | None = None
+    ) -> tuple[list[AnomalyEvent], list[DeadLetter]]:
         """One message of the scrapes topic: an interval, or a JSON array of them."""
-        source = source or Source()
+        source = source or MessageOrigin()
         if not raw:
             return [], [dead_letter("empty", "empty message", b"", source)]
         try:

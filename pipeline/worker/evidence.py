@@ -32,7 +32,8 @@ from servewatch.models.explain.hints import mention_engine_versions, mention_max
 from servewatch.models.windows.batch import evidence_from_row
 from servewatch.models.windows.rows import field_getter
 from servewatch.pipeline.kafka import PLAINTEXT, KafkaAuth
-from servewatch.pipeline.worker.decode import Source, decode_message
+from servewatch.pipeline.messages.decode import decode_message
+from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.schemas.anomaly import AnomalyEvent, Facets, Signal
 
 logger = logging.getLogger(__name__)
@@ -198,7 +199,7 @@ def _window_rows(pointer: dict[str, Any], read: ReadBack) -> list[Located]:
 def _rows_by_position(raw: bytes | None, key: MessageKey) -> dict[int, Any]:
     if raw is None:
         return {}
-    decoded = decode_message(raw, Source(partition=key[0], offset=key[1]), max_bytes=len(raw) + 1)
+    decoded = decode_message(raw, MessageOrigin(partition=key[0], offset=key[1]), max_bytes=len(raw) + 1)
     batch = decoded.rows()
     return dict(zip(batch.positions.tolist(), batch.rows, strict=True))
 

@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import orjson
-from aiokafka.partitioner import murmur2
 
 from servewatch.models.windows.batch import RowBatch
 from servewatch.models.windows.lateness import LearnedLateness
@@ -23,9 +22,12 @@ from servewatch.models.windows.signal_columns import PrefixMemory
 from servewatch.models.windows.window import WindowStats
 from servewatch.models.windows.windowing import Windower
 from servewatch.models.windows.wire import windows_to_wire
+from servewatch.pipeline.messages.dead_letters import row_letter
+from servewatch.pipeline.messages.decode import Decoded, decode_message
+from servewatch.pipeline.messages.origin import MessageOrigin
+from servewatch.pipeline.messages.partitioning import partition_of
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker import metrics
-from servewatch.pipeline.worker.decode import Decoded, Source, decode_message, row_letter
 from servewatch.schemas.dead_letter import DeadLetter
 
 logger = logging.getLogger(__name__)
@@ -33,17 +35,6 @@ logger = logging.getLogger(__name__)
 
 #: Segments per partials message (see ``StageOne.bundles``).
 BUNDLE_PARTIALS = 256
-
-
-def partition_of(key: str, partitions: int) -> int:
-    """Stable partials partition of a segment, the same on every worker and every run.
-
-    Kafka's default partitioner (murmur2 of the key, as the Java client and aiokafka
-    compute it), so the detector-state table, keyed by segment and partitioned by the
-    producer, puts a segment's state on the same partition number as its partials: the
-    worker that judges a segment is the one that holds its state.
-    """
-    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
 
 
 @dataclass
@@ -91,7 +82,12 @@ class StageOne:
         )
 
     def process(
-        self, raw: bytes | None, source: Source, now: float | None = None, token: Any = None, wall: float | None = None
+        self,
+        raw: bytes | None,
+        source: MessageOrigin,
+        now: float | None = None,
+        token: Any = None,
+        wall: float | None = None,
     ) -> tuple[list[DeadLetter], list[WindowStats]]:
         """Decode one message, fold its records in (with the messages before it, once enough
         are pending: ``fold_pending``), return dead letters and closed partials.
@@ -139,7 +135,7 @@ class StageOne:
             metrics.ALLOWED_LATENESS.set(self.windower.allowed_lateness)
         return decoded.dead_letters, closed
 
-    def _refuse_future(self, decoded: Decoded, partition: int, source: Source, wall: float) -> RowBatch:
+    def _refuse_future(self, decoded: Decoded, partition: int, source: MessageOrigin, wall: float) -> RowBatch:
         rows = decoded.rows()
         if not len(rows):
             return rows

@@ -50,8 +50,8 @@ from typing import Any, Final, TypeGuard, cast
 import msgspec
 from pydantic import ValidationError
 
-from servewatch.pipeline.worker.decode import describe
-from servewatch.pipeline.worker.fast_rows import FastRow
+from servewatch.pipeline.messages.dead_letters import describe
+from servewatch.pipeline.messages.fast_rows import FastRow
 from servewatch.schemas.request_log import Engine, RequestLog
 
 #: Leading characters of the prompt that identify its prefix (0: no hashing).

@@ -36,8 +36,8 @@ from aiokafka.errors import KafkaError, MessageSizeTooLargeError, RecordTooLarge
 from servewatch.pipeline import topics
 from servewatch.pipeline.ingest.ship.adapters import Adapter, Rejection
 from servewatch.pipeline.ingest.ship.sources import UNPARSED, Chunk, ChunkResult, Source, Unit
-from servewatch.pipeline.worker.decode import Source as Origin
-from servewatch.pipeline.worker.decode import dead_letter
+from servewatch.pipeline.messages.dead_letters import dead_letter
+from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.schemas.dead_letter import DeadLetter
 
 logger = logging.getLogger(__name__)
@@ -246,7 +246,7 @@ class Shipper:
 
     def _reject(self, unit: Unit, value: Any, reason: str, error: str, result: ChunkResult) -> None:
         raw = unit.raw if unit.raw is not None else _as_bytes(value)
-        letter = dead_letter(reason, error, raw, Origin(topic=self.source.label, offset=unit.offset), unit.index)
+        letter = dead_letter(reason, error, raw, MessageOrigin(topic=self.source.label, offset=unit.offset), unit.index)
         self._letter(letter)
         result.rejected.append((unit.index, reason, error))
 
@@ -420,7 +420,7 @@ class Shipper:
         if message.topic == topics.REQUESTS:
             offset, index = message.positions[0]
             letter = dead_letter("too_large", f"record of {len(message.values[0]):,} bytes exceeds the broker's "
-                                 "message size limit", message.values[0], Origin(topic=self.source.label,
+                                 "message size limit", message.values[0], MessageOrigin(topic=self.source.label,
                                  offset=offset), index)  # fmt: skip
             self.stats.by_reason[letter.reason] += 1
             return [_Message(topics.DEADLETTER, [letter.model_dump_json().encode()], [])]

@@ -6,14 +6,13 @@ record in a batch costs only that record: it becomes a dead letter with its posi
 reason, and the rest of the batch is used. Nothing here raises on bad input.
 
 Fast path: a clean JSON array (or NDJSON) is parsed and validated in one call, in C
-(msgspec, see ``pipeline.worker.fast_rows``), faster than parsing it into dicts. Anything else,
+(msgspec, see ``pipeline.messages.fast_rows``), faster than parsing it into dicts. Anything else,
 or a message with a bad record, takes the careful path: item by item, with ``RequestLog``
 (the authoritative model) judging what the fast validator refused.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,22 +22,13 @@ import orjson
 from pydantic import ValidationError
 
 from servewatch.models.windows.batch import RowBatch
-from servewatch.pipeline.worker.fast_rows import FastRow, decode_array, decode_lines
+from servewatch.pipeline.messages.dead_letters import RAW_KEEP_BYTES, dead_letter, describe
+from servewatch.pipeline.messages.fast_rows import FastRow, decode_array, decode_lines
+from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.schemas.anomaly import AnomalyEvent
 from servewatch.schemas.dead_letter import DeadLetter
 from servewatch.schemas.incident_group import parse_anomaly_record
 from servewatch.schemas.request_log import RequestLog
-
-RAW_KEEP_BYTES = 64 * 1024
-
-
-@dataclass
-class Source:
-    """Where a message came from, for dead letters and replay de-duplication."""
-
-    topic: str | None = None
-    partition: int | None = None
-    offset: int | None = None
 
 
 @dataclass
@@ -66,41 +56,6 @@ class Decoded:
         return [row.to_row() for row in self.accepted]
 
 
-def dead_letter(reason: str, error: str, raw: bytes, source: Source, index: int | None = None) -> DeadLetter:
-    return DeadLetter(
-        reason=reason,
-        error=error[:2000],
-        raw=raw[:RAW_KEEP_BYTES].decode("utf-8", errors="replace"),
-        raw_truncated=len(raw) > RAW_KEEP_BYTES,
-        source_topic=source.topic,
-        source_partition=source.partition,
-        source_offset=source.offset,
-        record_index=index,
-        received_at=time.time(),
-    )
-
-
-def row_letter(reason: str, error: str, row: Any, source: Source, index: int | None) -> DeadLetter:
-    """A dead letter for a row that passed validation but breaks a rule of the stream
-    (a timestamp too far in the future): its fields as JSON."""
-    fields = row.to_row() if hasattr(row, "to_row") else dict(row)
-    return dead_letter(reason, error, orjson.dumps(fields), source, index)
-
-
-def internal_error(raw: bytes | None, source: Source, exc: Exception) -> DeadLetter:
-    """A message that broke servewatch itself: kept, with the bug's message, for a retry after a fix."""
-    return dead_letter("internal_error", f"{type(exc).__name__}: {exc}", raw or b"", source)
-
-
-def describe(exc: ValidationError) -> str:
-    """A validation failure in one line, for a dead letter: the first five fields and why."""
-    parts = []
-    for err in exc.errors(include_url=False)[:5]:
-        where = ".".join(str(p) for p in err["loc"]) or "record"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
-
-
 def _as_bytes(item: Any) -> bytes:
     """The item re-serialised for its dead letter; never raises (orjson stops at depth 254)."""
     try:
@@ -115,7 +70,7 @@ def _inconsistent(row: FastRow) -> bool:
     return (cached is not None and cached > row.prompt_tokens) or (ttft is not None and ttft > row.e2e_s + 1e-3)
 
 
-def _validate(item: Any, raw: bytes | None, source: Source, index: int | None, out: Decoded) -> None:
+def _validate(item: Any, raw: bytes | None, source: MessageOrigin, index: int | None, out: Decoded) -> None:
     """Append a row or a dead letter. ``raw`` None: re-serialise the item, only if rejected."""
     if not isinstance(item, dict):
         reason, error = "not_an_object", f"expected a JSON object, got {type(item).__name__}"
@@ -135,7 +90,7 @@ def _validate(item: Any, raw: bytes | None, source: Source, index: int | None, o
     out.dead_letters.append(dead_letter(reason, error, _as_bytes(item) if raw is None else raw, source, index))
 
 
-def _fast(raw: bytes, lines: bool, source: Source, out: Decoded) -> bool:
+def _fast(raw: bytes, lines: bool, source: MessageOrigin, out: Decoded) -> bool:
     """The whole message validated in one call; False when any item needs the careful path."""
     try:
         rows = decode_lines(raw) if lines else decode_array(raw)
@@ -153,9 +108,9 @@ def _fast(raw: bytes, lines: bool, source: Source, out: Decoded) -> bool:
     return True
 
 
-def decode_message(raw: bytes | None, source: Source | None = None, max_bytes: int = 8 * 1024 * 1024) -> Decoded:
+def decode_message(raw: bytes | None, source: MessageOrigin | None = None, max_bytes: int = 8 * 1024 * 1024) -> Decoded:
     """Decode one message: a JSON object, a JSON array of objects, or NDJSON."""
-    source = source or Source()
+    source = source or MessageOrigin()
     out = Decoded()
     if not raw:
         out.dead_letters.append(dead_letter("empty", "empty message", b"", source))
@@ -199,8 +154,3 @@ def read_incident_event(raw: bytes) -> AnomalyEvent:
     if not isinstance(record, AnomalyEvent):
         raise ValueError(f"a {record.kind} record where an incident event was expected")
     return record
-
-
-def why_unreadable(exc: ValueError) -> str:
-    """A record's failure to read, in one line, for its dead letter."""
-    return describe(exc) if isinstance(exc, ValidationError) else str(exc)[:500]

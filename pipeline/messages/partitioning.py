@@ -1,0 +1,16 @@
+"""The partition a key goes to, computed the way the producer computes it."""
+
+from __future__ import annotations
+
+from aiokafka.partitioner import murmur2
+
+
+def partition_of(key: str, partitions: int) -> int:
+    """Stable partition of a key (a segment, an engine, a model), the same on every worker and every run.
+
+    Kafka's default partitioner (murmur2 of the key, as the Java client and aiokafka
+    compute it), so the detector-state table, keyed by segment and partitioned by the
+    producer, puts a segment's state on the same partition number as its partials: the
+    worker that judges a segment is the one that holds its state.
+    """
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions

@@ -1,0 +1,78 @@
+"""The worker's first step: requests messages in, closed windows' partials out.
+
+A requests message is acknowledged (its offset committed) only once every window it fed
+has been sent on to the partials topic and is on the broker, so a crash replays what was
+still in memory (``StageOne.safe_to_ack``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from servewatch.models.windows.window import WindowStats
+from servewatch.pipeline import topics
+from servewatch.pipeline.messages.dead_letters import internal_error
+from servewatch.pipeline.messages.origin import MessageOrigin
+from servewatch.pipeline.worker.outbox import Outbox, delivered
+from servewatch.pipeline.worker.publishing import EventPublisher
+from servewatch.pipeline.worker.stage_one import StageOne
+
+logger = logging.getLogger(__name__)
+
+
+class RequestAggregation:
+    """Folds requests messages into windows (``StageOne``) and sends the closed ones on."""
+
+    def __init__(self, stage_one: StageOne, outbox: Outbox, publisher: EventPublisher, partitions: int) -> None:
+        self.stage_one = stage_one
+        self.outbox = outbox
+        self.publisher = publisher
+        self.partitions = partitions  # of the partials topic
+        self._broker_silent = False
+
+    async def on_message(self, raw: bytes | None, origin: MessageOrigin, token: Any) -> None:
+        """One requests message; ``token`` is acknowledged once what it fed is sent on. A bug
+        costs the message (dead-lettered as ``internal_error``), never the worker."""
+        try:
+            letters, partials = self.stage_one.process(raw, origin, token=token)
+        except Exception as exc:
+            logger.exception("failed to process message %s/%s", origin.partition, origin.offset)
+            letters, partials = [internal_error(raw, origin, exc)], []
+            self.stage_one.acknowledge_in_order(origin.partition or 0, token)
+        await self.publisher.publish_dead_letters(letters)
+        await self.send_and_acknowledge(partials)
+
+    async def flush_idle(self, broker_answers: Callable[[], Awaitable[bool]]) -> None:
+        """Advance quiet partitions' event time and send the windows that closes. While the
+        broker does not answer, a quiet partition is held, not taken as idle."""
+        if self.stage_one.quiet():
+            answers = await broker_answers()
+            if answers == self._broker_silent:  # the broker's state changed: say so once
+                self._broker_silent = not answers
+                if answers:
+                    logger.warning("the broker answers again: quiet partitions are idle again")
+                else:
+                    logger.warning("the broker does not answer: quiet partitions are held, not taken as idle")
+            if not answers:
+                self.stage_one.hold_idle()
+                return
+        await self.send_and_acknowledge(self.stage_one.flush_idle())
+
+    async def hand_over(self, partitions: set[int]) -> None:
+        """Requests partitions revoked: send what their open windows hold, as if they closed."""
+        if partitions:
+            await self.send_and_acknowledge(self.stage_one.drop_partitions(partitions))
+
+    async def send_and_acknowledge(self, partials: list[WindowStats]) -> None:
+        """Send, then wait until every bundle is on the broker before acknowledging the
+        requests messages they cover: Faust's flush before a commit can miss a record still on
+        its way from its buffer to the client (``DurableWrites`` says more)."""
+        sent = [
+            await self.outbox.send(topics.PARTIALS, bundle, partition=partition)
+            for partition, bundle in self.stage_one.bundles(partials, self.partitions)
+        ]
+        await delivered(sent)
+        for event in self.stage_one.safe_to_ack():
+            event.ack()
