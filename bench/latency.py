@@ -8,7 +8,7 @@ produces in real time (records stamped with the wall clock as they finish) and s
 prefix caching off. For each paging event read from the anomaly topic it prints the time from the moment the
 last request log of that event's window was produced to the event being readable (and,
 for reference, the time since the window's end). The window length is not included; the
-allowed lateness is (learned from the traffic; 10 s at first, see README "Event time"), since a
+allowed lateness is (learned from the traffic; 10 s at first, see docs/operating.md, "Event time"), since a
 window cannot close before it.
 """
 

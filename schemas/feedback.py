@@ -2,8 +2,8 @@
 
 Written to ``servewatch.feedback`` (keyed by group) with who and when. The worker carries
 the latest verdict on the group's later records, and an ``expected`` verdict widens the
-tolerance of the group's signals in its model's segments for a while (see README,
-"Feedback"), so a known, accepted change stops paging.
+tolerance of the group's signals in its model's segments for a while (see
+docs/triage.md, "What a verdict changes"), so a known, accepted change stops paging.
 """
 
 from __future__ import annotations

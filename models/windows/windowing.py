@@ -47,7 +47,7 @@ class Windower:
     slowest partition's watermark has passed it (a partition that went quiet moves on with
     the wall clock, see ``advance_idle``; one handed to another worker is ``forget``-ten).
 
-    The event-time contract (README, "Event time"): a watermark is the partition's newest
+    The event-time contract (docs/operating.md, "Event time"): a watermark is the partition's newest
     event time minus the allowed lateness, fixed (``allowed_lateness_s``) or learned from
     how far behind records arrive (``lateness``); a record more than ``max_future_s`` past
     both the wall clock and its partition's newest event time is refused (``future``), so

@@ -75,8 +75,8 @@ class Route(BaseModel):
     @field_validator("causes")
     @classmethod
     def _known_causes(cls, causes: list[str]) -> list[str]:
-        """A cause no group can have would route nothing, silently: hint codes (the README's
-        hint table) or ``signal:NAME`` (a group whose incidents carry no hint)."""
+        """A cause no group can have would route nothing, silently: hint codes (docs/detection.md,
+        "Hints") or ``signal:NAME`` (a group whose incidents carry no hint)."""
         known = set(HINT_CODES) | {f"signal:{signal.value}" for signal in Signal}
         for cause in causes:
             if cause not in known:

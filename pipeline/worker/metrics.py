@@ -21,7 +21,7 @@ DEAD_LETTERS = Counter("servewatch_dead_letters", "Records sent to the dead-lett
 PARTIALS = Counter("servewatch_partials", "Window partials sent from stage 1 to stage 2.")
 LATE_PARTIALS = Counter("servewatch_late_partials", "Partials that arrived after their window was judged.")
 WINDOWS = Counter("servewatch_windows", "Segment windows judged.")
-# The accounting identity (README, "Event time"): once the stream is drained,
+# The accounting identity (docs/operating.md, "Event time"): once the stream is drained,
 # records = judged_records + late_records + duplicate_records; dead letters are apart.
 JUDGED_RECORDS = Counter("servewatch_judged_records", "Records in the windows the detectors judged.")
 LATE_RECORDS = Counter(
