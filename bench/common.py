@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from servewatch.pipeline.dev.workload import Phase, Route, Workload
+from servewatch.pipeline.dev.simulator import Phase, Route, Workload
 
 #: A fleet's mix: 12 models, chat / RAG / agent routes, so ~100 live segments.
 FLEET_MODELS = tuple(f"model-{i:02d}" for i in range(12))

@@ -27,7 +27,7 @@ import orjson
 from servewatch.pipeline import topics
 from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
-from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.dev.simulator import Phase, Workload
 from servewatch.pipeline.kafka import ensure_topics, producer, read_topic
 from servewatch.schemas.anomaly import AnomalyEvent
 

@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from servewatch.models.detect.backtest_series import score_series
 from servewatch.models.detect.lifecycle import Transition
-from servewatch.models.detect.series import score_series
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.pipeline.cli.backtest import _read_series, _series_timestamp, judged_by_load
 from servewatch.schemas.anomaly import Signal

@@ -26,7 +26,7 @@ from servewatch.pipeline.dev.replica_scenarios import FAULTY_HOST, replica_scena
 from servewatch.pipeline.dev.scenarios import Scenario, ScenarioResult, run_scenario
 from servewatch.pipeline.dev.serving_sim import TraceWorkload
 from servewatch.pipeline.dev.sim_scrapes import run_scrape_scenario
-from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.dev.simulator import Phase, Workload
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.pipeline.settings import Settings
 

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from servewatch.models.windows.wire import windows_from_wire
-from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.dev.simulator import Phase, Workload
 from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker import create_app

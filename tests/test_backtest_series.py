@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from servewatch.models.detect.series import ScoredPoint, score_series
+from servewatch.models.detect.backtest_series import ScoredPoint, score_series
 from servewatch.pipeline.cli.main import main
 from servewatch.schemas.anomaly import Signal
 

@@ -17,7 +17,7 @@ from servewatch.models.compare.rollback import RollbackCondition, check
 from servewatch.models.compare.watch import ChangeWatch
 from servewatch.models.explain.changes import ChangeBook, mention_change
 from servewatch.pipeline.changes.config import parse_changes_config
-from servewatch.pipeline.dev.workload import DEFAULT_ROUTES, EPOCH, Phase, Route, Workload
+from servewatch.pipeline.dev.simulator import DEFAULT_ROUTES, EPOCH, Phase, Route, Workload
 from servewatch.pipeline.notify.config import ConfigError
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 from servewatch.schemas.change_marker import ChangeMarker

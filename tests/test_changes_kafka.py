@@ -22,7 +22,7 @@ from servewatch.pipeline.changes.store import parse_change_record, read_changes,
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
 from servewatch.pipeline.dev.demo_sinks import DemoReceiver, start_receiver
 from servewatch.pipeline.dev.receivers import read_log
-from servewatch.pipeline.dev.workload import EPOCH, Phase, Workload
+from servewatch.pipeline.dev.simulator import EPOCH, Phase, Workload
 from servewatch.pipeline.ingest.ship.http_endpoint import HttpSource
 from servewatch.pipeline.kafka import ensure_topics, producer
 from servewatch.schemas.anomaly import AnomalyEvent, Severity

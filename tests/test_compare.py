@@ -13,7 +13,7 @@ import pytest
 
 from servewatch.models.compare import ChangeVerifier
 from servewatch.pipeline.cli.main import main
-from servewatch.pipeline.dev.workload import DEFAULT_ROUTES, EPOCH, Phase, Route, Workload
+from servewatch.pipeline.dev.simulator import DEFAULT_ROUTES, EPOCH, Phase, Route, Workload
 from servewatch.schemas.change_report import ChangeReport
 
 LATENCY = ("ttft_p50", "ttft_p95", "e2e_p95", "tokens_per_s_p50")

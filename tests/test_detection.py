@@ -11,7 +11,7 @@ import math
 import orjson
 import pytest
 
-from servewatch.pipeline.dev.workload import EPOCH, Phase, Workload, demo_phases
+from servewatch.pipeline.dev.simulator import EPOCH, Phase, Workload, demo_phases
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.pipeline.settings import Settings
 from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status

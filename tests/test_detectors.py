@@ -10,7 +10,7 @@ from servewatch.models.detect.detector import DetectorBank, DetectorConfig, Segm
 from servewatch.models.detect.lifecycle import IncidentTracker, Transition
 from servewatch.models.stats.rates import BetaBinomialRate
 from servewatch.models.windows.window import WindowStats
-from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.dev.simulator import Phase, Workload
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.schemas.anomaly import Signal, Status
 
@@ -94,7 +94,7 @@ def test_state_of_another_version_is_refused() -> None:
 def test_shared_prefixes_with_a_near_zero_hit_rate_page_even_without_history() -> None:
     """Prefix caching never on: no usual hit rate to fall from, yet every request reuses a prefix."""
     from servewatch.pipeline.dev.scenarios import Scenario, run_scenario
-    from servewatch.pipeline.dev.workload import Phase
+    from servewatch.pipeline.dev.simulator import Phase
 
     never_on = Scenario("never_on", Phase("cache_off", 300, prefix_caching=False), frozenset(), warmup_s=0.0)
     result = run_scenario(never_on)

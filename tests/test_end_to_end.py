@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 from servewatch.pipeline import topics
-from servewatch.pipeline.dev.workload import EPOCH, Phase, Workload
+from servewatch.pipeline.dev.simulator import EPOCH, Phase, Workload
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
 from servewatch.schemas.incident_group import parse_anomaly_record
 from tests.conftest import first_matching, own_broker

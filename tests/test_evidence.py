@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 
 from servewatch.models.explain.evidence_sample import EvidenceBudget
-from servewatch.pipeline.dev.workload import Workload, demo_phases
+from servewatch.pipeline.dev.simulator import Workload, demo_phases
 from servewatch.pipeline.messages.decode import decode_message
 from servewatch.pipeline.replay.request_logs import JsonlChunks, Replay
 from servewatch.pipeline.worker.evidence import fill, wanted

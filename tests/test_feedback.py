@@ -7,7 +7,7 @@ import orjson
 import pytest
 
 from servewatch.models.detect.grouping import IncidentGrouper
-from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.dev.simulator import Phase, Workload
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 from servewatch.schemas.feedback import Feedback

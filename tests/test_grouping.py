@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from servewatch.models.detect.grouping import IncidentGrouper
-from servewatch.pipeline.dev.workload import EPOCH, Workload, demo_phases
+from servewatch.pipeline.dev.simulator import EPOCH, Workload, demo_phases
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 from servewatch.schemas.incident_group import IncidentGroup, parse_anomaly_record

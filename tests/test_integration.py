@@ -19,7 +19,7 @@ from servewatch.pipeline import topics
 from servewatch.pipeline.dev.demo import play, start_worker, stop_worker
 from servewatch.pipeline.dev.demo_sinks import DemoReceiver
 from servewatch.pipeline.dev.receivers import read_log
-from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.dev.simulator import Phase, Workload
 from servewatch.pipeline.kafka import ensure_topics, producer
 from servewatch.pipeline.worker.metrics import served_value
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
@@ -145,7 +145,7 @@ def test_detector_state_survives_a_restart() -> None:
 
 def restart_and_judge(broker: Broker) -> None:
     from servewatch.pipeline.dev.broker import free_loopback_port
-    from servewatch.pipeline.dev.workload import EPOCH
+    from servewatch.pipeline.dev.simulator import EPOCH
 
     asyncio.run(ensure_topics(broker.bootstrap, 4))
     app_id = f"servewatch-restart-{uuid.uuid4().hex[:8]}"
@@ -229,7 +229,7 @@ def test_engine_metrics_on_the_scrapes_topic_page_a_capacity_incident(worker: st
 def test_a_truncation_page_carries_the_truncated_requests_read_back_from_the_topic(worker: str) -> None:
     """A rate event's evidence: the worker scans the window's own messages on the requests
     topic for the requests it counted, and quotes answers only as scrubbed excerpts."""
-    from servewatch.pipeline.dev.workload import EPOCH
+    from servewatch.pipeline.dev.simulator import EPOCH
 
     # Event times of its own: other tests' request logs on this topic share EPOCH and segments.
     phases = (Phase("normal", 240), Phase("truncation", 150, max_tokens=1000, leak_rate=0.03))

@@ -27,7 +27,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from servewatch.pipeline import topics
 from servewatch.pipeline.dev.broker import free_loopback_port
 from servewatch.pipeline.dev.demo import play, start_worker, stop_worker
-from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.dev.simulator import Phase, Workload
 from servewatch.pipeline.kafka import ensure_topics, follow_topic
 from servewatch.pipeline.worker.metrics import served_value
 from servewatch.schemas.anomaly import AnomalyEvent, Signal

@@ -27,7 +27,7 @@ from servewatch.models.windows.windowing import Windower
 from servewatch.models.windows.wire import windows_to_wire
 from servewatch.pipeline.cli.common import variable_is_read, warn_unknown_variables
 from servewatch.pipeline.cli.main import main
-from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.dev.simulator import Phase, Workload
 from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.notify.config import check_http_url, parse_config
 from servewatch.pipeline.notify.notification import Notification

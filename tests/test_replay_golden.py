@@ -18,6 +18,7 @@ import pytest
 
 from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.pipeline.dev.scenarios import BY_NAME, run_scenario
+from servewatch.pipeline.messages.decode import read_incident_event
 
 RECORDED = Path(__file__).with_name("golden") / "replay_events.json"
 #: Scenarios whose replay is recorded: rates read from answer text with evidence read back
@@ -54,6 +55,16 @@ def test_a_replay_publishes_what_it_published_before(name: str, seed: int) -> No
 def _one_line_each(text: str) -> str:
     """Innermost lists on one line: an event or a group record a line, for readable diffs."""
     return re.sub(r"\[\n\s+([^\[\]{}]*?)\n\s+\]", lambda m: "[" + re.sub(r",\n\s+", ", ", m.group(1)) + "]", text)
+
+
+def test_every_event_a_replay_publishes_reads_back_byte_for_byte() -> None:
+    """What the grouping stage reads off the incidents topic is what was written: re-encoded,
+    each real event (evidence, facets, hints, floats) gives the same bytes."""
+    events = run_scenario(BY_NAME["truncation"], 7).events
+    assert events
+    for event in events:
+        raw = event.model_dump_json().encode()
+        assert read_incident_event(raw).model_dump_json().encode() == raw
 
 
 if __name__ == "__main__":

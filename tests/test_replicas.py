@@ -20,7 +20,7 @@ from servewatch.models.windows.window import COLUMN_OF, WindowStats, log_seconds
 from servewatch.pipeline.dev.replica_scenarios import FAULTY_HOST, rolling_restart, slow_replica
 from servewatch.pipeline.dev.scenarios import run_scenario
 from servewatch.pipeline.dev.sim_scrapes import run_scrape_scenario
-from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.dev.simulator import Phase, Workload
 from servewatch.pipeline.notify.config import Timing
 from servewatch.pipeline.notify.notification import Notification
 from servewatch.pipeline.notify.sinks.alertmanager import build_alerts

@@ -24,7 +24,7 @@ from servewatch.pipeline.dev.scenarios import (
     ScenarioResult,
     run_scenario,
 )
-from servewatch.pipeline.dev.workload import EPOCH
+from servewatch.pipeline.dev.simulator import EPOCH
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 
 PAGER_BY_NAME = {s.name: s for s in PAGER_SCENARIOS}

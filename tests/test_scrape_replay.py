@@ -63,7 +63,7 @@ def test_replay_command_takes_scrapes_and_request_logs_and_names_the_engine_with
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from servewatch.pipeline.cli.main import main
-    from servewatch.pipeline.dev.workload import Phase, Workload
+    from servewatch.pipeline.dev.simulator import Phase, Workload
 
     scrapes = record(tmp_path / "scrapes.jsonl")
     out = tmp_path / "events.jsonl"

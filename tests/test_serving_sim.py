@@ -31,8 +31,8 @@ from servewatch.pipeline.dev.serving_sim import (
     read_sample,
     scenario_phases,
 )
+from servewatch.pipeline.dev.simulator import EPOCH
 from servewatch.pipeline.dev.traffic_cycles import DAY_S, cycle_phases, diurnal_multiplier
-from servewatch.pipeline.dev.workload import EPOCH
 from servewatch.schemas.request_log import RequestLog
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from servewatch.models.detect.detector import DetectorBank
 from servewatch.models.detect.signal_detector import DetectorConfig
-from servewatch.pipeline.dev.workload import EPOCH, Phase, Workload
+from servewatch.pipeline.dev.simulator import EPOCH, Phase, Workload
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.pipeline.settings import Settings
 from servewatch.schemas.anomaly import AnomalyEvent, Signal, Status

@@ -422,7 +422,7 @@ async def test_the_feed_skips_unreadable_records(
     async def on_group(group: Any) -> None:
         groups.append(group.group)
 
-    task = asyncio.create_task(feed.follow_topic(store, "x:1", feed.topics.ANOMALIES, on_group=on_group))
+    task = asyncio.create_task(feed.fold_topic(store, "x:1", feed.topics.ANOMALIES, on_group=on_group))
     for _ in range(100):
         if store.group("g1") is not None:
             break

@@ -100,7 +100,7 @@ async def test_the_feed_reads_markers_and_reports(
 
     monkeypatch.setattr(feed, "read_topic", fake_read)
     store = TriageStore()
-    task = asyncio.create_task(feed.follow_topic(store, "x:1", feed.topics.CHANGES))
+    task = asyncio.create_task(feed.fold_topic(store, "x:1", feed.topics.CHANGES))
     for _ in range(100):
         held = store.change("c1")
         if held is not None and held.report is not None:

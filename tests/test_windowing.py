@@ -15,7 +15,7 @@ from servewatch.models.windows.open_window import OpenWindow, aggregate_rows, fo
 from servewatch.models.windows.segments import OVERFLOW_KEY, Segmenter
 from servewatch.models.windows.window import WindowStats
 from servewatch.models.windows.windowing import WindowAssembler, Windower
-from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.dev.simulator import Phase, Workload
 from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker.stage_one import StageOne

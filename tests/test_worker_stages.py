@@ -15,7 +15,7 @@ from servewatch.models.explain.changes import ChangeBook
 from servewatch.models.explain.evidence_sample import MessageKey
 from servewatch.models.windows.wire import windows_from_wire
 from servewatch.pipeline import topics
-from servewatch.pipeline.dev.workload import Phase, Workload
+from servewatch.pipeline.dev.simulator import Phase, Workload
 from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker import followers

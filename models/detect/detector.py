@@ -28,16 +28,16 @@ from typing import Any
 
 from servewatch.models.detect.events import incident_event
 from servewatch.models.detect.lifecycle import Transition
+from servewatch.models.detect.no_data import no_data_events
 from servewatch.models.detect.replicas import ReplicaWatch
 from servewatch.models.detect.signal_detector import DetectorConfig, SignalDetector, Verdict, band
 from servewatch.models.detect.signals import MODEL_FIGURES, SPEC_SETS, Reading, SignalSpec
-from servewatch.models.detect.silence import no_data_events
 from servewatch.models.detect.summary import window_summary
 from servewatch.models.detect.tolerance import Tolerances
 from servewatch.models.detect.traffic_watch import TrafficWatch
 from servewatch.models.explain.faulty_requests import FAULT_SIGNALS, SLOWNESS
 from servewatch.models.explain.hints import PREFILL_SIGNALS, fallback_hint, latency_hints, signal_hints
-from servewatch.models.explain.wording import describe, segment_phrase
+from servewatch.models.explain.wording import segment_phrase, with_unit
 from servewatch.models.stats.baseline import Baseline
 from servewatch.models.stats.capacity import Capacity
 from servewatch.models.stats.rates import BetaBinomialRate
@@ -375,7 +375,7 @@ class SegmentDetectors:
             return None
         labels = window.labels
         who = f"{spec.what} for {segment_phrase(labels)}"
-        observed, expected = describe(reading.value, spec.unit), describe(verdict.expected, spec.unit)
+        observed, expected = with_unit(reading.value, spec.unit), with_unit(verdict.expected, spec.unit)
         hints: list[Hint] = []
         explained = verdict.explained
         if transition is Transition.RESOLVED:
@@ -675,7 +675,7 @@ class DetectorBank:
 
     def observe_all(self, windows: list[WindowStats], final: bool = False) -> list[AnomalyEvent]:
         """Judge windows released together; then, once per new window end, each model's
-        traffic in it (``models.stats.traffic``) and the silent segments (``models.detect.silence``).
+        traffic in it (``models.stats.traffic``) and the silent segments (``models.detect.no_data``).
         ``final``: the stream's end flushed them, and its last windows are cut short by that
         end, not by their traffic."""
         replica_rows = [window for window in windows if is_replica_key(window.key)]

@@ -42,7 +42,7 @@ class DetectorConfig:
     # latency: its few survivors (a segment draining or going quiet) are a biased sample.
     min_share_of_usual: float = 0.2
     # Event seconds without a window after which a segment's open incidents resolve as
-    # ``no_data``, and after which the segment itself is forgotten (``models.detect.silence``).
+    # ``no_data``, and after which the segment itself is forgotten (``models.detect.no_data``).
     no_data_after_s: float = 300.0
     segment_idle_s: float = 86_400.0
     signals: tuple[str, ...] = tuple(spec.signal.value for spec in SPECS)  # the signals judged

@@ -6,7 +6,7 @@ import math
 
 from servewatch.models.detect.signal_detector import Verdict
 from servewatch.models.detect.signals import Reading, SignalSpec
-from servewatch.models.explain.wording import describe
+from servewatch.models.explain.wording import with_unit
 from servewatch.schemas.anomaly import Hint
 
 
@@ -30,7 +30,7 @@ def window_summary(
         return f"{who} is {observed} against a usual {expected} over {reading.n:,} requests{why}."
     if verdict.explained:
         return (
-            f"{who} is {observed} against a usual {describe(verdict.usual, spec.unit)}, in line with load: "
+            f"{who} is {observed} against a usual {with_unit(verdict.usual, spec.unit)}, in line with load: "
             f"{demand} ({load['requests_per_s']:.1f} req/s); explained by load, not paging."
         )
     return (

@@ -17,7 +17,7 @@ def event_id(fp: str, status: str, window_start: float) -> str:
     return hashlib.blake2b(f"{fp}|{status}|{window_start:.3f}".encode(), digest_size=12).hexdigest()
 
 
-def describe(value: float, unit: str) -> str:
+def with_unit(value: float, unit: str) -> str:
     if unit == "":  # a share: enough digits that a small usual rate is not shown as 0
         return f"{value:.3%}" if 0 < value < 0.001 else f"{value:.2%}"
     if unit == "s":

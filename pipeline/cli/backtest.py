@@ -29,7 +29,7 @@ def _series_columns(
     """The time and value columns of an export: as given, else ``timestamp``/``time`` and
     ``value`` or the one other column (a Grafana export: ``time`` and the series' name)."""
     by_name = {name.strip().lower(): name for name in fieldnames}
-    from servewatch.models.detect.series import LOAD_COLUMNS
+    from servewatch.models.detect.backtest_series import LOAD_COLUMNS
 
     def pick(given: str | None, candidates: tuple[str, ...], what: str) -> str:
         if given is not None:
@@ -54,7 +54,7 @@ def _read_series(
 ) -> Iterator[dict[str, float]]:
     import csv
 
-    from servewatch.models.detect.series import LOAD_COLUMNS
+    from servewatch.models.detect.backtest_series import LOAD_COLUMNS
 
     with open(path, newline="") as handle:
         reader = csv.DictReader(handle)
@@ -95,7 +95,7 @@ def _as_counts(points: list[dict[str, float]], kind: str, trials: int | None, pa
 def judged_by_load(points: list[dict[str, float]]) -> bool:
     """Whether the export has load columns (on any row): they condition latency on demand;
     without them a series is judged by its own recent level (``SeriesLevel``)."""
-    from servewatch.models.detect.series import LOAD_COLUMNS
+    from servewatch.models.detect.backtest_series import LOAD_COLUMNS
 
     return any(name in point for point in points for name in LOAD_COLUMNS)
 
@@ -104,7 +104,7 @@ def cmd_backtest_series(args: argparse.Namespace) -> int:
     """Score one exported series with a signal's model and its incident lifecycle, no look-ahead."""
     import csv
 
-    from servewatch.models.detect.series import score_series
+    from servewatch.models.detect.backtest_series import score_series
     from servewatch.models.detect.signals import BY_SIGNAL
     from servewatch.schemas.anomaly import Signal
 

@@ -192,7 +192,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Write the demo workload as JSONL, for trying ``replay`` without real logs."""
-    from servewatch.pipeline.dev.workload import Workload, demo_phases
+    from servewatch.pipeline.dev.simulator import Workload, demo_phases
 
     workload = Workload(demo_phases(args.scale), seed=args.seed)
     count = 0

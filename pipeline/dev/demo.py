@@ -27,7 +27,7 @@ from servewatch.pipeline import topics
 from servewatch.pipeline.changes.render import render
 from servewatch.pipeline.changes.store import parse_change_record, write_marker
 from servewatch.pipeline.dev.broker import free_loopback_port
-from servewatch.pipeline.dev.workload import EPOCH, Workload, demo_phases
+from servewatch.pipeline.dev.simulator import EPOCH, Workload, demo_phases
 from servewatch.pipeline.kafka import PLAINTEXT, KafkaAuth, producer, read_topic
 from servewatch.schemas.anomaly import AnomalyEvent, Status
 from servewatch.schemas.change_marker import ChangeMarker

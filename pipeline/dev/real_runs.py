@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from servewatch.pipeline.dev.serving_sim import per_second, read_sample
-from servewatch.pipeline.dev.workload import EPOCH
+from servewatch.pipeline.dev.simulator import EPOCH
 
 SAMPLE = "real_runs.csv.gz"
 #: The runs in the sample, in the order of their rows.

@@ -22,7 +22,7 @@ import numpy as np
 from servewatch.pipeline.dev.real_runs import HEALTHY_S, RealRunWorkload
 from servewatch.pipeline.dev.scenarios import TRACE_AFTERMATH_S, TRACE_WARMUP_S, Scenario
 from servewatch.pipeline.dev.serving_sim import CHAT_MODEL, SimPhase, TraceWorkload, per_second
-from servewatch.pipeline.dev.workload import EPOCH
+from servewatch.pipeline.dev.simulator import EPOCH
 from servewatch.schemas.anomaly import Signal
 
 FAULT_S = 1200.0

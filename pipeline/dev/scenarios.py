@@ -2,7 +2,7 @@
 
 Three families, so that the simulator servewatch was built with is one voice among several:
 
-* ``synthetic``: the bundled generator (``pipeline.dev.workload``: Poisson arrivals, smooth
+* ``synthetic``: the bundled generator (``pipeline.dev.simulator``: Poisson arrivals, smooth
   queueing). Each fault there is one the detector was designed around.
 * ``real arrivals``: public arrival traces (Mooncake conversations, Azure code; bundled
   samples) played through engines with a hard slot limit and a FIFO queue
@@ -51,8 +51,8 @@ from servewatch.pipeline.dev.serving_sim import (
     SimPhase,
     TraceWorkload,
 )
+from servewatch.pipeline.dev.simulator import Phase, Workload
 from servewatch.pipeline.dev.traffic_cycles import DAY_S, WEEK_S, cycle_phases, splice
-from servewatch.pipeline.dev.workload import Phase, Workload
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.pipeline.settings import Settings
 from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status

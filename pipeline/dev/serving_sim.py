@@ -1,6 +1,6 @@
 """A discrete-event simulation of an LLM engine fleet with hard slot limits, driven by real arrival traces.
 
-``pipeline/dev/workload.py`` draws Poisson arrivals and models queueing as ``rho / (1 - rho)``
+``pipeline/dev/simulator.py`` draws Poisson arrivals and models queueing as ``rho / (1 - rho)``
 with ``rho`` capped, so it never saturates: queue time is a smooth function of load. Real
 fleets are not like that. Arrivals come in bursts (the Mooncake chat trace has 10-second
 counts up to twice their mean; the Azure code trace is silent for minutes, then sends 30
@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from servewatch.pipeline.dev.workload import EPOCH, phase_at
+from servewatch.pipeline.dev.simulator import EPOCH, phase_at
 
 #: vLLM's KV-cache block: a prefix is cached in whole blocks.
 CACHE_BLOCK_TOKENS = 16

@@ -42,7 +42,7 @@ def internal_error(raw: bytes | None, source: MessageOrigin, exc: Exception) -> 
     return dead_letter("internal_error", f"{type(exc).__name__}: {exc}", raw or b"", source)
 
 
-def describe(exc: ValidationError) -> str:
+def summarise_validation_error(exc: ValidationError) -> str:
     """A validation failure in one line, for a dead letter: the first five fields and why."""
     parts = []
     for err in exc.errors(include_url=False)[:5]:
@@ -53,4 +53,4 @@ def describe(exc: ValidationError) -> str:
 
 def why_unreadable(exc: ValueError) -> str:
     """A record's failure to read, in one line, for its dead letter."""
-    return describe(exc) if isinstance(exc, ValidationError) else str(exc)[:500]
+    return summarise_validation_error(exc) if isinstance(exc, ValidationError) else str(exc)[:500]

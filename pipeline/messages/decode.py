@@ -22,7 +22,7 @@ import orjson
 from pydantic import ValidationError
 
 from servewatch.models.windows.batch import RowBatch
-from servewatch.pipeline.messages.dead_letters import RAW_KEEP_BYTES, dead_letter, describe
+from servewatch.pipeline.messages.dead_letters import RAW_KEEP_BYTES, dead_letter, summarise_validation_error
 from servewatch.pipeline.messages.fast_rows import FastRow, decode_array, decode_lines
 from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.schemas.anomaly import AnomalyEvent
@@ -86,7 +86,7 @@ def _validate(item: Any, raw: bytes | None, source: MessageOrigin, index: int | 
             out.accept(FastRow(**RequestLog.model_validate(item).to_row()), index)
             return
         except ValidationError as exc:
-            reason, error = "validation", describe(exc)
+            reason, error = "validation", summarise_validation_error(exc)
     out.dead_letters.append(dead_letter(reason, error, _as_bytes(item) if raw is None else raw, source, index))
 
 

@@ -26,7 +26,7 @@ from pydantic import ValidationError
 
 from servewatch.pipeline.kafka import KafkaAuth
 from servewatch.pipeline.messages.dead_letters import dead_letter as letter_for
-from servewatch.pipeline.messages.dead_letters import describe
+from servewatch.pipeline.messages.dead_letters import summarise_validation_error
 from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.messages.partitioning import partition_of
 from servewatch.pipeline.notify.config import NotifyConfig
@@ -94,7 +94,9 @@ def add_notifier(app: faust.App, topics: Topics, settings: Settings, config: Not
             except ValidationError as exc:
                 message = event.message
                 source = MessageOrigin(topic=message.topic, partition=message.partition, offset=message.offset)
-                await dead_letter(letter_for("invalid_anomaly", describe(exc), event.value or b"", source))
+                await dead_letter(
+                    letter_for("invalid_anomaly", summarise_validation_error(exc), event.value or b"", source)
+                )
 
     @app.task
     async def start_sinks() -> None:

@@ -51,7 +51,7 @@ RETRY_S = 2.0
 OnGroup = Callable[[IncidentGroup], Awaitable[object]]
 
 
-async def follow_topic(
+async def fold_topic(
     store: TriageStore, bootstrap: str, topic: str, auth: KafkaAuth = PLAINTEXT, on_group: OnGroup | None = None
 ) -> None:
     """Fold ``topic`` into ``store`` from its beginning, until cancelled; reconnect after a
@@ -79,7 +79,7 @@ async def follow(
     """Follow every topic the page shows, until cancelled."""
     async with asyncio.TaskGroup() as tasks:
         for topic in PARSERS:
-            tasks.create_task(follow_topic(store, bootstrap, topic, auth, on_group))
+            tasks.create_task(fold_topic(store, bootstrap, topic, auth, on_group))
 
 
 class FeedbackPublisher:

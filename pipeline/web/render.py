@@ -18,7 +18,7 @@ from urllib.parse import quote, urlencode
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
 from servewatch.models.detect.signals import BY_SIGNAL
 from servewatch.models.explain.event_text import utc
-from servewatch.models.explain.wording import describe
+from servewatch.models.explain.wording import with_unit
 from servewatch.pipeline.web.charts import fmt, sparkline
 from servewatch.pipeline.web.links import LinkTemplates
 from servewatch.pipeline.web.store import Filters, SegmentOverview
@@ -70,7 +70,7 @@ def value_text(signal: str, value: float | None) -> str:
     spec = BY_SIGNAL.get(Signal(signal)) if signal in SIGNAL_NAMES else None
     if spec is None:  # a signal of a newer version: its number as it is
         return f"{value * 100:.1f}%" if signal in RATES else fmt(value)
-    return describe(value, spec.unit)
+    return with_unit(value, spec.unit)
 
 
 def badge(kind: str, value: str) -> str:

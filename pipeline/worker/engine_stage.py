@@ -25,7 +25,7 @@ from servewatch.models.detect.headroom import HeadroomWatch
 from servewatch.models.detect.signals import ENGINE_SPECS
 from servewatch.models.explain.hints import mention_engine_config
 from servewatch.models.windows.engine_window import EngineMemory, engine_key
-from servewatch.pipeline.messages.dead_letters import dead_letter, describe
+from servewatch.pipeline.messages.dead_letters import dead_letter, summarise_validation_error
 from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker import metrics
@@ -82,7 +82,9 @@ class JudgeEngines:
             try:
                 interval = EngineInterval.model_validate(item)
             except ValidationError as exc:
-                letters.append(dead_letter("validation", describe(exc), orjson.dumps(item), source, position))
+                letters.append(
+                    dead_letter("validation", summarise_validation_error(exc), orjson.dumps(item), source, position)
+                )
                 continue
             events.extend(self.judge(interval))
         for letter in letters:

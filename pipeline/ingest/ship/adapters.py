@@ -50,7 +50,7 @@ from typing import Any, Final, TypeGuard, cast
 import msgspec
 from pydantic import ValidationError
 
-from servewatch.pipeline.messages.dead_letters import describe
+from servewatch.pipeline.messages.dead_letters import summarise_validation_error
 from servewatch.pipeline.messages.fast_rows import FastRow
 from servewatch.schemas.request_log import Engine, RequestLog
 
@@ -231,7 +231,7 @@ def validated(candidate: dict[str, Any]) -> Adapted:
     try:
         return cast(Row, RequestLog.model_validate(candidate).to_row())
     except ValidationError as exc:
-        return Rejection("validation", describe(exc))
+        return Rejection("validation", summarise_validation_error(exc))
 
 
 def _finish(candidate: dict[str, Any], prompt: Any, messages: Any, options: AdaptOptions) -> Adapted:

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from servewatch.models.detect.signals import BY_SIGNAL
-from servewatch.models.explain.wording import describe
+from servewatch.models.explain.wording import with_unit
 from servewatch.schemas.anomaly import Hint, Signal
 
 #: Evidence rows a message shows: a person looks up a few requests, not a window's worth.
@@ -55,7 +55,7 @@ def segment_text(segment: Mapping[str, str]) -> str:
 def figure(signal: Signal, value: float) -> str:
     """A signal's value in its unit (``1.84 s``, ``12.50%``), as the events' summaries word it."""
     spec = BY_SIGNAL.get(signal)
-    return f"{value:,.4g}" if spec is None else describe(value, spec.unit)
+    return f"{value:,.4g}" if spec is None else with_unit(value, spec.unit)
 
 
 def load_text(load: Mapping[str, float]) -> str:
@@ -105,7 +105,7 @@ def evidence_line(row: Mapping[str, Any]) -> str:
     if row.get("unavailable"):
         spot = f"partition {where.get('partition')} offset {where.get('offset')}" if isinstance(where, dict) else "?"
         return f"{row.get('request_id', 'request')} at {spot}: no longer readable"
-    parts = [f"{label} {describe(float(row[name]), 's')}" for name, label in _TIMINGS if _number(row.get(name))]
+    parts = [f"{label} {with_unit(float(row[name]), 's')}" for name, label in _TIMINGS if _number(row.get(name))]
     if _number(row.get("prompt_tokens")):
         cached = f" ({row['cached_tokens']:,} cached)" if _number(row.get("cached_tokens")) else ""
         done = f" → {row['completion_tokens']:,} completion" if _number(row.get("completion_tokens")) else ""
