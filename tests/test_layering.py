@@ -12,6 +12,7 @@ every package.
 from __future__ import annotations
 
 import ast
+import doctest
 import re
 import sys
 import tomllib
@@ -191,6 +192,28 @@ def test_every_folder_is_a_listed_package_in_the_graph() -> None:
             assert len(parts) <= 3, f"{init.parent}: two levels of sub-packages at most"
             if len(parts) > 1:
                 assert parts[1] in GRAPH[package], f"place {init.parent.relative_to(ROOT)} in GRAPH"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_one_import_name_per_module_doctests_included(package: str) -> None:
+    """``servewatch.models.x`` only, never ``models.x``: the checkout's root is on the path in
+    tests, so the short name would import a second copy of the module, with classes of its own."""
+    short = []
+    parser = doctest.DocTestParser()
+    for path in modules(package):
+        text = path.read_text()
+        examples = [example.source for example in parser.get_examples(text)]  # the file's doctests
+        for source in [text, *examples]:
+            try:
+                tree = ast.parse(source)
+            except SyntaxError:  # a continuation of a doctest example, read whole in ``text``
+                continue
+            for node in ast.walk(tree):
+                names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module]
+                short += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in PACKAGES]
+    assert sorted(set(short)) == []
 
 
 def test_only_the_command_line_prints() -> None:

@@ -30,7 +30,7 @@ a member that crosses the critical bound and back every window does not flap the
 ``firing`` with its first member, ``update`` when a member joins or the group's severity
 steps up (a member's periodic updates move nothing), ``resolved`` with its last member.
 
->>> from schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
+>>> from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 >>> def event(fp, signal, route, status="firing", transition="firing", end=10.0):
 ...     return AnomalyEvent(id=fp + transition, fingerprint=fp, status=status, transition=transition,
 ...         signal=signal, segment={"model": "m", "route": route}, window_start=end - 10, window_end=end,

@@ -6,7 +6,7 @@ A finding for a platform team rather than a fault, so it is an ``info`` event: i
 pages. It is reported once per stretch of ``windows`` such intervals in a row, and
 resolved when the stretch ends, under one fingerprint.
 
->>> from models.windows.engine_window import EngineWindow
+>>> from servewatch.models.windows.engine_window import EngineWindow
 >>> def scrape(i, usage):
 ...     return EngineWindow("gpu-1:8000|qwen", {"model": "qwen", "instance": "gpu-1:8000"}, 10.0 * i,
 ...                         10.0 * i + 10, 100.0, 20_000.0, 3_000.0, 8.0, 6.0, usage, 0.93, 0)

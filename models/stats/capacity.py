@@ -24,7 +24,7 @@ Arrivals of requests still waiting are invisible in request logs, so during a lo
 arrivals read low; that is why saturation is entered on a surge of arrivals and then held
 on served throughput, not re-tested window by window.
 
->>> from models.windows.window import WindowStats
+>>> from servewatch.models.windows.window import WindowStats
 >>> def window(start, served, arrived):
 ...     return WindowStats("model=m", float(start), 10.0, requests=served, prompt_tokens=1000 * served,
 ...                        model_requests=served, model_prompt_tokens=1000 * served,

@@ -9,7 +9,7 @@ the segment's, holding every model of the segment one after the other
 judged it makes a short-lived ``view`` of each model on its buffer, sharing the
 constructor arguments of a template (``models.stats.params``).
 
->>> from models.stats.rates import BetaBinomialRate
+>>> from servewatch.models.stats.rates import BetaBinomialRate
 >>> from array import array
 >>> alone = BetaBinomialRate(prior_rate=0.01)
 >>> shared = array("d", [7.0])  # another model's numbers come first

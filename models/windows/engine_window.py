@@ -13,7 +13,7 @@ against the most it has run, and the tokens its running requests hold. A queue b
 slot busy is load; the same queue beside half of them idle is slots lost. A KV cache that
 fills because more or longer requests run is load; one fuller for the same tokens is not.
 
->>> from schemas.engine_interval import EngineInterval, LatencySummary
+>>> from servewatch.schemas.engine_interval import EngineInterval, LatencySummary
 >>> interval = EngineInterval(instance="gpu-1:8000", model="qwen", engine="vllm", start=0.0, end=10.0,
 ...     prompt_tokens_per_s=20_000.0, generation_tokens_per_s=3_000.0, kv_cache_usage=0.62,
 ...     running=24.0, waiting=0.0, preemptions_per_s=0.2, finished={"stop": 95.0, "length": 5.0})

@@ -9,7 +9,7 @@ evidence as (row, TTFT, offset, partition-and-index) of the kept requests. Colum
 as base64 of little-endian numpy arrays, so neither side builds a Python object per
 number. Decoding builds one ``WindowBlock`` per group and a handle per segment.
 
->>> from models.windows.window import WindowStats
+>>> from servewatch.models.windows.window import WindowStats
 >>> a = WindowStats("model=m", 0.0, 10.0, requests=2, prompt_tokens=30, sources=[(0, 5, 9)])
 >>> a.block.hist[0, 40] = 2
 >>> [b] = windows_from_wire(windows_to_wire([a]))
