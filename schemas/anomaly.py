@@ -90,9 +90,12 @@ class Facets(BaseModel):
 
 
 class AnomalyEvent(BaseModel):
-    """One lifecycle step (firing, update, resolved) of one incident of one signal in one segment."""
+    """One lifecycle step (firing, update, resolved) of one incident of one signal in one segment.
 
-    model_config = ConfigDict(extra="forbid")
+    Frozen: built by one builder (``models.detect.events``); what is added after judging (the
+    engines' config, the change it follows, the evidence read back, the group) makes a copy."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     schema_version: int = SCHEMA_VERSION
     kind: Literal["incident"] = Field(

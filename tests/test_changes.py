@@ -206,8 +206,8 @@ def test_an_incident_after_a_change_names_it_first_and_an_old_change_does_not() 
     book.add(ChangeMarker(id="other-gpu", at=1100.0, model="m", instance="gpu-1", description="gpu-1 only"))
     book.add(ChangeMarker(id="all", at=1000.0, model="m", description="engine upgrade"))  # read twice
     soon, late = event(1150.0), event(1000.0 + 10 * 31)
-    mention_change(soon, book, window_s=10.0, horizon_windows=30)
-    mention_change(late, book, window_s=10.0, horizon_windows=30)
+    soon = mention_change(soon, book, window_s=10.0, horizon_windows=30)
+    late = mention_change(late, book, window_s=10.0, horizon_windows=30)
     assert soon.change is not None and soon.change.id == "all" and soon.change.windows_after == 15
     assert soon.hints[0].code == "change_marker" and len(book.of_model("m")) == 2
     assert late.change is None and late.hints[0].code == "prefill_bound"

@@ -207,7 +207,7 @@ def test_request_log_events_name_the_engines_that_report_prefix_caching_off() ->
         summary=f"TTFT p95 for model qwen is 8.00 s against 900 ms expected; {message}.",
     )  # fmt: skip
     other = event.model_copy(update={"segment": {"model": "llama"}, "hints": list(event.hints)})
-    judge.explain([event, other])
+    event, other = judge.explain([event, other])
     assert event.hints[0].message.endswith("enable_prefix_caching=False on gpu-1:8000")
     assert "enable_prefix_caching=False on gpu-1:8000" in event.summary
     assert other.hints[0].message == message  # no engine of that model said anything

@@ -37,7 +37,7 @@ def test_pointers_are_filled_with_the_records_fields_and_keep_their_location() -
     message = orjson.dumps([rec(0), rec(1), rec(2)])
     event = pointing_at((3, 41, 2), (3, 41, 0))
     assert wanted([event]) == {(3, 41)}
-    fill([event], {(3, 41): message})
+    [event] = fill([event], {(3, 41): message})
     assert [r["request_id"] for r in event.evidence] == ["r2", "r0"]
     assert event.evidence[0]["location"] == {"partition": 3, "offset": 41, "index": 2}
     assert all("content" not in r for r in event.evidence)
@@ -50,13 +50,13 @@ def test_positions_count_rejected_records_too() -> None:
     batch = decode_message(message).rows()
     assert batch.positions.tolist() == [0, 2]
     event = pointing_at((0, 0, 2))
-    fill([event], {(0, 0): message})
+    [event] = fill([event], {(0, 0): message})
     assert event.evidence[0]["request_id"] == "r2"
 
 
 def test_a_message_that_cannot_be_read_leaves_a_pointer_marked_unavailable() -> None:
     event = pointing_at((0, 7, 1))
-    fill([event], {})
+    [event] = fill([event], {})
     assert event.evidence == [
         {"ttft_s": 1.0, "location": {"partition": 0, "offset": 7, "index": 1}, "unavailable": True,
          "sample": "slowest"}
@@ -128,14 +128,12 @@ def test_a_scan_keeps_the_segments_faulty_requests_and_is_dropped_without_a_segm
     sample = {"window_sample": "anomalous", "segment": key, "window_start": T0, "window_end": T0 + 10,
               "sources": [[2, 40, 40]]}  # fmt: skip
     pointer = {"scan": Signal.LENGTH_TRUNCATION.value}
-    event = pointing_at()
-    event.evidence = [pointer, sample]
+    event = pointing_at().model_copy(update={"evidence": [pointer, sample]})
     only_faulty = EvidenceBudget(uniform=0, baseline=0)
-    fill([event], {(2, 40): orjson.dumps(rows)}, only_faulty, segment_of=segmenter.key_of_row)
+    [event] = fill([event], {(2, 40): orjson.dumps(rows)}, only_faulty, segment_of=segmenter.key_of_row)
     assert [(r["request_id"], r["location"], r["sample"]) for r in event.evidence] == [
         ("cut", {"partition": 2, "offset": 40, "index": 1}, "faulty")
     ]
-    bare = pointing_at()
-    bare.evidence = [dict(pointer), dict(sample)]
-    fill([bare], {(2, 40): orjson.dumps(rows)}, only_faulty)
+    bare = pointing_at().model_copy(update={"evidence": [dict(pointer), dict(sample)]})
+    [bare] = fill([bare], {(2, 40): orjson.dumps(rows)}, only_faulty)
     assert bare.evidence == []

@@ -127,11 +127,11 @@ def test_output_truncated_names_the_limits_of_the_cut_requests_only() -> None:
         {"sample": "baseline", "finish_reason": "length", "max_tokens": 8192},  # another window
     ]
     event = event_with(hint, evidence)
-    mention_max_tokens(event)
+    event = mention_max_tokens(event)
     assert event.hints[0].message.endswith("(max_tokens of the requests cut: 512, 1,000)")
     assert event.hints[0].message in event.summary
     quiet = event_with(hint, [{"sample": "uniform", "finish_reason": "stop", "max_tokens": 4096}])
-    mention_max_tokens(quiet)
+    quiet = mention_max_tokens(quiet)
     assert quiet.hints[0] == hint
 
 
@@ -143,10 +143,10 @@ def test_reasoning_marker_in_content_names_the_engine_versions_that_leaked() -> 
         {"sample": "uniform", "engine": "sglang", "engine_version": "0.5.2"},  # did not leak
     ]
     event = event_with(hint, evidence)
-    mention_engine_versions(event)
+    event = mention_engine_versions(event)
     assert event.hints[0].message.endswith("(the leaking answers shown were served by vllm 0.11.0)")
     unknown = event_with(hint, [{"sample": "faulty"}])
-    mention_engine_versions(unknown)
+    unknown = mention_engine_versions(unknown)
     assert unknown.hints[0] == hint
 
 

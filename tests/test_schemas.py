@@ -310,6 +310,15 @@ def test_anomaly_event_round_trips_through_json() -> None:
     assert again.status is Status.FIRING and again.signal is Signal.TTFT
 
 
+def test_an_anomaly_event_is_changed_only_by_copies() -> None:
+    """Built once (``models.detect.events``); each enrichment after judging returns a new one."""
+    original = event()
+    with pytest.raises(ValidationError):
+        original.summary = "changed in place"
+    again = original.model_copy(update={"summary": "a copy"})
+    assert again.summary == "a copy" and original.summary != "a copy"
+
+
 def test_anomaly_event_forbids_unknown_fields() -> None:
     with pytest.raises(ValidationError):
         event(unexpected=1)

@@ -240,8 +240,8 @@ class ChangeWatch:
             hints=[Hint(code="rollback_condition_met", message=f"{condition.text}: {_described(condition, result)}")],
             evidence=[{**row, "sample": sample} for row in evidence(condition, after, result.where, count=5)],
             incident_name=f"rollback:{marker.id}:{condition.text}",
+            change=ChangeRef(id=marker.id, at=marker.at, description=marker.description, windows_after=0),
         )
-        event.change = ChangeRef(id=marker.id, at=marker.at, description=marker.description, windows_after=0)
         self._firing[condition.text] = event
         return event
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from servewatch.models.detect.lifecycle import Transition, fingerprint
 from servewatch.models.explain.wording import event_id
-from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
+from servewatch.schemas.anomaly import AnomalyEvent, ChangeRef, Hint, Severity, Signal, Status
 
 
 def incident_event(
@@ -49,6 +49,7 @@ def incident_event(
     baseline_young: bool = False,
     incident_name: str | None = None,
     id_tag: str | None = None,
+    change: ChangeRef | None = None,
 ) -> AnomalyEvent:
     """The event of ``transition`` of the incident of ``signal`` in segment ``key`` begun at
     ``incident_start``, seen in ``window`` (start, end).
@@ -81,4 +82,5 @@ def incident_event(
         evidence=evidence or [],
         summary=summary,
         baseline_young=baseline_young,
+        change=change,
     )

@@ -51,8 +51,8 @@ class ChangeBook:
         return list(self._markers.get(model, []))
 
 
-def mention_change(event: AnomalyEvent, book: ChangeBook, window_s: float, horizon_windows: int) -> None:
-    """Name, on a firing ``event`` (in place), the change its incident most likely follows:
+def mention_change(event: AnomalyEvent, book: ChangeBook, window_s: float, horizon_windows: int) -> AnomalyEvent:
+    """Name, on a firing ``event`` (a copy of it), the change its incident most likely follows:
     its model's latest marker at most ``horizon_windows`` windows before the window it fired
     in. The change's hint goes first; a resolved event keeps what its firing said.
 
@@ -63,22 +63,24 @@ def mention_change(event: AnomalyEvent, book: ChangeBook, window_s: float, horiz
     ...     hints=[Hint(code="prefill_bound", message="more prefill")])
     >>> book = ChangeBook()
     >>> book.add(ChangeMarker(id="c1", at=1000.0, model="m", description="disable prefix caching"))
-    >>> mention_change(event, book, window_s=10.0, horizon_windows=30)
+    >>> event = mention_change(event, book, window_s=10.0, horizon_windows=30)
     >>> event.change.windows_after, [hint.code for hint in event.hints]
     (4, ['change_marker', 'prefill_bound'])
     >>> event.hints[0].message
     "started 4 windows after change c1 on m: 'disable prefix caching'"
     """
     if event.status is not Status.FIRING or event.change is not None:
-        return
+        return event
     model = event.segment.get("model", "other")
     marker = book.latest(model, at=event.window_start, instance=event.segment.get("instance"))
     if marker is None:
-        return
+        return event
     windows = math.floor((event.window_start - marker.at) / window_s) if window_s > 0 else 0
     if windows > horizon_windows:
-        return
-    event.change = ChangeRef(id=marker.id, at=marker.at, description=marker.description, windows_after=windows)
+        return event
+    change = ChangeRef(id=marker.id, at=marker.at, description=marker.description, windows_after=windows)
     where = f" on {model}" + (f" ({marker.instance})" if marker.instance else "")
     message = f"started {windows} window{'s' * (windows != 1)} after change {marker.id}{where}: '{marker.description}'"
-    event.hints = [Hint(code="change_marker", message=message), *event.hints]
+    return event.model_copy(
+        update={"change": change, "hints": [Hint(code="change_marker", message=message), *event.hints]}
+    )

@@ -388,29 +388,31 @@ def signal_hints(signal: Signal, window: WindowStats, observed: float, expected:
     return []
 
 
-def mention_engine_config(event: AnomalyEvent, prefix_caching: Mapping[str, str]) -> None:
+def mention_engine_config(event: AnomalyEvent, prefix_caching: Mapping[str, str]) -> AnomalyEvent:
     """Name the engines whose metrics say prefix caching is off (``enable_prefix_caching``,
-    by instance, for the event's model) in a ``prefix_cache_ineffective`` hint, in place:
+    by instance, for the event's model) in its ``prefix_cache_ineffective`` hint:
     request logs show the symptom, the engines' own config the likely cause."""
     off = sorted(instance for instance, enabled in prefix_caching.items() if enabled == "False")
     if off:
         shown = ", ".join(off[:3]) + (f" and {len(off) - 3} more" if len(off) > 3 else "")
-        _amend(event, "prefix_cache_ineffective", f"; the engines report enable_prefix_caching=False on {shown}")
+        return _amend(event, "prefix_cache_ineffective", f"; the engines report enable_prefix_caching=False on {shown}")
+    return event
 
 
-def mention_max_tokens(event: AnomalyEvent) -> None:
+def mention_max_tokens(event: AnomalyEvent) -> AnomalyEvent:
     """Name the ``max_tokens`` the truncated requests of the evidence asked for in the event's
-    ``output_truncated`` hint (in place): the limit to raise, or the client that set it."""
+    ``output_truncated`` hint: the limit to raise, or the client that set it."""
     cut = [r for r in event.evidence if r.get("finish_reason") == "length" and r.get("sample") != "baseline"]
     limits = sorted({int(r["max_tokens"]) for r in cut if r.get("max_tokens") is not None})
     if limits:
         shown = ", ".join(f"{limit:,}" for limit in limits[:5]) + (", ..." if len(limits) > 5 else "")
-        _amend(event, "output_truncated", f" (max_tokens of the requests cut: {shown})")
+        return _amend(event, "output_truncated", f" (max_tokens of the requests cut: {shown})")
+    return event
 
 
-def mention_engine_versions(event: AnomalyEvent) -> None:
+def mention_engine_versions(event: AnomalyEvent) -> AnomalyEvent:
     """Name the engines (and versions) that served the leaking answers of the evidence in the
-    event's ``reasoning_marker_in_content`` hint (in place): marker leaks are parser bugs of
+    event's ``reasoning_marker_in_content`` hint: marker leaks are parser bugs of
     particular engine releases, so the version is what a person checks first."""
     served = sorted(
         {
@@ -421,14 +423,17 @@ def mention_engine_versions(event: AnomalyEvent) -> None:
     )
     if served:
         shown = ", ".join(served[:3]) + (f" and {len(served) - 3} more" if len(served) > 3 else "")
-        _amend(event, "reasoning_marker_in_content", f" (the leaking answers shown were served by {shown})")
+        return _amend(event, "reasoning_marker_in_content", f" (the leaking answers shown were served by {shown})")
+    return event
 
 
-def _amend(event: AnomalyEvent, code: str, addition: str) -> None:
-    """Append ``addition`` to the event's ``code`` hint, and to its summary, which quotes it."""
+def _amend(event: AnomalyEvent, code: str, addition: str) -> AnomalyEvent:
+    """The event with ``addition`` appended to its ``code`` hint, and to its summary, which quotes it."""
     for i, hint in enumerate(event.hints):
         if hint.code == code:
             told = Hint(code=code, message=hint.message + addition)
-            event.hints[i] = told
-            event.summary = event.summary.replace(hint.message, told.message)
-            return
+            hints = [*event.hints[:i], told, *event.hints[i + 1 :]]
+            return event.model_copy(
+                update={"hints": hints, "summary": event.summary.replace(hint.message, told.message)}
+            )
+    return event

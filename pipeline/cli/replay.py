@@ -111,7 +111,7 @@ def _replay_requests(path: str, settings: Settings, writer: _Writer, engines: Ju
 
     for event in replay.run(chunks, progress):
         if engines is not None:
-            engines.explain([event])
+            [event] = engines.explain([event])
         writer.write(event)
     stats = replay.stats
     progress(stats)

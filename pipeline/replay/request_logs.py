@@ -97,7 +97,7 @@ class Replay:
         keys = wanted(events)
         if keys:
             messages = {key: self._message(key[1]) for key in keys}
-            fill(events, messages, self._budget, self._segment_of)
+            events = fill(events, messages, self._budget, self._segment_of)
         return events
 
     def _message(self, offset: int) -> bytes | None:

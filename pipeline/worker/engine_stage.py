@@ -106,16 +106,17 @@ class JudgeEngines:
             return []
         self.intervals += 1
         events = self.bank.observe(window)  # type: ignore[arg-type]  # EngineWindow reads as WindowStats here
-        self.explain(events)  # an engine's own TTFT or prefill page, too, names the engines with caching off
+        events = self.explain(events)  # an engine's own TTFT or prefill page, too, names the engines with caching off
         if self.settings.compare_replicas:
             events += self.peers.observe(window)
         spare = self.headroom.observe(window)
         return events if spare is None else [*events, spare]
 
-    def explain(self, events: list[AnomalyEvent]) -> None:
-        """Add what the engines' metrics say to request-log events (in place): a collapsed hit
-        rate on a model whose engines report prefix caching off names those engines."""
+    def explain(self, events: list[AnomalyEvent]) -> list[AnomalyEvent]:
+        """The events with what the engines' metrics say added: a collapsed hit rate on a
+        model whose engines report prefix caching off names those engines."""
+        explained = []
         for event in events:
             caching = self.prefix_caching.get(event.segment.get("model", ""))
-            if caching:
-                mention_engine_config(event, caching)
+            explained.append(mention_engine_config(event, caching) if caching else event)
+        return explained

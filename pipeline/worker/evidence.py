@@ -62,20 +62,21 @@ def fill(
     messages: Mapping[MessageKey, bytes | None],
     budget: EvidenceBudget = DEFAULT_BUDGET,
     segment_of: Callable[[Any], str] | None = None,
-) -> None:
-    """Replace each event's evidence pointers by the records they point at, and set its
-    facets (in place). Scans and window samples keep the requests of their segment
+) -> list[AnomalyEvent]:
+    """The events with their evidence pointers replaced by the records they point at, their
+    facets set, and what the evidence adds to their hints. Scans and window samples keep the requests of their segment
     (``segment_of(row)``, the segmenter's key before the cap); without ``segment_of`` they
     are dropped."""
     read = ReadBack(messages, segment_of)
+    filled = []
     for event in events:
         samples = _window_samples(event, read)
         worst = _worst(event, read, budget, samples)
         shown = {location_key(r["location"]) for r in worst if "location" in r}
-        event.evidence = worst + _picks(event, samples, budget, shown)
-        event.facets = _facets(samples)
-        mention_max_tokens(event)  # what the evidence adds to its hints
-        mention_engine_versions(event)
+        evidence = worst + _picks(event, samples, budget, shown)
+        event = event.model_copy(update={"evidence": evidence, "facets": _facets(samples)})
+        filled.append(mention_engine_versions(mention_max_tokens(event)))  # what the evidence adds to its hints
+    return filled
 
 
 def _window_samples(event: AnomalyEvent, read: ReadBack) -> dict[str, tuple[float, list[Located]]]:
@@ -209,17 +210,17 @@ async def resolve(
     read: Callable[[set[MessageKey]], Awaitable[dict[MessageKey, bytes]]],
     budget: EvidenceBudget = DEFAULT_BUDGET,
     segment_of: Callable[[Any], str] | None = None,
-) -> None:
-    """Fill in the evidence of ``events`` with messages from ``read`` (never raises)."""
+) -> list[AnomalyEvent]:
+    """The events with their evidence filled in from the messages ``read`` gives (never raises)."""
     keys = wanted(events)
     if not keys:
-        return
+        return events
     try:
         messages = await read(keys)
     except Exception:  # evidence is worth a retry, never an event
         logger.exception("could not read evidence back from %d messages", len(keys))
         messages = {}
-    fill(events, messages, budget, segment_of)
+    return fill(events, messages, budget, segment_of)
 
 
 #: Bytes a read-back fetch asks for. Brokers return the first record batch of a fetch whole

@@ -45,15 +45,19 @@ class EventPublisher:
         self.changes = ChangeBook()  # markers read by ``pipeline.worker.followers``
 
     async def publish_events(self, events: list[AnomalyEvent]) -> None:
-        self.engines.explain(events)
-        for event in events:  # the change a step follows is its first suspect
-            mention_change(event, self.changes, self.window_s, self.change_horizon_windows)
-        await resolve(events, self.read_messages, self.budget, self.segment_of)
+        events = await self.completed(events)
         sent = []
         for event in events:
             model = event.segment.get("model", "other").encode()
             sent.append(await self.outbox.send(topics.INCIDENTS, event.model_dump_json().encode(), key=model))
         await delivered(sent)
+
+    async def completed(self, events: list[AnomalyEvent]) -> list[AnomalyEvent]:
+        """The events as they are published: with what the engines say, the change each follows
+        (its first suspect) and their evidence read back, each step giving new events."""
+        explained = self.engines.explain(events)
+        told = [mention_change(e, self.changes, self.window_s, self.change_horizon_windows) for e in explained]
+        return await resolve(told, self.read_messages, self.budget, self.segment_of)
 
     async def publish_series(self, points: list[SeriesPoint]) -> None:
         """Judged windows as chart points, by segment, and as per-segment gauges; the engines'

@@ -172,9 +172,7 @@ class StageTwo:
         for window in windows:
             self.recent.note(window.start, window.sources)
         skipped_windows, skipped_records = self.bank.windows_skipped, self.bank.records_skipped
-        events = self.bank.observe_all(windows, final)
-        for event in events:
-            self._locate_baseline(event)
+        events = [self._locate_baseline(event) for event in self.bank.observe_all(windows, final)]
         skipped = self.bank.records_skipped - skipped_records
         # Replica rows hold the segments' records again: counted once, with their segments.
         segment_windows = [window for window in windows if not is_replica_key(window.key)]
@@ -208,9 +206,9 @@ class StageTwo:
                 windows, records,
             )  # fmt: skip
 
-    def _locate_baseline(self, event: AnomalyEvent) -> None:
-        """Give the event's baseline-sample pointer the ranges of its window, or drop it when
-        that window is too old to be remembered (the event then has no baseline sample)."""
+    def _locate_baseline(self, event: AnomalyEvent) -> AnomalyEvent:
+        """The event with its baseline-sample pointer given the ranges of its window, or without
+        it when that window is too old to be remembered (no baseline sample then)."""
         kept = []
         for pointer in event.evidence:
             if pointer.get("window_sample") == "baseline" and "sources" not in pointer:
@@ -219,4 +217,4 @@ class StageTwo:
                     continue
                 pointer = {**pointer, "sources": ranges}
             kept.append(pointer)
-        event.evidence = kept
+        return event.model_copy(update={"evidence": kept}) if kept != event.evidence else event
