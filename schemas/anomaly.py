@@ -11,29 +11,15 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
 
 from servewatch.schemas.change_marker import ChangeRef
+from servewatch.schemas.evidence_pointer import EvidencePointer
 from servewatch.schemas.feedback import Feedback
+from servewatch.schemas.signal import Signal
 from servewatch.schemas.version import SCHEMA_VERSION
 
-
-class Signal(StrEnum):
-    TTFT = "ttft"
-    ITL = "itl"
-    THROUGHPUT = "throughput"
-    QUEUE_TIME = "queue_time"
-    PREFILL_TIME = "prefill_time"
-    PREFILL_PER_TOKEN = "prefill_per_token"
-    E2E = "e2e"
-    LENGTH_TRUNCATION = "length_truncation"
-    REASONING_LEAK = "reasoning_leak"
-    EMPTY_RESPONSE = "empty_response"
-    ERROR_RATE = "error_rate"
-    CACHE_HIT_RATE = "cache_hit_rate"
-    KV_CACHE_USAGE = "kv_cache_usage"
-    PREEMPTIONS = "preemptions"
-    WAITING_REQUESTS = "waiting_requests"
-    TRAFFIC = "traffic"  # requests per window of a whole model (a drop pages ``traffic_drop``)
+__all__ = ["AnomalyEvent", "Facets", "Hint", "Quantiles", "Severity", "Signal", "Status", "WindowFacets"]
 
 
 class Status(StrEnum):
@@ -146,6 +132,8 @@ class AnomalyEvent(BaseModel):
         default=None,
         description="The change marker this incident started soon after (its model's latest, within the horizon).",
     )
+    # Where the evidence is, between judging and the evidence read back; never on the wire.
+    pointers: SkipJsonSchema[tuple[EvidencePointer, ...]] = Field(default=(), exclude=True, repr=False)
 
     @property
     def pages(self) -> bool:

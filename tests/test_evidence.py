@@ -13,6 +13,7 @@ from servewatch.pipeline.messages.decode import decode_message
 from servewatch.pipeline.replay.request_logs import JsonlChunks, Replay
 from servewatch.pipeline.worker.evidence import fill, wanted
 from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status
+from servewatch.schemas.evidence_pointer import FaultScan, KeptRequest, RequestAt, WindowSample
 
 T0 = 1_767_225_600.0
 
@@ -29,7 +30,8 @@ def pointing_at(*locations: tuple[int, int, int]) -> AnomalyEvent:
         id="e", fingerprint="f", status=Status.FIRING, signal=Signal.TTFT, segment={"model": "m"},
         window_start=T0, window_end=T0 + 10, observed=1.0, expected=0.5, score=5.0, severity=Severity.WARNING,
         load={}, explained_by_load=False, summary="s",
-        evidence=[{"ttft_s": 1.0, "location": {"partition": p, "offset": o, "index": i}} for p, o, i in locations],
+        pointers=tuple(KeptRequest(ttft_s=1.0, location=RequestAt(partition=p, offset=o, index=i))
+                       for p, o, i in locations),
     )  # fmt: skip
 
 
@@ -125,15 +127,14 @@ def test_a_scan_keeps_the_segments_faulty_requests_and_is_dropped_without_a_segm
     ]
     segmenter = Settings().segmenter()
     key = segmenter.key_of_row(rows[1])
-    sample = {"window_sample": "anomalous", "segment": key, "window_start": T0, "window_end": T0 + 10,
-              "sources": [[2, 40, 40]]}  # fmt: skip
-    pointer = {"scan": Signal.LENGTH_TRUNCATION.value}
-    event = pointing_at().model_copy(update={"evidence": [pointer, sample]})
+    sample = WindowSample(sample="anomalous", segment=key, window_start=T0, window_end=T0 + 10, sources=((2, 40, 40),))
+    pointer = FaultScan(signal=Signal.LENGTH_TRUNCATION)
+    event = pointing_at().model_copy(update={"pointers": (pointer, sample)})
     only_faulty = EvidenceBudget(uniform=0, baseline=0)
     [event] = fill([event], {(2, 40): orjson.dumps(rows)}, only_faulty, segment_of=segmenter.key_of_row)
     assert [(r["request_id"], r["location"], r["sample"]) for r in event.evidence] == [
         ("cut", {"partition": 2, "offset": 40, "index": 1}, "faulty")
     ]
-    bare = pointing_at().model_copy(update={"evidence": [dict(pointer), dict(sample)]})
+    bare = pointing_at().model_copy(update={"pointers": (pointer, sample)})
     [bare] = fill([bare], {(2, 40): orjson.dumps(rows)}, only_faulty)
     assert bare.evidence == []

@@ -83,8 +83,8 @@ def test_partial_merge_equals_single_pass_and_survives_json() -> None:
     assert merged.ttft_count == whole.ttft_count == 40
     assert [merged.ttft_quantile(q) for q in (0.1, 0.5, 0.95)] == [whole.ttft_quantile(q) for q in (0.1, 0.5, 0.95)]
     # Same slowest requests (each part saw its records at other positions of its own message).
-    assert [r["ttft_s"] for r in merged.evidence_records()] == [r["ttft_s"] for r in whole.evidence_records()]
-    assert merged.evidence_records()[0]["ttft_s"] == max(r["ttft_s"] for r in records)
+    assert [r.ttft_s for r in merged.kept_requests()] == [r.ttft_s for r in whole.kept_requests()]
+    assert merged.kept_requests()[0].ttft_s == max(r["ttft_s"] for r in records)
     assert merged.finish_reasons == {"stop": 40} and merged.errors == 0
 
 
@@ -175,7 +175,7 @@ def _closed_windows(settings: Settings, messages: list[tuple[int, bytes]]) -> li
 
     def seen(step: int, partials: list[WindowStats]) -> list[tuple[object, ...]]:
         return [
-            (step, p.start, p.key, p.requests, round(p.ttft_sum, 9), p.sources, p.evidence_records()) for p in partials
+            (step, p.start, p.key, p.requests, round(p.ttft_sum, 9), p.sources, p.kept_requests()) for p in partials
         ]
 
     for step, (partition, raw) in enumerate(messages):
@@ -226,7 +226,7 @@ def test_columnar_aggregation_counts_what_a_record_by_record_reading_would() -> 
     assert first.errors == 2  # abort, and a 503
     assert (first.cached_tokens, first.cache_reported_prompt_tokens, first.uncached_prompt_tokens) == (60, 100, 340)
     # Evidence by reference: the slowest two, as positions in the batch (r0 and r2).
-    assert [r["location"]["index"] for r in first.evidence_records()] == [0, 2]
+    assert [r.location.index for r in first.kept_requests()] == [0, 2]
     assert first.ttft_count == 4 and first.e2e_sum == 4.0
 
 
@@ -277,7 +277,7 @@ def test_partitions_share_windows_that_close_when_the_slowest_has_passed() -> No
     w.add([log(4, T0 + 11)], partition=1, offset=8)
     [closed] = w.close_due()
     assert closed.requests == 2 and closed.sources == [(0, 0, 0), (1, 7, 7)]
-    assert sorted(r["location"]["partition"] for r in closed.evidence_records()) == [0, 1]
+    assert sorted(r.location.partition for r in closed.kept_requests()) == [0, 1]
     w.add([log(5, T0 + 25)], partition=0, offset=2)
     assert w.close_due() == []  # partition 1 is quiet at T0+11
     assert [p.start for p in w.advance_idle(20.0, partition=1)] == [T0 + 10]  # silence moves it on

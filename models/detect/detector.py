@@ -44,6 +44,7 @@ from servewatch.models.stats.rates import BetaBinomialRate
 from servewatch.models.windows.segments import is_replica_key
 from servewatch.models.windows.window import WindowStats
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal
+from servewatch.schemas.evidence_pointer import EvidencePointer, FaultScan, WindowSample, WorstBy
 from servewatch.schemas.series import SeriesPoint, SignalPoint
 from servewatch.schemas.version import SCHEMA_VERSION
 
@@ -428,13 +429,13 @@ class SegmentDetectors:
             },
             explained_by_load=explained,
             hints=hints,
-            evidence=self._evidence(window, spec, usual) if transition is not Transition.RESOLVED else [],
+            pointers=self._evidence(window, spec, usual) if transition is not Transition.RESOLVED else (),
             summary=summary,
             baseline_young=detector.model.n_learned < config.young_windows,
         )
 
     @staticmethod
-    def _evidence(window: WindowStats, spec: SignalSpec, usual: Baseline) -> list[dict[str, Any]]:
+    def _evidence(window: WindowStats, spec: SignalSpec, usual: Baseline) -> tuple[EvidencePointer, ...]:
         """Pointers that ``pipeline.worker.evidence`` fills in: a sample of the window and one of the
         segment's latest normal window (``models.explain.evidence_sample``; stage 2 adds the ranges of
         the latter, ``RecentSources``), and the worst requests by the event's signal: TTFT's
@@ -442,26 +443,21 @@ class SegmentDetectors:
         event, the sample's requests it counted as bad."""
         sources = getattr(window, "sources", None)  # an engine's window has no requests
         if not sources:
-            return window.evidence_records() if spec.kind == "latency" else []
-        ranges = [list(s) for s in sources]
-        pointers = []
+            return window.kept_requests() if spec.kind == "latency" else ()
+        pointers: list[EvidencePointer] = []
         if spec.signal is Signal.TTFT:
-            pointers = window.evidence_records()
+            pointers.extend(window.kept_requests())
         elif spec.signal in SLOWNESS:  # the window sample's slowest by the signal's own measure
-            pointers.append({"worst": spec.signal.value})
+            pointers.append(WorstBy(signal=spec.signal))
         if spec.signal in FAULT_SIGNALS:
-            pointers.append({"scan": spec.signal.value})
-        pointers.append(
-            {"window_sample": "anomalous", "segment": window.key, "window_start": window.start,
-             "window_end": window.end, "sources": ranges}
-        )  # fmt: skip
+            pointers.append(FaultScan(signal=spec.signal))
+        pointers.append(WindowSample(sample="anomalous", segment=window.key, window_start=window.start,
+                                     window_end=window.end, sources=tuple(tuple(s) for s in sources)))  # fmt: skip
         before = usual.last_window_start
         if math.isfinite(before) and before < window.start:
-            pointers.append(
-                {"window_sample": "baseline", "segment": window.key, "window_start": before,
-                 "window_end": before + window.length}
-            )  # fmt: skip
-        return pointers
+            pointers.append(WindowSample(sample="baseline", segment=window.key, window_start=before,
+                                         window_end=before + window.length))  # fmt: skip
+        return tuple(pointers)
 
     # -- compact state -------------------------------------------------------------
     def state(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ from typing import Any
 from servewatch.models.detect.lifecycle import Transition, fingerprint
 from servewatch.models.explain.wording import event_id
 from servewatch.schemas.anomaly import AnomalyEvent, ChangeRef, Hint, Severity, Signal, Status
+from servewatch.schemas.evidence_pointer import EvidencePointer
 
 
 def incident_event(
@@ -46,6 +47,7 @@ def incident_event(
     load: Mapping[str, float] | None = None,
     explained_by_load: bool = False,
     evidence: list[dict[str, Any]] | None = None,
+    pointers: tuple[EvidencePointer, ...] = (),
     baseline_young: bool = False,
     incident_name: str | None = None,
     id_tag: str | None = None,
@@ -80,6 +82,7 @@ def incident_event(
         explained_by_load=explained_by_load,
         hints=hints or [],
         evidence=evidence or [],
+        pointers=pointers,
         summary=summary,
         baseline_young=baseline_young,
         change=change,

@@ -29,9 +29,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from servewatch.schemas.engine_interval import EngineInterval, LatencySummary
+from servewatch.schemas.evidence_pointer import KeptRequest
 
 #: Queue times below this are no queue (the floor of the queue-time signal, ``models.detect.signals``).
 QUEUE_FLOOR_S = 0.02
@@ -181,9 +181,9 @@ class EngineWindow:
             per_request = self.prompt_tokens_per_s * self.length / self.requests if self.requests > 0 else 0.0
         return [(self.arrived, self.arrived * per_request)]
 
-    def evidence_records(self) -> list[Any]:
+    def kept_requests(self) -> tuple[KeptRequest, ...]:
         """Metrics carry no requests: the evidence of a capacity event is its figures."""
-        return []
+        return ()
 
 
 #: Requests a pooled per-request figure (tokens per request, the hit rate) stands on: the

@@ -21,6 +21,7 @@ import numpy as np
 from servewatch.models.stats.capacity import ARRIVAL_LAGS
 from servewatch.models.stats.sketch import N_BUCKETS, LogHistogram
 from servewatch.models.windows.segments import parse_key
+from servewatch.schemas.evidence_pointer import KeptRequest, RequestAt
 from servewatch.schemas.request_log import FinishReason
 
 #: Finish reasons in the order of a window's reason counts.
@@ -372,12 +373,13 @@ class WindowStats:
         kept = zip(self.block.evidence_ttft[self.row].tolist(), self.block.evidence_at[self.row].tolist(), strict=True)
         return [(round(ttft, 6), unpack_location(*at)) for ttft, at in kept if ttft > -math.inf]
 
-    def evidence_records(self) -> list[dict[str, Any]]:
-        """The slowest requests, slowest first, as pointers: their TTFT and ``location``
-        (partition, offset, index). ``pipeline.worker.evidence`` fills in the records themselves."""
-        return [
-            {"ttft_s": ttft, "location": {"partition": p, "offset": o, "index": i}} for ttft, (p, o, i) in self.evidence
-        ]
+    def kept_requests(self) -> tuple[KeptRequest, ...]:
+        """The slowest requests, slowest first, as pointers: their TTFT and place (partition,
+        offset, index). ``pipeline.worker.evidence`` reads the records themselves back."""
+        return tuple(
+            KeptRequest(ttft_s=ttft, location=RequestAt(partition=p, offset=o, index=i))
+            for ttft, (p, o, i) in self.evidence
+        )
 
     # -- wire format ----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

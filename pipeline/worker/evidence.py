@@ -2,19 +2,21 @@
 
 Windows keep their slowest requests by location only (``models.windows.open_window``): a live
 segment then costs a few bytes of evidence, not a few kilobytes of request fields. When an
-event fires, its pointers are filled in here, from messages read back from the requests
-topic (``KafkaMessageReader``) or, in a replay, from the replayed file:
+event fires, its pointers (``schemas.evidence_pointer``) are replaced here by the requests
+they point at, read back from the requests topic (``KafkaMessageReader``) or, in a replay,
+from the replayed file; each evidence row says which ``sample`` it is:
 
-- ``{"ttft_s", "location"}``: one of the window's slowest requests (``"sample": "slowest"``);
-- ``{"worst": signal}``: the slowest by that phase of the window sample below (``"slowest"``);
-- ``{"scan": signal}``: a rate event's requests that show its fault, found in the window
-  sample below (``"faulty"``; ``models.explain.faulty_requests``);
-- ``{"window_sample": "anomalous" | "baseline", ...}``: the segment's requests of a window
-  in messages spread over it (``models.explain.evidence_sample``): a uniform pick of them
-  (``"uniform"``, ``"baseline"``) and the event's ``facets`` (``models.explain.facets``).
+- ``KeptRequest``: one of the window's slowest requests (``"slowest"``);
+- ``WorstBy``: the slowest by that phase of the window sample below (``"slowest"``);
+- ``FaultScan``: a rate event's requests that show its fault, found in the window sample
+  below (``"faulty"``; ``models.explain.faulty_requests``);
+- ``WindowSample``: the segment's requests of a window (the anomalous one, or its latest
+  normal one) in messages spread over it (``models.explain.evidence_sample``): a uniform pick
+  of them (``"uniform"``, ``"baseline"``) and the event's ``facets`` (``models.explain.facets``).
 
-A record that can no longer be read (retention ran out, the embedded broker was
-restarted) stays a pointer with ``"unavailable": true``: the event still says where to look.
+A kept request that can no longer be read (retention ran out, the embedded broker was
+restarted) stays a row with its place and ``"unavailable": true``: the event still says
+where to look.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from servewatch.pipeline.kafka import PLAINTEXT, KafkaAuth
 from servewatch.pipeline.messages.decode import decode_message
 from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.schemas.anomaly import AnomalyEvent, Facets, Signal
+from servewatch.schemas.evidence_pointer import FaultScan, KeptRequest, WindowSample, WorstBy
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +48,11 @@ def wanted(events: Iterable[AnomalyEvent]) -> set[MessageKey]:
     """The messages holding the requests these events point at, or that their samples read."""
     keys: set[MessageKey] = set()
     for event in events:
-        for record in event.evidence:
-            if "window_sample" in record:
-                keys.update(spread(record.get("sources", ())))
-            elif "location" in record and "request_id" not in record:
-                keys.add((record["location"]["partition"], record["location"]["offset"]))
+        for pointer in event.pointers:
+            if isinstance(pointer, WindowSample):
+                keys.update(spread(pointer.sources or ()))
+            elif isinstance(pointer, KeptRequest):
+                keys.add((pointer.location.partition, pointer.location.offset))
     return keys
 
 
@@ -70,11 +73,14 @@ def fill(
     read = ReadBack(messages, segment_of)
     filled = []
     for event in events:
+        if not event.pointers:  # nothing to read back: an engine's event, or one filled already
+            filled.append(event)
+            continue
         samples = _window_samples(event, read)
         worst = _worst(event, read, budget, samples)
         shown = {location_key(r["location"]) for r in worst if "location" in r}
         evidence = worst + _picks(event, samples, budget, shown)
-        event = event.model_copy(update={"evidence": evidence, "facets": _facets(samples)})
+        event = event.model_copy(update={"evidence": evidence, "facets": _facets(samples), "pointers": ()})
         filled.append(mention_engine_versions(mention_max_tokens(event)))  # what the evidence adds to its hints
     return filled
 
@@ -84,9 +90,9 @@ def _window_samples(event: AnomalyEvent, read: ReadBack) -> dict[str, tuple[floa
     if read.segment_of is None:
         return {}
     return {
-        pointer["window_sample"]: (pointer["window_start"], _window_rows(pointer, read))
-        for pointer in event.evidence
-        if "window_sample" in pointer
+        pointer.sample: (pointer.window_start, _window_rows(pointer, read))
+        for pointer in event.pointers
+        if isinstance(pointer, WindowSample)
     }
 
 
@@ -96,24 +102,19 @@ def _worst(
     """Up to ``budget.worst`` of the anomalous window's worst requests by the event's signal:
     its slowest (kept by location, or the sample's slowest by a phase) or those showing its fault."""
     worst: list[dict[str, Any]] = []
-    for pointer in event.evidence:
-        if "worst" in pointer:
-            if "anomalous" in samples:
-                slowest = _slowest(samples["anomalous"][1], Signal(pointer["worst"]), budget.worst)
-                worst.extend(_shown(slowest, "slowest", budget))
-        elif "scan" in pointer:
-            if "anomalous" in samples:
-                signal = Signal(pointer["scan"])
-                faulty = [item for item in samples["anomalous"][1] if shows_fault(signal, item[1], budget.markers)]
-                worst.extend(_shown(faulty[: budget.worst], "faulty", budget))
-        elif "window_sample" in pointer:
-            continue
-        elif (location := pointer.get("location")) is None or "request_id" in pointer:
-            worst.append(pointer)  # filled already (a replayed event), or nothing to read
-        elif (row := read.rows((location["partition"], location["offset"])).get(location["index"])) is None:
-            worst.append({**pointer, "unavailable": True, "sample": "slowest"})
-        else:
-            worst.extend(_shown([(location, row)], "slowest", budget))
+    anomalous = samples["anomalous"][1] if "anomalous" in samples else None
+    for pointer in event.pointers:
+        if isinstance(pointer, WorstBy) and anomalous is not None:
+            worst.extend(_shown(_slowest(anomalous, pointer.signal, budget.worst), "slowest", budget))
+        elif isinstance(pointer, FaultScan) and anomalous is not None:
+            faulty = [item for item in anomalous if shows_fault(pointer.signal, item[1], budget.markers)]
+            worst.extend(_shown(faulty[: budget.worst], "faulty", budget))
+        elif isinstance(pointer, KeptRequest):
+            at, location = pointer.location, pointer.location.model_dump()
+            if (row := read.rows((at.partition, at.offset)).get(at.index)) is None:
+                worst.append({"ttft_s": pointer.ttft_s, "location": location, "unavailable": True, "sample": "slowest"})
+            else:
+                worst.extend(_shown([(location, row)], "slowest", budget))
     return worst[: budget.worst]
 
 
@@ -186,11 +187,11 @@ class ReadBack:
         return groups.get(segment, [])
 
 
-def _window_rows(pointer: dict[str, Any], read: ReadBack) -> list[Located]:
+def _window_rows(pointer: WindowSample, read: ReadBack) -> list[Located]:
     """The segment's requests of the pointer's window in the messages spread over its ranges."""
-    segment, start, end = pointer["segment"], pointer["window_start"], pointer["window_end"]
+    segment, start, end = pointer.segment, pointer.window_start, pointer.window_end
     found: list[Located] = []
-    for partition, offset in spread(pointer.get("sources", ())):
+    for partition, offset in spread(pointer.sources or ()):
         for index, row in read.of_segment((partition, offset), segment):
             if _in_window(row, start, end):
                 found.append(({"partition": partition, "offset": offset, "index": index}, row))

@@ -25,6 +25,7 @@ from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker import metrics
 from servewatch.schemas.anomaly import AnomalyEvent
 from servewatch.schemas.dead_letter import DeadLetter
+from servewatch.schemas.evidence_pointer import EvidencePointer, WindowSample
 
 logger = logging.getLogger(__name__)
 
@@ -209,12 +210,12 @@ class StageTwo:
     def _locate_baseline(self, event: AnomalyEvent) -> AnomalyEvent:
         """The event with its baseline-sample pointer given the ranges of its window, or without
         it when that window is too old to be remembered (no baseline sample then)."""
-        kept = []
-        for pointer in event.evidence:
-            if pointer.get("window_sample") == "baseline" and "sources" not in pointer:
-                ranges = self.recent.of(pointer["window_start"])
+        kept: list[EvidencePointer] = []
+        for pointer in event.pointers:
+            if isinstance(pointer, WindowSample) and pointer.sample == "baseline" and pointer.sources is None:
+                ranges = self.recent.of(pointer.window_start)
                 if ranges is None:
                     continue
-                pointer = {**pointer, "sources": ranges}
+                pointer = pointer.model_copy(update={"sources": tuple(tuple(r) for r in ranges)})
             kept.append(pointer)
-        return event.model_copy(update={"evidence": kept}) if kept != event.evidence else event
+        return event.model_copy(update={"pointers": tuple(kept)}) if tuple(kept) != event.pointers else event
