@@ -10,10 +10,9 @@ from __future__ import annotations
 import math
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal, NotRequired, cast
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from typing_extensions import TypedDict
 
 from servewatch.schemas.version import SCHEMA_VERSION
 
@@ -48,6 +47,22 @@ class FinishReason(StrEnum):
 class Engine(StrEnum):
     VLLM = "vllm"
     SGLANG = "sglang"
+
+
+#: TTFT may exceed the end-to-end time by clock rounding, no more.
+TTFT_SLACK_S = 1e-3
+
+
+def cached_exceeds_prompt(cached_tokens: Any, prompt_tokens: Any) -> Any:
+    """The first cross-field rule, broken: more cached prompt tokens than prompt tokens. Every
+    form of a request log checks it with this: numbers (``RequestLog``, one ``FastRow``) and
+    numpy columns (a batch of rows, NaN where absent, which breaks no rule)."""
+    return cached_tokens > prompt_tokens
+
+
+def ttft_exceeds_e2e(ttft_s: Any, e2e_s: Any) -> Any:
+    """The second cross-field rule, broken: a first token after the response ended."""
+    return ttft_s > e2e_s + TTFT_SLACK_S
 
 
 class RequestLog(BaseModel):
@@ -119,19 +134,19 @@ class RequestLog(BaseModel):
 
     @model_validator(mode="after")
     def _consistent(self) -> RequestLog:
-        if self.cached_tokens is not None and self.cached_tokens > self.prompt_tokens:
+        if self.cached_tokens is not None and cached_exceeds_prompt(self.cached_tokens, self.prompt_tokens):
             raise ValueError("cached_tokens exceeds prompt_tokens")
-        if self.ttft_s is not None and self.ttft_s > self.e2e_s + 1e-3:
+        if self.ttft_s is not None and ttft_exceeds_e2e(self.ttft_s, self.e2e_s):
             raise ValueError("ttft_s exceeds e2e_s")
         return self
 
-    def to_row(self) -> RequestLogRow:
-        """The hot path's plain-dict form of this record (what ``RequestLogRow`` validates to)."""
+    def to_row(self) -> dict[str, Any]:
+        """This record as the plain dict the hot path's row (``FastRow``) is built from."""
         row = self.model_dump(exclude={"schema_version"}, exclude_none=True)
         row["finish_reason"] = self.finish_reason.value
         if self.engine is not None:
             row["engine"] = self.engine.value
-        return cast(RequestLogRow, row)
+        return row
 
     @property
     def uncached_prompt_tokens(self) -> int:
@@ -142,36 +157,3 @@ class RequestLog(BaseModel):
         return self.finish_reason in (FinishReason.ERROR, FinishReason.ABORT) or (
             self.status_code is not None and self.status_code >= 500
         )
-
-
-class RequestLogRow(TypedDict):
-    """A ``RequestLog`` as a plain dict (``RequestLog.to_row``): what tests and tools pass around.
-
-    The worker's hot path validates JSON into ``pipeline.messages.fast_rows.FastRow`` instead, which
-    has the same fields and bounds and reads the same way.
-    """
-
-    request_id: ShortLabel
-    timestamp: Annotated[float, Field(ge=MIN_TIMESTAMP, le=MAX_TIMESTAMP, allow_inf_nan=False, strict=True)]
-    model: ShortLabel
-    prompt_tokens: TokenCount
-    completion_tokens: TokenCount
-    e2e_s: Seconds
-    finish_reason: Annotated[str, Field(min_length=1, max_length=64)]
-    ttft_s: NotRequired[Seconds | None]
-    queue_s: NotRequired[Seconds | None]
-    prefill_s: NotRequired[Seconds | None]
-    decode_s: NotRequired[Seconds | None]
-    cached_tokens: NotRequired[TokenCount | None]
-    reasoning_tokens: NotRequired[TokenCount | None]
-    max_tokens: NotRequired[TokenCount | None]
-    status_code: NotRequired[StatusCode | None]
-    error: NotRequired[ErrorText | None]
-    route: NotRequired[ShortLabel | None]
-    tenant: NotRequired[ShortLabel | None]
-    instance: NotRequired[ShortLabel | None]
-    engine: NotRequired[Literal["vllm", "sglang"] | None]
-    engine_version: NotRequired[ShortLabel | None]
-    prefix_hash: NotRequired[ShortLabel | None]
-    content: NotRequired[Text | None]
-    reasoning_content: NotRequired[Text | None]

@@ -5,6 +5,8 @@ accounted for: accepted = judged + late + duplicates."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -17,12 +19,12 @@ from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker.stage_one import StageOne
 from servewatch.pipeline.worker.stage_two import StageTwo
 from servewatch.schemas.dead_letter import DeadLetter
-from servewatch.schemas.request_log import RequestLog, RequestLogRow
+from servewatch.schemas.request_log import RequestLog
 
 T0 = 1_767_225_600.0  # 2026-01-01
 
 
-def log(request_id: str, ts: float, model: str = "m") -> RequestLogRow:
+def log(request_id: str, ts: float, model: str = "m") -> dict[str, Any]:
     base = {"prompt_tokens": 300, "completion_tokens": 40, "e2e_s": 1.2, "ttft_s": 0.2, "finish_reason": "stop"}
     return RequestLog.model_validate({**base, "request_id": request_id, "timestamp": ts, "model": model}).to_row()
 

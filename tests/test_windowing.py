@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import random
+from typing import Any
 
 import numpy as np
 import orjson
@@ -20,12 +21,12 @@ from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker.stage_one import StageOne
 from servewatch.pipeline.worker.stage_two import StageTwo
-from servewatch.schemas.request_log import RequestLog, RequestLogRow
+from servewatch.schemas.request_log import RequestLog
 
 T0 = 1_767_225_600.0
 
 
-def log(i: int, ts: float, ttft: float = 0.2, **extra: object) -> RequestLogRow:
+def log(i: int, ts: float, ttft: float = 0.2, **extra: object) -> dict[str, Any]:
     """A validated row, as the decoder hands them to stage 1."""
     base = {"model": "m", "prompt_tokens": 100, "completion_tokens": 10, "e2e_s": 1.0, "finish_reason": "stop"}
     return RequestLog.model_validate({**base, "request_id": f"r{i}", "timestamp": ts, "ttft_s": ttft, **extra}).to_row()

@@ -16,7 +16,7 @@ import numpy as np
 from servewatch.models.windows.excerpt import excerpt
 from servewatch.models.windows.rows import field_getter
 from servewatch.models.windows.window import EVIDENCE_FIELDS, REASONS
-from servewatch.schemas.request_log import FinishReason
+from servewatch.schemas.request_log import FinishReason, cached_exceeds_prompt, ttft_exceeds_e2e
 
 
 def normalise_reason(raw: str) -> str:
@@ -32,7 +32,7 @@ _REASON_CODES: dict[str, int] = {}
 class RowBatch:
     """Validated rows plus the columns the hot path reads, each extracted once.
 
-    Rows are mappings (``RequestLogRow`` dicts) or objects with the same attributes (the
+    Rows are mappings (``RequestLog.to_row`` dicts) or objects with the same attributes (the
     decoder's msgspec Structs); a missing optional value is None either way. Numeric
     columns are float64 (None becomes NaN; token counts are exact in float64 far beyond any
     plausible sum), built with one C-level pass each.
@@ -87,9 +87,9 @@ class RowBatch:
 
     def inconsistent(self) -> np.ndarray:
         """Rows breaking the cross-field rules of ``RequestLog`` (NaN compares False: missing is fine)."""
-        return (self.column("cached_tokens") > self.column("prompt_tokens")) | (
-            self.column("ttft_s") > self.column("e2e_s") + 1e-3
-        )
+        column = self.column
+        broken = cached_exceeds_prompt(column("cached_tokens"), column("prompt_tokens"))
+        return np.asarray(broken | ttft_exceeds_e2e(column("ttft_s"), column("e2e_s")))
 
     @classmethod
     def concat(cls, batches: Sequence[RowBatch]) -> RowBatch:

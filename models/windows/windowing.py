@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,6 @@ from servewatch.models.windows.open_window import OpenWindow, fold_batch
 from servewatch.models.windows.segments import Segmenter
 from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS, PrefixMemory
 from servewatch.models.windows.window import WindowBlock, WindowStats
-from servewatch.schemas.request_log import RequestLogRow
 
 #: Request ids remembered per open window for de-duplication: beyond, repeats go uncounted
 #: (8 MB of hashes for a window of a million requests).
@@ -127,7 +127,7 @@ class Windower:
             self.max_event_time.pop(partition, None)
             self.idle_floor.pop(partition, None)
 
-    def add(self, rows: RowBatch | Sequence[RequestLogRow], partition: int = 0, offset: int | None = None) -> float:
+    def add(self, rows: RowBatch | Sequence[Mapping[str, Any]], partition: int = 0, offset: int | None = None) -> float:
         """Fold a batch of rows in; return the latest window end they touched (-inf for none)."""
         batch = rows if isinstance(rows, RowBatch) else RowBatch(rows)
         return self.add_many([(batch, partition, offset)])[0]

@@ -28,7 +28,7 @@ from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.schemas.anomaly import AnomalyEvent
 from servewatch.schemas.dead_letter import DeadLetter
 from servewatch.schemas.incident_group import parse_anomaly_record
-from servewatch.schemas.request_log import RequestLog
+from servewatch.schemas.request_log import RequestLog, cached_exceeds_prompt, ttft_exceeds_e2e
 
 
 @dataclass
@@ -67,7 +67,10 @@ def _as_bytes(item: Any) -> bytes:
 def _inconsistent(row: FastRow) -> bool:
     """The cross-field rules ``RequestLog`` enforces and a Struct cannot express."""
     cached, ttft = row.cached_tokens, row.ttft_s
-    return (cached is not None and cached > row.prompt_tokens) or (ttft is not None and ttft > row.e2e_s + 1e-3)
+    return bool(
+        (cached is not None and cached_exceeds_prompt(cached, row.prompt_tokens))
+        or (ttft is not None and ttft_exceeds_e2e(ttft, row.e2e_s))
+    )
 
 
 def _validate(item: Any, raw: bytes | None, source: MessageOrigin, index: int | None, out: Decoded) -> None:
