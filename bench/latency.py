@@ -114,7 +114,7 @@ def main() -> None:
         print("no paging event was read: nothing to measure")
         return
     print()
-    lateness = Settings().lateness_prior_s
+    lateness = Settings().windows.lateness_prior_s
     print(f"detection latency beyond the window: n={len(latencies)}, median {statistics.median(latencies):.2f}s, "
           f"max {max(latencies):.2f}s (the lateness, learned down from {lateness:.0f}s, is in it)")  # fmt: skip
 

@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 
+from servewatch.pipeline.setting_groups import SegmentSettings
 from servewatch.pipeline.settings import Settings
 
 T0 = 1_767_225_600.0
@@ -158,7 +159,7 @@ def main() -> None:
     if args.child is not None:
         print(json.dumps(child(args.child, args.windows, args.partitions, args.max_segments, args.records == "full")))
         return
-    default_cap = Settings.model_fields["max_segments"].default
+    default_cap = SegmentSettings.model_fields["max_segments"].default
     print(f"{'segments':>9} {'live':>6} {'overflowed':>11} {'RSS growth':>11} {'growth / live':>15} "
           f"{'stage-2 CPU / segment window':>29}")  # fmt: skip
     rows = []

@@ -41,9 +41,10 @@ class KafkaAuth:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KafkaAuth:
-        password = settings.sasl_password.get_secret_value() if settings.sasl_password else None
-        return cls(settings.security_protocol, settings.sasl_mechanism, settings.sasl_username, password,
-                   settings.ssl_cafile, settings.ssl_certfile, settings.ssl_keyfile)  # fmt: skip
+        kafka = settings.kafka
+        password = kafka.sasl_password.get_secret_value() if kafka.sasl_password else None
+        return cls(kafka.security_protocol, kafka.sasl_mechanism, kafka.sasl_username, password,
+                   kafka.ssl_cafile, kafka.ssl_certfile, kafka.ssl_keyfile)  # fmt: skip
 
     @property
     def uses_tls(self) -> bool:

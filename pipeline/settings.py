@@ -1,426 +1,186 @@
-"""All of servewatch's knobs: one pydantic-settings class, read once, ``SERVEWATCH_*`` env vars.
+"""All of servewatch's knobs: read once from ``SERVEWATCH_*`` variables, grouped by concern.
 
-Lists are given as JSON in the environment, e.g.
-``SERVEWATCH_SEGMENT_DIMENSIONS='["model","route"]'``.
+``Settings`` holds one of each group (``pipeline.setting_groups``): ``settings.kafka.broker``,
+``settings.windows.window_s``, ``settings.ship.batch_records``... A command reads the groups
+it needs. Each setting has one name, its variable's without ``SERVEWATCH_`` in lower case
+(``window_s``, ``ship_batch_records``): ``Settings(window_s=5)`` and ``updated(broker=...)``
+take those names, as the environment does, and put each value in its group.
 """
 
 from __future__ import annotations
 
-import json
-from functools import lru_cache
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from pydantic import BeforeValidator, Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.explain.evidence_sample import EvidenceBudget
-from servewatch.models.windows.segments import DEFAULT_DIMENSIONS, REPLICA_PREFIX, Segmenter
-from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS
-from servewatch.pipeline.tuning import HEAP_TRIM_INTERVAL_S, MMAP_THRESHOLD_BYTES
+from servewatch.models.windows.segments import REPLICA_PREFIX, Segmenter
+from servewatch.pipeline.setting_groups import (
+    ChangeSettings,
+    DeliverySettings,
+    DetectionSettings,
+    EvidenceSettings,
+    GrafanaSettings,
+    KafkaSettings,
+    LoadgenSettings,
+    ProcessSettings,
+    ReplicaSettings,
+    SegmentSettings,
+    ShipSettings,
+    WebSettings,
+    WindowSettings,
+    _Group,
+)
 
-_DETECTOR = DetectorConfig()  # the detectors' defaults, read once
+#: Each group, by the attribute ``Settings`` holds it in.
+GROUPS: dict[str, type[_Group]] = {
+    "kafka": KafkaSettings,
+    "process": ProcessSettings,
+    "windows": WindowSettings,
+    "segments": SegmentSettings,
+    "replicas": ReplicaSettings,
+    "detection": DetectionSettings,
+    "evidence": EvidenceSettings,
+    "changes": ChangeSettings,
+    "delivery": DeliverySettings,
+    "ship": ShipSettings,
+    "web": WebSettings,
+    "grafana": GrafanaSettings,
+    "loadgen": LoadgenSettings,
+}
 
 
-def _list(value: Any) -> Any:
-    """A list setting from the environment: JSON (``[4096,32768]``) or comma-separated (``4096,32768``)."""
-    if not isinstance(value, str):
-        return value
-    text = value.strip()
-    if text.startswith("["):
-        return json.loads(text)
-    return [part.strip() for part in text.split(",") if part.strip()]
+def _prefix(group: type[_Group]) -> str:
+    """What a group's field names get in front in their one name (``ship_`` for the shipper's)."""
+    return str(group.model_config.get("env_prefix", "SERVEWATCH_")).removeprefix("SERVEWATCH_").lower()
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SERVEWATCH_", extra="ignore")
+#: Every setting's one name (its variable's, without ``SERVEWATCH_``) -> (group, field).
+NAMES: dict[str, tuple[str, str]] = {
+    _prefix(group) + field: (attr, field) for attr, group in GROUPS.items() for field in group.model_fields
+}
 
-    # -- Kafka --------------------------------------------------------------------
-    broker: str | None = Field(
-        default=None, description="Kafka bootstrap 'host:port' (or kafka://...). Unset: start the embedded broker."
-    )
-    broker_profile: Literal["kafka", "tansu"] = Field(
-        default="kafka", description="'tansu' applies the timeouts the embedded broker needs (set automatically)."
-    )
-    broker_wait_s: float = Field(
-        default=60.0,
-        ge=0,
-        description="How long a long-running command (worker, notify, web, scrape) waits at start for a broker it "
-        "cannot reach (one started after it), trying again after 1 s, doubling up to 15 s, before it gives up "
-        "(exit 2). A broker that answers and refuses (credentials, TLS) is not waited for. 0: no wait.",
-    )
-    security_protocol: Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"] = Field(
-        default="PLAINTEXT", description="How every Kafka client connects (worker, shipper, scraper, evidence reads)."
-    )
-    sasl_mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"] = Field(
-        default="PLAIN", description="SASL mechanism, with security_protocol SASL_PLAINTEXT or SASL_SSL."
-    )
-    sasl_username: str | None = Field(default=None, description="SASL user.")
-    sasl_password: SecretStr | None = Field(default=None, description="SASL password (never logged or printed).")
-    ssl_cafile: str | None = Field(default=None, description="CA bundle for SSL/SASL_SSL (default: the system's).")
-    ssl_certfile: str | None = Field(default=None, description="Client certificate (mutual TLS).")
-    ssl_keyfile: str | None = Field(default=None, description="Client certificate's private key (mutual TLS).")
-    app_id: str = Field(
-        default="servewatch", description="Workers of one app id split the topics' partitions (Faust's app id)."
-    )
-    topic_partitions: int = Field(default=4, ge=1, description="Partitions of each topic servewatch creates.")
-    topic_replication: int | None = Field(
-        default=None, ge=1,
-        description="Replicas of each topic servewatch creates, its tables' changelogs included (default: "
-                    "3, or every broker of a smaller cluster; a replica per broker survives a broker's loss "
-                    "with min.insync.replicas=2 and producers that wait for all in-sync replicas).",
-    )  # fmt: skip
-    max_message_bytes: int = Field(
-        default=8 * 1024 * 1024, ge=1024,
-        description="Largest message or record line read (larger: dead-lettered as too_large); the worker's "
-                    "producer and fetches allow that much.",
-    )  # fmt: skip
-    data_dir: str | None = Field(default=None, description="Faust's data dir; a fresh temp dir when unset.")
-    store: Literal["memory://", "rocksdb://"] = Field(
-        default="memory://",
-        description="Where the worker keeps its detector-state table: in memory (default), or in RocksDB on "
-        "disk under data_dir for large state (pip install 'servewatch[rocksdb]'). Either way the table is "
-        "backed by its changelog topic and restored from it on takeover.",
-    )
 
-    # -- windows and segments -------------------------------------------------------
-    window_s: float = Field(default=10.0, gt=0, description="Seconds of event time per judged window.")
-    allowed_lateness_s: float = Field(
-        default=1.0,
-        ge=0,
-        description="The least lateness (event time) a record may arrive with and still count in its window; "
-        "the worker learns more from how far behind records arrive, up to max_lateness_s.",
-    )
-    max_lateness_s: float = Field(
-        default=120.0,
-        ge=0,
-        description="The most lateness the worker learns (a host further behind is counted late, per record, "
-        "not waited for). At or below allowed_lateness_s: a fixed lateness, nothing learned.",
-    )
-    lateness_prior_s: float = Field(
-        default=10.0,
-        ge=0,
-        description="The lateness a fresh worker starts from before it has learned (Filebeat's 10 s flush, the "
-        "slowest common shipper default).",
-    )
-    max_future_s: float = Field(
-        default=300.0,
-        gt=0,
-        description="A record more than this past both the wall clock and its partition's newest event time is "
-        "dead-lettered as future_timestamp instead of holding its window (and its partition's offsets) open.",
-    )
-    dedup_request_ids: bool = Field(
-        default=True,
-        description="Count a request_id seen before in its window once (a re-sent batch); turn off if your "
-        "request ids are not unique.",
-    )
-    assembler_grace_s: float = Field(
-        default=0.0, ge=0, description="Extra wall seconds stage 2 waits once all watermarks passed a window."
-    )
-    assembler_max_wait_s: float = Field(
-        default=30.0,
-        gt=0,
-        description="Wall seconds after which stage 2 judges a window whatever is missing (a source gone quiet). "
-        "Longer than a rebalance (session timeout + a few seconds), so that the records of the window that was "
-        "open during one are merged, not counted late.",
-    )
-    idle_flush_s: float = Field(
-        default=2.0, gt=0, description="Wall seconds of silence after which a partition's event time follows the clock."
-    )
-    mmap_threshold_bytes: int = Field(
-        default=MMAP_THRESHOLD_BYTES,
-        ge=0,
-        description="glibc mmap threshold pinned by the worker and replay; 0 (default) keeps glibc's dynamic "
-        "one. A low pin (e.g. 131072) maps every large message buffer: ~10 % less throughput.",
-    )
-    heap_trim_interval_s: float = Field(
-        default=HEAP_TRIM_INTERVAL_S,
-        ge=0,
-        description="Seconds between the worker's heap trims (glibc malloc_trim), which hand the free space "
-        "left by each window's buffers back to the OS and keep RSS at the live data. 0: never.",
-    )
-    fold_records: int = Field(
-        default=4000,
-        ge=1,
-        description="Records decoded before stage 1 folds them into its windows in one pass (sooner when a "
-        "message moves a watermark into the next window, or after half a second). 1: fold every message.",
-    )
-    segment_dimensions: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_list)] = Field(
-        default=DEFAULT_DIMENSIONS, description="Labels a segment is keyed by (a JSON list or comma-separated)."
-    )
-    prompt_band_edges: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_list)] = Field(
-        default=(4096, 32768), description="Prompt tokens at which one prompt band ends and the next begins."
-    )
-    output_band_edges: Annotated[tuple[int, ...], NoDecode, BeforeValidator(_list)] = Field(
-        default=(1024,), description="Output tokens at which one output band ends and the next begins."
-    )
-    max_segments: int = Field(
-        default=1000, ge=1, description="Live segments at most; new label combinations beyond share 'overflow'."
-    )
-    compare_replicas: bool = Field(
-        default=True,
-        description="Compare each serving instance (the request logs' instance field) with the other instances "
-        "of its model on the same request mix, and page naming one that is slower or fails more (hint "
-        "replica_outlier). Folds every record a second time, by segment and instance.",
-    )
-    max_replica_rows: int = Field(
-        default=20_000,
-        ge=1,
-        description="(segment, instance) combinations compared at most; beyond, new ones are not compared.",
-    )
-    replica_min_ratio: float = Field(
-        default=1.3,
-        gt=1.0,
-        description="The smallest difference from its peers (a ratio) an instance is paged for; smaller ones "
-        "never accumulate evidence, however much traffic there is.",
-    )
-    replica_warmup_requests: int = Field(
-        default=100,
-        ge=0,
-        description="Requests an instance serves before it is compared with its peers (a new replica warms up).",
-    )
-    progress: Literal["auto", "always", "never"] = Field(
-        default="auto", description="Commands' running progress line: on a terminal only (auto), always, never."
-    )
-    no_data_after_s: float = Field(
-        default=_DETECTOR.no_data_after_s,
-        gt=0,
-        description="Event seconds a segment may send nothing before its open incidents resolve as no_data.",
-    )
-    segment_idle_s: float = Field(
-        default=_DETECTOR.segment_idle_s,
-        gt=0,
-        description="Event seconds a segment may send nothing before it is forgotten: its detectors' state and, "
-        "once max_segments is reached, its id, which a new label combination then takes instead of the "
-        "shared overflow segment.",
-    )
-    evidence_per_window: int = Field(
-        default=5,
-        ge=0,
-        description="Request logs of the anomalous window in a firing event: the worst by its signal (slowest, "
-        "or showing its fault), then evidence_uniform of them picked at random.",
-    )
-    evidence_uniform: int = Field(
-        default=2, ge=0, description="Of evidence_per_window, how many are a uniform random pick of the window."
-    )
-    evidence_baseline: int = Field(
-        default=3, ge=0, description="Request logs of the segment's latest normal window, picked at random."
-    )
-    excerpt_chars: int = Field(
-        default=200,
-        ge=0,
-        description="Length of the scrubbed answer excerpt in each evidence record (around a leaked reasoning "
-        "marker, else the answer's start); 0: no answer text leaves the worker. Prompts never do.",
-    )
-    reasoning_markers: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_list)] = Field(
-        default=DEFAULT_REASONING_MARKERS,
-        description="Reasoning end markers; an answer containing one counts as a reasoning leak.",
-    )
-    prefix_memory: int = Field(
-        default=100_000, ge=2, description="Prompt-prefix hashes a worker remembers, to count shared prefixes."
-    )
+def variable_names() -> frozenset[str]:
+    """Every ``SERVEWATCH_*`` variable a setting is read from."""
+    return frozenset(f"SERVEWATCH_{name.upper()}" for name in NAMES)
 
-    # -- detection ------------------------------------------------------------------
-    # The detectors' numbers: their defaults are ``DetectorConfig``'s, the one place they live.
-    threshold: float = Field(
-        default=_DETECTOR.threshold, gt=0, description="Surprise (-log10 p) that makes a window anomalous."
-    )
-    critical: float = Field(
-        default=_DETECTOR.critical, gt=0,
-        description="Surprise at which an anomalous window is critical, and a latency window fires its incident alone.",
-    )  # fmt: skip
-    min_requests: int = Field(
-        default=_DETECTOR.min_requests, ge=1,
-        description="Fewer requests behind a latency or a share in a window: no verdict, nothing learned.",
-    )  # fmt: skip
-    fire_after: int = Field(
-        default=_DETECTOR.fire_after, ge=1, description="Anomalous windows (of fire_within) that fire an incident."
-    )
-    fire_within: int = Field(default=_DETECTOR.fire_within, ge=1, description="The run fire_after is counted in.")
-    resolve_after: int = Field(
-        default=_DETECTOR.resolve_after, ge=1, description="Normal windows in a row that resolve an incident."
-    )
-    update_every: int = Field(
-        default=_DETECTOR.update_every, ge=1, description="A firing incident's update event every N windows."
-    )
-    grace_windows: int = Field(
-        default=_DETECTOR.grace_windows, ge=1, description="Windows a new segment learns before it may page."
-    )
-    state_every_windows: int = Field(
-        default=6,
-        ge=1,
-        description="Store a segment's detector state (changelog table) every N windows it is judged, and at once "
-        "when an incident moves; each store is a changelog message (~0.3 ms of a worker's time in Faust).",
-    )
 
-    # -- operations -----------------------------------------------------------------
-    metrics_port: int | None = Field(
-        default=None,
-        ge=0,
-        description="Serve Prometheus /metrics on this port (default: the command's own, the worker 9464 and "
-        "the notifier 9465; 0: off). Each command serves only its own series. A port already taken stops "
-        "the command with one line, exit 2.",
-    )
-    metrics_host: str = Field(
-        default="127.0.0.1",
-        description="Interface /metrics listens on: the loopback unless set (0.0.0.0 in a container whose "
-        "port is published).",
-    )
-    notify_config: str | None = Field(
-        default=None,
-        description="The notifier's config file (YAML or TOML, see pipeline/notify/config.py); when set, "
-        "`servewatch worker` delivers to its sinks too, as `servewatch notify` does on its own.",
-    )
-    log_level: str = Field(default="INFO", description="Python logging level of every command (or -v).")
+class Settings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
-    # -- change verification (pipeline/changes/) ------------------------------------------------
-    watch_changes: bool = Field(
-        default=True,
-        description="Verify each change marker (servewatch.changes) live: the requests after it against those "
-        "before, published as ChangeReports, with the rollback conditions. One worker of a fleet should.",
-    )
-    changes_config: str | None = Field(
-        default=None,
-        description="Change verification's config file (YAML or TOML: periods and rollback conditions, see "
-        "pipeline/changes/config.py); unset: the defaults, no rollback conditions.",
-    )
-    change_horizon_windows: int = Field(
-        default=30,
-        ge=0,
-        description="An incident starting at most this many windows after a change marker of its model names it "
-        "(and its first hint is the change).",
-    )
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    process: ProcessSettings = Field(default_factory=ProcessSettings)
+    windows: WindowSettings = Field(default_factory=WindowSettings)
+    segments: SegmentSettings = Field(default_factory=SegmentSettings)
+    replicas: ReplicaSettings = Field(default_factory=ReplicaSettings)
+    detection: DetectionSettings = Field(default_factory=DetectionSettings)
+    evidence: EvidenceSettings = Field(default_factory=EvidenceSettings)
+    changes: ChangeSettings = Field(default_factory=ChangeSettings)
+    delivery: DeliverySettings = Field(default_factory=DeliverySettings)
+    ship: ShipSettings = Field(default_factory=ShipSettings)
+    web: WebSettings = Field(default_factory=WebSettings)
+    grafana: GrafanaSettings = Field(default_factory=GrafanaSettings)
+    loadgen: LoadgenSettings = Field(default_factory=LoadgenSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_each_group(cls, data: Any) -> Any:
+        """Each group read from the environment, with the values given by their one name on
+        top; a bad value names its setting's one name (``ship_batch_records``)."""
+        if not isinstance(data, dict):
+            return data
+        given: dict[str, dict[str, Any]] = {attr: {} for attr in GROUPS}
+        built: dict[str, Any] = {}
+        for name, value in data.items():
+            if name in GROUPS:
+                built[name] = value
+            elif name in NAMES:
+                attr, field = NAMES[name]
+                given[attr][field] = value
+            else:
+                built[name] = value  # refused below as an unknown field
+        for attr, group in GROUPS.items():
+            if attr in built:
+                continue
+            try:
+                built[attr] = group(**given[attr])
+            except ValidationError as exc:
+                raise _named(exc, _prefix(group)) from None
+        return built
+
+    def updated(self, **values: Any) -> Settings:
+        """A copy with ``values`` (by their one name) in their groups, validated."""
+        groups: dict[str, dict[str, Any]] = {}
+        for name, value in values.items():
+            attr, field = NAMES[name]
+            groups.setdefault(attr, {})[field] = value
+        update = {
+            attr: type(getattr(self, attr)).model_validate({**getattr(self, attr).model_dump(), **fields})
+            for attr, fields in groups.items()
+        }
+        return self.model_copy(update=update)
 
     def segmenter(self) -> Segmenter:
+        segments = self.segments
         return Segmenter(
-            dimensions=tuple(self.segment_dimensions),
-            prompt_band_edges=tuple(self.prompt_band_edges),
-            output_band_edges=tuple(self.output_band_edges),
-            max_segments=self.max_segments,
-            idle_s=self.segment_idle_s,
+            dimensions=tuple(segments.segment_dimensions),
+            prompt_band_edges=tuple(segments.prompt_band_edges),
+            output_band_edges=tuple(segments.output_band_edges),
+            max_segments=segments.max_segments,
+            idle_s=segments.segment_idle_s,
         )
 
     def replica_segmenter(self) -> Segmenter | None:
         """The segmenter of replica rows (segment and instance), or None when not compared
         (off, or the segments are per instance already)."""
-        if not self.compare_replicas or "instance" in self.segment_dimensions:
+        segments, replicas = self.segments, self.replicas
+        if not replicas.compare_replicas or "instance" in segments.segment_dimensions:
             return None
         return Segmenter(
-            dimensions=(*self.segment_dimensions, "instance"),
-            prompt_band_edges=tuple(self.prompt_band_edges),
-            output_band_edges=tuple(self.output_band_edges),
-            max_segments=self.max_replica_rows,
-            idle_s=self.segment_idle_s,
+            dimensions=(*segments.segment_dimensions, "instance"),
+            prompt_band_edges=tuple(segments.prompt_band_edges),
+            output_band_edges=tuple(segments.output_band_edges),
+            max_segments=replicas.max_replica_rows,
+            idle_s=segments.segment_idle_s,
             key_prefix=REPLICA_PREFIX,
         )
 
     def evidence_budget(self) -> EvidenceBudget:
-        uniform = min(self.evidence_uniform, self.evidence_per_window)
+        evidence = self.evidence
+        uniform = min(evidence.evidence_uniform, evidence.evidence_per_window)
         return EvidenceBudget(
-            worst=self.evidence_per_window - uniform,
+            worst=evidence.evidence_per_window - uniform,
             uniform=uniform,
-            baseline=self.evidence_baseline,
-            excerpt_chars=self.excerpt_chars,
-            markers=tuple(self.reasoning_markers),
+            baseline=evidence.evidence_baseline,
+            excerpt_chars=evidence.excerpt_chars,
+            markers=tuple(self.detection.reasoning_markers),
         )
 
     def detector_config(self) -> DetectorConfig:
+        detection, segments, replicas = self.detection, self.segments, self.replicas
         return DetectorConfig(
-            threshold=self.threshold,
-            critical=self.critical,
-            min_requests=self.min_requests,
-            fire_after=self.fire_after,
-            fire_within=self.fire_within,
-            resolve_after=self.resolve_after,
-            update_every=self.update_every,
-            grace_windows=self.grace_windows,
-            no_data_after_s=self.no_data_after_s,
-            segment_idle_s=self.segment_idle_s,
-            replica_min_ratio=self.replica_min_ratio,
-            replica_warmup_requests=self.replica_warmup_requests,
+            threshold=detection.threshold,
+            critical=detection.critical,
+            min_requests=detection.min_requests,
+            fire_after=detection.fire_after,
+            fire_within=detection.fire_within,
+            resolve_after=detection.resolve_after,
+            update_every=detection.update_every,
+            grace_windows=detection.grace_windows,
+            no_data_after_s=segments.no_data_after_s,
+            segment_idle_s=segments.segment_idle_s,
+            replica_min_ratio=replicas.replica_min_ratio,
+            replica_warmup_requests=replicas.replica_warmup_requests,
         )
 
-    @model_validator(mode="after")
-    def _check_security(self) -> Settings:
-        sasl = self.security_protocol.startswith("SASL_")
-        if sasl and not (self.sasl_username and self.sasl_password):
-            raise ValueError(f"security_protocol {self.security_protocol} needs sasl_username and sasl_password")
-        if not sasl and (self.sasl_username or self.sasl_password):
-            raise ValueError("sasl_username/sasl_password are set but security_protocol is not SASL_SSL or "
-                             f"SASL_PLAINTEXT ({self.security_protocol})")  # fmt: skip
-        return self
 
-    @property
-    def bootstrap(self) -> str | None:
-        if self.broker is None:
-            return None
-        return self.broker.removeprefix("kafka://")
-
-    # -- shipper (`servewatch ship`; pipeline/ingest/ship/shipper.py) ----------------------------------
-    # One block, kept at the end of the class: other sections are edited independently.
-    ship_batch_records: int = Field(default=500, ge=1, description="Records per message the shipper sends.")
-    ship_batch_bytes: int = Field(
-        default=1_000_000,
-        ge=1024,
-        description="Bytes per message at most (also capped by max_message_bytes); under Apache Kafka's "
-        "default message.max.bytes. A record larger than this is dead-lettered as too_large.",
-    )
-    ship_linger_s: float = Field(default=0.2, ge=0, description="Seconds a partly filled batch waits for more.")
-    ship_prefix_chars: int = Field(
-        default=2000, ge=0, description="Leading prompt characters hashed into prefix_hash (0: no hashing)."
-    )
-    ship_keep_prompt: bool = Field(default=False, description="Ship prompts as logged instead of dropping them.")
-    ship_instance_from: str = Field(
-        default="",
-        description="A dotted path in each logged record whose value names its replica (pod, "
-        "kubernetes.node_name), shipped as instance: what replicas are compared by. Empty: the "
-        "record's own instance field.",
-    )
-    ship_state_dir: str | None = Field(
-        default=None, description="Where followed files' positions are kept; default $XDG_STATE_HOME/servewatch."
-    )
-    ship_poll_s: float = Field(default=0.25, gt=0, description="Seconds between looks at a followed file at its end.")
-    ship_drain_timeout_s: float = Field(
-        default=30.0, gt=0, description="After SIGTERM: how long to keep trying to deliver what was read."
-    )
-
-    # -- triage page (`servewatch web`; pipeline/web/) --------------------------------------------
-    web_token: SecretStr | None = Field(
-        default=None,
-        description="Token the triage page requires (Bearer, Basic password or /login); needed to serve it "
-        "on anything but loopback.",
-    )
-    web_allowed_hosts: Annotated[tuple[str, ...], NoDecode, BeforeValidator(_list)] = Field(
-        default=(),
-        description="Host names the triage page answers to besides the address it listens on (on loopback also "
-        "localhost, 127.0.0.1, [::1]): 'name' (any port) or 'name:port'; '*': any, behind a proxy that checks "
-        "Host itself. Other Host headers get 421, which keeps DNS-rebinding pages out. Listening on 0.0.0.0 "
-        "or :: with none set, any Host is taken (with a warning).",
-    )
-    web_evidence_url: str | None = Field(
-        default=None,
-        description="URL template linking each evidence request to your log search: {request_id}, {model}, "
-        "{instance}, {route}, {start}/{end} (ISO) or {start_ms}/{end_ms} (see pipeline/web/links.py).",
-    )
-    web_segment_url: str | None = Field(
-        default=None,
-        description="URL template linking each segment to its dashboard: {segment} (the key), its labels "
-        "({model}, {route}, ...), {start}/{end} or {start_ms}/{end_ms}.",
-    )
-    grafana_url: str | None = Field(
-        default=None, description="Grafana base URL: the triage page annotates firing and resolved groups there."
-    )
-    grafana_token: SecretStr | None = Field(
-        default=None, description="Grafana service-account token for POST /api/annotations."
-    )
-
-    # -- load generator (`servewatch loadgen`; pipeline/loadgen/) -----------------------------------
-    loadgen_api_key: SecretStr | None = Field(
-        default=None, description="API key servewatch loadgen sends to its target (Authorization: Bearer)."
-    )
-
-
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    """The process's settings, read from the environment once."""
-    return Settings()
+def _named(exc: ValidationError, prefix: str) -> ValidationError:
+    """``exc`` with each error at its setting's one name, as the environment spells it."""
+    errors: list[Any] = []
+    for error in exc.errors():
+        loc = error["loc"]
+        named = (prefix + str(loc[0]), *loc[1:]) if loc else ()
+        errors.append({**error, "loc": named})
+    return ValidationError.from_exception_data("Settings", errors)

@@ -71,13 +71,13 @@ def test_the_allocator_pin_and_heap_trims_are_settings(monkeypatch: pytest.Monke
     from servewatch.pipeline.settings import Settings
     from servewatch.pipeline.tuning import HEAP_TRIM_INTERVAL_S, MMAP_THRESHOLD_BYTES, trim_heap, tune_malloc
 
-    assert Settings().mmap_threshold_bytes == MMAP_THRESHOLD_BYTES == 0  # glibc's dynamic threshold
+    assert Settings().process.mmap_threshold_bytes == MMAP_THRESHOLD_BYTES == 0  # glibc's dynamic threshold
     assert tune_malloc(0) is False  # nothing pinned
     monkeypatch.setenv("SERVEWATCH_MMAP_THRESHOLD_BYTES", "131072")
-    assert Settings().mmap_threshold_bytes == 131072
-    assert Settings().heap_trim_interval_s == HEAP_TRIM_INTERVAL_S
+    assert Settings().process.mmap_threshold_bytes == 131072
+    assert Settings().process.heap_trim_interval_s == HEAP_TRIM_INTERVAL_S
     monkeypatch.setenv("SERVEWATCH_HEAP_TRIM_INTERVAL_S", "0")
-    assert Settings().heap_trim_interval_s == 0
+    assert Settings().process.heap_trim_interval_s == 0
     trimmed = trim_heap()  # harmless at any time; False where the C library is not glibc
     assert trimmed is (platform.libc_ver()[0] == "glibc")
 

@@ -51,9 +51,9 @@ def test_lists_read_as_json_or_comma_separated_and_a_typo_is_named(
     from servewatch.pipeline.cli.common import load_settings
 
     settings = load_settings()
-    assert settings.prompt_band_edges == (4096, 32768) and settings.output_band_edges == (2048,)
+    assert settings.segments.prompt_band_edges == (4096, 32768) and settings.segments.output_band_edges == (2048,)
     assert "SERVEWATCH_TRESHOLD" in caplog.text and "did you mean SERVEWATCH_THRESHOLD" in caplog.text
-    assert Settings().threshold == 4.0  # the typo changed nothing
+    assert Settings().detection.threshold == 4.0  # the typo changed nothing
 
 
 def test_version_schema_list_and_a_refused_demo_speed(capsys: pytest.CaptureFixture[str]) -> None:

@@ -242,7 +242,7 @@ def test_a_partials_message_is_let_go_once_its_windows_are_judged_and_in_stored_
     assert two.bank.states_to_save() == []  # judged once: not due (every 3 windows)
     assert fed not in two.judged_and_stored()  # so a crash now would lose what it taught
     # No more partials: once quiet for idle_flush_s, the segments judged last are stored.
-    assert not two.quiet(now=config.idle_flush_s / 2) and two.quiet(now=config.idle_flush_s)
+    assert not two.quiet(now=config.windows.idle_flush_s / 2) and two.quiet(now=config.windows.idle_flush_s)
     assert [key for key, _ in two.bank.states_to_save(unsaved=True)] == [partials[0].key]
     assert two.judged_and_stored() == [fed]
 

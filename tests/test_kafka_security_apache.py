@@ -147,7 +147,7 @@ def test_scrape_publishes_intervals_over_sasl_ssl(secured: Secured) -> None:
 def test_worker_consumes_over_sasl_ssl(secured: Secured) -> None:
     port = free_loopback_port()
     env = {**secured.env(), "SERVEWATCH_METRICS_PORT": str(port), "SERVEWATCH_APP_ID": f"sec-{uuid.uuid4().hex[:6]}"}
-    worker = start_worker(secured.bootstrap, env)
+    worker = start_worker(secured.kafka.bootstrap, env)
     try:
         deadline = time.monotonic() + 120
         while served_value(port, "servewatch_live_segments") != 0 or served_value(port, "servewatch_messages_total"):
@@ -157,7 +157,7 @@ def test_worker_consumes_over_sasl_ssl(secured: Secured) -> None:
         before = served_value(port, "servewatch_records_total")
 
         async def produce() -> None:
-            prod = producer(secured.bootstrap, auth=secured.auth)
+            prod = producer(secured.kafka.bootstrap, auth=secured.auth)
             await prod.start()
             try:
                 for partition in range(4):
@@ -187,7 +187,7 @@ def _publish_incident(secured: Secured, model: str) -> None:
     _, groups = IncidentGrouper().add(event)
 
     async def publish() -> None:
-        prod = producer(secured.bootstrap, auth=secured.auth)
+        prod = producer(secured.kafka.bootstrap, auth=secured.auth)
         await prod.start()
         try:
             for record in [event, *groups]:
@@ -232,7 +232,7 @@ def test_a_wrong_password_is_one_line_naming_the_broker(secured: Secured, comman
     errors = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(errors) == 1, done.stderr
     assert errors[0].startswith(f"servewatch {command.split()[0]}: authentication failed at Kafka "), errors[0]
-    assert secured.bootstrap in errors[0] and "SERVEWATCH_SASL_PASSWORD" in errors[0], errors[0]
+    assert secured.kafka.bootstrap in errors[0] and "SERVEWATCH_SASL_PASSWORD" in errors[0], errors[0]
     assert done.returncode == 2, (done.returncode, done.stderr)
 
 
@@ -255,7 +255,7 @@ def test_settings_that_do_not_fit_the_listener_are_one_line_saying_what_to_check
     assert "Traceback" not in done.stderr, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(errors) == 1, done.stderr
-    assert errors[0].startswith("servewatch tail: ") and secured.bootstrap in errors[0], errors[0]
+    assert errors[0].startswith("servewatch tail: ") and secured.kafka.bootstrap in errors[0], errors[0]
     assert check in errors[0], errors[0]
     assert done.returncode == 2, (done.returncode, done.stderr)
 
@@ -265,7 +265,7 @@ def test_clients_without_tls_and_scram_are_refused(secured: Secured, protocol: s
     auth = KafkaAuth(protocol, cafile=str(secured.security.cafile))
 
     async def connect() -> None:
-        admin = AIOKafkaAdminClient(bootstrap_servers=secured.bootstrap, request_timeout_ms=5000,
+        admin = AIOKafkaAdminClient(bootstrap_servers=secured.kafka.bootstrap, request_timeout_ms=5000,
                                     **auth.client_options())  # fmt: skip
         try:
             await admin.start()

@@ -33,8 +33,8 @@ def test_the_worker_exports_its_series_and_the_notifiers_only_when_it_delivers()
 def test_commands_have_their_own_ports_and_listen_on_the_loopback_by_default() -> None:
     assert len(set(DEFAULT_PORTS.values())) == len(DEFAULT_PORTS)
     settings = Settings()
-    assert settings.metrics_port is None and settings.metrics_host == "127.0.0.1"
-    port = serve(registry_for(command_modules("notifier")), settings.metrics_host, 0)
+    assert settings.process.metrics_port is None and settings.process.metrics_host == "127.0.0.1"
+    port = serve(registry_for(command_modules("notifier")), settings.process.metrics_host, 0)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
         assert b"servewatch_notify_queued" in page.read()
 

@@ -180,7 +180,10 @@ def test_unassigned_partitions_are_forgotten() -> None:
 
 def test_the_commit_bound_exceeds_a_window_the_lateness_and_a_record_ahead_of_the_clock() -> None:
     settings = Settings()
-    assert commit_lag_bound(settings) > settings.window_s + settings.max_lateness_s + settings.max_future_s
+    assert (
+        commit_lag_bound(settings)
+        > settings.windows.window_s + settings.windows.max_lateness_s + settings.windows.max_future_s
+    )
     assert commit_lag_bound(Settings(max_lateness_s=600)) > commit_lag_bound(settings)
     with pytest.raises(ValueError):
         PartitionWatchdog(0, 10)

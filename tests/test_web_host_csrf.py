@@ -130,9 +130,9 @@ def test_allowed_hosts_setting_and_a_bad_one_stops_the_command(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("SERVEWATCH_WEB_ALLOWED_HOSTS", "triage.example.com, other.example:8443")
-    assert Settings().web_allowed_hosts == ("triage.example.com", "other.example:8443")
+    assert Settings().web.allowed_hosts == ("triage.example.com", "other.example:8443")
     monkeypatch.setenv("SERVEWATCH_WEB_ALLOWED_HOSTS", '["*"]')
-    assert Settings().web_allowed_hosts == ("*",)
+    assert Settings().web.allowed_hosts == ("*",)
     monkeypatch.delenv("SERVEWATCH_WEB_TOKEN", raising=False)
     monkeypatch.setenv("SERVEWATCH_WEB_ALLOWED_HOSTS", "evil example")
     assert main(["web", "--broker", "127.0.0.1:9"]) == 2  # refused before any broker is asked

@@ -97,10 +97,10 @@ def stages(settings: Settings) -> tuple[Outbox, Table, RequestAggregation, Judgi
     engines = JudgeEngines(settings)
     publisher = EventPublisher(
         outbox, engines, no_messages, settings.evidence_budget(), settings.segmenter().key_of_row,
-        settings.window_s, settings.change_horizon_windows,
+        settings.windows.window_s, settings.changes.change_horizon_windows,
     )  # fmt: skip
-    store = DetectorStateStore(table, settings.topic_partitions)
-    aggregation = RequestAggregation(StageOne(settings), outbox, publisher, settings.topic_partitions)
+    store = DetectorStateStore(table, settings.kafka.topic_partitions)
+    aggregation = RequestAggregation(StageOne(settings), outbox, publisher, settings.kafka.topic_partitions)
     return outbox, table, aggregation, Judging(StageTwo(settings), engines, store, publisher)
 
 

@@ -54,13 +54,13 @@ class Watches:
 
 def add_change_watcher(app: faust.App, topics: Topics, settings: Settings, config: ChangesConfig) -> Watches:
     """Add the change watcher's task to ``app``; returns its (live) registry of watches."""
-    assert settings.bootstrap is not None
-    bootstrap, auth = settings.bootstrap, KafkaAuth.from_settings(settings)
+    assert settings.kafka.bootstrap is not None
+    bootstrap, auth = settings.kafka.bootstrap, KafkaAuth.from_settings(settings)
     changes, requests = topics.changes.get_topic_name(), topics.requests.get_topic_name()
     watches = Watches()
     verifier = ChangeVerifier(min_requests=config.min_requests, resamples=config.resamples)
     conditions = config.conditions()
-    markers_of_reasoning = tuple(settings.reasoning_markers)
+    markers_of_reasoning = tuple(settings.detection.reasoning_markers)
 
     async def publish(report: ChangeReport, events: list[AnomalyEvent]) -> None:
         key = report.model.encode()

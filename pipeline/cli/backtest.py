@@ -127,7 +127,9 @@ def cmd_backtest_series(args: argparse.Namespace) -> int:
     with output(args.out, "w") as out:
         writer = csv.writer(out)
         writer.writerow(["timestamp", "value", "anomaly_score", "is_anomaly", "status", "explained_by_load"])
-        for p in score_series(points, signal, settings.threshold, settings.grace_windows, model=model):
+        for p in score_series(
+            points, signal, settings.detection.threshold, settings.detection.grace_windows, model=model
+        ):
             writer.writerow([f"{p.timestamp:.3f}", p.value, p.anomaly_score, str(p.is_anomaly).lower(), p.status,
                              str(p.explained_by_load).lower()])  # fmt: skip
             pages += p.is_anomaly
@@ -135,5 +137,5 @@ def cmd_backtest_series(args: argparse.Namespace) -> int:
     if BY_SIGNAL[signal].kind == "latency":
         how = " (conditioned on its load columns)" if loaded else " (against its own recent level: no load columns)"
     print(f"scored {len(points):,} points with the {signal.value} model{how}: {pages:,} pages (incidents starting "
-          f"or stepping up; threshold {settings.threshold})", file=sys.stderr)  # fmt: skip
+          f"or stepping up; threshold {settings.detection.threshold})", file=sys.stderr)  # fmt: skip
     return 0

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.notify.config import ENV_PREFIX as NOTIFY_PREFIX
-from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.settings import Settings, variable_names
 from servewatch.schemas.request_log import RequestLog
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ OTHER_VARIABLES = frozenset({"SERVEWATCH_KAFKA_JARS"})
 
 def known_variables() -> frozenset[str]:
     """Every ``SERVEWATCH_*`` name read as it is (the notifier's sink fields are a family)."""
-    return frozenset(f"SERVEWATCH_{name.upper()}" for name in Settings.model_fields) | OTHER_VARIABLES
+    return variable_names() | OTHER_VARIABLES
 
 
 def variable_is_read(variable: str, known: frozenset[str] | None = None) -> bool:
@@ -127,7 +127,7 @@ def with_broker(settings: Settings, command: str, embedded: bool = False) -> Ite
     broker is refused: a worker or shipper that quietly talks to a throwaway broker loses
     what it reads or sends. A refusal of the command's credentials, whenever it comes, is
     one line (``kafka_errors``)."""
-    if settings.bootstrap is not None:
+    if settings.kafka.bootstrap is not None:
         with kafka_errors(settings, command, connecting=False):
             yield settings
         return
@@ -139,7 +139,7 @@ def with_broker(settings: Settings, command: str, embedded: bool = False) -> Ite
         )
     with EmbeddedBroker() as broker:
         print(f"embedded Kafka-compatible broker (Tansu) at {broker.bootstrap}", file=sys.stderr)
-        yield settings.model_copy(update={"broker": broker.bootstrap, "broker_profile": "tansu"})
+        yield settings.updated(broker=broker.bootstrap, broker_profile="tansu")
 
 
 #: aiokafka's records of a bootstrap server it could not connect to, or not ask for metadata
@@ -227,7 +227,7 @@ def kafka_errors(settings: Settings, command: str, *, connecting: bool = True) -
     else:
         if connecting and failures.connection:  # held back, and a later attempt connected (another server)
             logger.warning("Kafka %s: %d failed connection attempt(s) before connecting; the last: %s",
-                           settings.bootstrap, len(failures.connection), failures.connection[-1])  # fmt: skip
+                           settings.kafka.bootstrap, len(failures.connection), failures.connection[-1])  # fmt: skip
             failures.connection.clear()
     finally:
         failures.connecting -= connecting
@@ -235,7 +235,9 @@ def kafka_errors(settings: Settings, command: str, *, connecting: bool = True) -
             logging.getLogger("aiokafka").removeFilter(failures)
             _ActiveFailures.filter = None
             if failures.authentication:  # not raised here (a Faust worker's clients): not hidden either
-                logger.error("authentication failed at Kafka %s: %s", settings.bootstrap, failures.authentication[-1])
+                logger.error(
+                    "authentication failed at Kafka %s: %s", settings.kafka.bootstrap, failures.authentication[-1]
+                )
 
 
 #: ``reach_broker``'s pause after its first failed attempt, doubled after each until this longest.
@@ -262,7 +264,7 @@ async def reach_broker(
     waiting would not change it. One warning at the first failure, one info line when a
     later attempt connects; aiokafka's records of each attempt stay held back as in
     ``kafka_errors``. ``sleep`` and ``clock``: the tests' fakes."""
-    deadline = clock() + settings.broker_wait_s
+    deadline = clock() + settings.kafka.broker_wait_s
     pause, failed = BROKER_RETRY_FIRST_S, 0
     while True:
         try:
@@ -274,13 +276,13 @@ async def reach_broker(
                 raise
             if not failed:
                 logger.warning("Kafka %s not reachable (%s); retrying for up to %g s (SERVEWATCH_BROKER_WAIT_S)",
-                               settings.bootstrap, exc.reason, settings.broker_wait_s)  # fmt: skip
+                               settings.kafka.bootstrap, exc.reason, settings.kafka.broker_wait_s)  # fmt: skip
             failed += 1
             await sleep(min(pause, left))
             pause = min(pause * 2, BROKER_RETRY_MAX_S)
             continue
         if failed:
-            logger.info("connected to Kafka %s after %d failed attempt(s)", settings.bootstrap, failed)
+            logger.info("connected to Kafka %s after %d failed attempt(s)", settings.kafka.bootstrap, failed)
         return result
 
 
@@ -318,17 +320,17 @@ def _describe(
 ) -> _Described | None:
     from aiokafka.errors import KafkaConnectionError, UnsupportedSaslMechanismError
 
-    where = f"Kafka {settings.bootstrap}"
-    how: str = settings.security_protocol
-    if settings.security_protocol.startswith("SASL_"):
-        how += f" {settings.sasl_mechanism} as {settings.sasl_username!r}"
+    where = f"Kafka {settings.kafka.bootstrap}"
+    how: str = settings.kafka.security_protocol
+    if settings.kafka.security_protocol.startswith("SASL_"):
+        how += f" {settings.kafka.sasl_mechanism} as {settings.kafka.sasl_username!r}"
     if _refused(exc) or refusals:
         reason = (refusals[-1] if refusals else str(exc)).split(": ", 1)[-1]  # without "[Error 58] SaslAuth..."
         return _Described(f"authentication failed at {where} ({how}): {reason}; check SERVEWATCH_SASL_USERNAME, "
                           "SERVEWATCH_SASL_PASSWORD and SERVEWATCH_SASL_MECHANISM")  # fmt: skip
     cause: BaseException | str = (failures or [exc])[-1]
     if isinstance(cause, UnsupportedSaslMechanismError) or isinstance(exc, UnsupportedSaslMechanismError):
-        return _Described(f"{where} does not accept SASL mechanism {settings.sasl_mechanism}: set "
+        return _Described(f"{where} does not accept SASL mechanism {settings.kafka.sasl_mechanism}: set "
                           "SERVEWATCH_SASL_MECHANISM to one its listener enables")  # fmt: skip
     if isinstance(cause, ssl.SSLError):
         parts = (getattr(cause, "reason", None), getattr(cause, "verify_message", None))  # set by OpenSSL only
@@ -407,34 +409,34 @@ async def ensure_topics_of(settings: Settings) -> Settings:
     the replication they have (what the worker's tables' changelogs are created with too)."""
     from servewatch.pipeline.kafka import KafkaAuth, ensure_topics
 
-    assert settings.bootstrap is not None
+    assert settings.kafka.bootstrap is not None
     replication = await ensure_topics(
-        settings.bootstrap, settings.topic_partitions, auth=KafkaAuth.from_settings(settings),
-        replication=settings.topic_replication,
+        settings.kafka.bootstrap, settings.kafka.topic_partitions, auth=KafkaAuth.from_settings(settings),
+        replication=settings.kafka.topic_replication,
     )  # fmt: skip
-    return settings.model_copy(update={"topic_replication": replication})
+    return settings.updated(topic_replication=replication)
 
 
 def serve_metrics(settings: Settings, command: Command) -> None:
     """Serve ``command``'s own Prometheus series (``metrics_server``) on its port."""
     from servewatch.pipeline.cli.metrics_server import DEFAULT_PORTS, command_modules, registry_for, serve
 
-    port = DEFAULT_PORTS[command] if settings.metrics_port is None else settings.metrics_port
+    port = DEFAULT_PORTS[command] if settings.process.metrics_port is None else settings.process.metrics_port
     if not port:
         return
     log = logging.getLogger("servewatch")
-    registry = registry_for(command_modules(command, delivers=bool(settings.notify_config)))
+    registry = registry_for(command_modules(command, delivers=bool(settings.delivery.notify_config)))
     try:
-        serve(registry, settings.metrics_host, port)
+        serve(registry, settings.process.metrics_host, port)
     except OSError as exc:
         # A second process on one host, or another program: running on without the metrics a
         # dashboard and its staleness alerts read would hide the process from them.
         raise CommandError(
-            f"metrics port {settings.metrics_host}:{port} is taken ({exc.strerror}): set SERVEWATCH_METRICS_PORT "
-            "to a free port, or to 0 to serve no metrics",
+            f"metrics port {settings.process.metrics_host}:{port} is taken ({exc.strerror}): set "
+            "SERVEWATCH_METRICS_PORT to a free port, or to 0 to serve no metrics",
             "notify" if command == "notifier" else command,
         ) from None
-    log.info("serving %s metrics on %s:%d/metrics", command, settings.metrics_host, port)
+    log.info("serving %s metrics on %s:%d/metrics", command, settings.process.metrics_host, port)
 
 
 def read_request_logs(path: str, command: str) -> Iterator[RequestLog]:

@@ -109,7 +109,7 @@ def cmd_loadgen(args: argparse.Namespace) -> int:
     from servewatch.pipeline.loadgen.client import Target
     from servewatch.pipeline.loadgen.run import LoadGenerator
 
-    key = load_settings().loadgen_api_key
+    key = load_settings().loadgen.api_key
     target = Target(args.target, args.model or profile.model, args.api, key.get_secret_value() if key else None)
     try:
         sampler = WorkloadSampler(profile, seed=args.seed)

@@ -93,8 +93,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     # The files first: a config that cannot work is said at once, not after the broker's wait.
-    notify_config = load_notify_config(settings.notify_config, "worker") if settings.notify_config else None
-    changes_config = load_changes_config(settings.changes_config) if settings.watch_changes else None
+    notify_config = (
+        load_notify_config(settings.delivery.notify_config, "worker") if settings.delivery.notify_config else None
+    )
+    changes_config = load_changes_config(settings.changes.changes_config) if settings.changes.watch_changes else None
     with with_broker(settings, "worker", embedded=args.embedded) as settings:
         # The first contact (creates only the topics that are missing): a broker not up yet is
         # waited for (SERVEWATCH_BROKER_WAIT_S), one that refuses is one line.
@@ -110,7 +112,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             add_change_watcher(app, topics, settings, changes_config)
         tune_gc()  # again: Faust's app, topics and tables live as long as the process
         serve_metrics(settings, "worker")
-        worker = faust.Worker(app, loglevel=settings.log_level, quiet=True)
+        worker = faust.Worker(app, loglevel=settings.process.log_level, quiet=True)
         try:
             worker.execute_from_commandline()  # runs until SIGTERM/SIGINT (and exits through SystemExit)
         finally:
@@ -141,7 +143,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         raise CommandError(f"--speed must be above 0 (simulated seconds per wall second), got {args.speed}", "demo")
     started = time.monotonic()
     with with_broker(settings_from(args), "demo", embedded=True) as settings:
-        assert settings.bootstrap is not None
+        assert settings.kafka.bootstrap is not None
         with kafka_errors(settings, "demo"):
             asyncio.run(ensure_topics_of(settings))
         receiver = start_receiver()
@@ -150,22 +152,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
         print("starting the servewatch worker ...", flush=True)
         changes = receiver.config.with_name("changes.yaml")  # the demo's periods: its phases last minutes
         changes.write_text(DEMO_CHANGES_CONFIG)
-        worker = start_worker(settings.bootstrap, {"SERVEWATCH_BROKER_PROFILE": settings.broker_profile,
+        worker = start_worker(settings.kafka.bootstrap, {"SERVEWATCH_BROKER_PROFILE": settings.kafka.broker_profile,
                                                    "SERVEWATCH_NOTIFY_CONFIG": str(receiver.config),
                                                    "SERVEWATCH_CHANGES_CONFIG": str(changes)})  # fmt: skip
-        page_env = {"SERVEWATCH_BROKER": settings.bootstrap, "SERVEWATCH_METRICS_PORT": "0"}
+        page_env = {"SERVEWATCH_BROKER": settings.kafka.bootstrap, "SERVEWATCH_METRICS_PORT": "0"}
         web, url = start_announcing(["servewatch", "web", "--port", "0"], "triage page: ", page_env)
         print(f"triage page: {url} (live while the demo runs; --stay keeps it up afterwards)", flush=True)
         try:
             auth = KafkaAuth.from_settings(settings)
             outcome = asyncio.run(
-                run_demo(settings.bootstrap, speed=args.speed, out=lambda s: print(s, flush=True), auth=auth)
+                run_demo(settings.kafka.bootstrap, speed=args.speed, out=lambda s: print(s, flush=True), auth=auth)
             )
             print("=== demo summary ===")
             for line in [*summarise(outcome), *receiver.summary()]:
                 print(line)
             if args.stay:
-                print(f"staying up: triage page {url}, broker {settings.bootstrap}; Ctrl-C ends", flush=True)
+                print(f"staying up: triage page {url}, broker {settings.kafka.bootstrap}; Ctrl-C ends", flush=True)
                 with contextlib.suppress(KeyboardInterrupt):
                     while worker.poll() is None:
                         time.sleep(0.5)
@@ -351,8 +353,8 @@ def _kafka_failure(exc: Exception, args: argparse.Namespace, environment: Settin
 
     if not isinstance(exc, KafkaError):
         return None
-    settings = environment.model_copy(update={"broker": args.broker}) if getattr(args, "broker", None) else environment
-    return describe_kafka_error(exc, settings) or f"Kafka {settings.bootstrap}: {type(exc).__name__}: {exc}"
+    settings = environment.updated(broker=args.broker) if getattr(args, "broker", None) else environment
+    return describe_kafka_error(exc, settings) or f"Kafka {settings.kafka.bootstrap}: {type(exc).__name__}: {exc}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,8 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         print(exc.line(), file=sys.stderr)
         return 2
     if args.command in ("worker", "replay"):
-        tune_process(environment.mmap_threshold_bytes)
-    level = "DEBUG" if args.verbose else environment.log_level
+        tune_process(environment.process.mmap_threshold_bytes)
+    level = "DEBUG" if args.verbose else environment.process.log_level
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     if not args.verbose:
         # The Kafka client narrates every (re)connection, and httpx every request (a scrape

@@ -71,8 +71,8 @@ def cmd_mark(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         raise CommandError("; ".join(f"{e['loc'][0]}: {e['msg']}" for e in exc.errors()), "mark") from None
     with with_broker(settings_from(args), "mark", embedded=args.embedded) as settings, kafka_errors(settings, "mark"):
-        assert settings.bootstrap is not None
-        asyncio.run(write_marker(settings.bootstrap, marker, KafkaAuth.from_settings(settings)))
+        assert settings.kafka.bootstrap is not None
+        asyncio.run(write_marker(settings.kafka.bootstrap, marker, KafkaAuth.from_settings(settings)))
     print(marker.id)
     return 0
 
@@ -85,8 +85,8 @@ def cmd_changes(args: argparse.Namespace) -> int:
         with_broker(settings_from(args), "changes", embedded=args.embedded) as settings,
         kafka_errors(settings, "changes"),
     ):
-        assert settings.bootstrap is not None
-        markers, reports = asyncio.run(read_changes(settings.bootstrap, KafkaAuth.from_settings(settings)))
+        assert settings.kafka.bootstrap is not None
+        markers, reports = asyncio.run(read_changes(settings.kafka.bootstrap, KafkaAuth.from_settings(settings)))
     latest = {report.change: report for report in reports if report.change}
     for marker in markers:
         if args.model and marker.model != args.model:

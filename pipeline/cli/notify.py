@@ -77,7 +77,7 @@ def cmd_notify(args: argparse.Namespace) -> int:
     from servewatch.pipeline.streams.faust_app import faust_app
     from servewatch.pipeline.topics import declare_topics
 
-    path = args.config or settings_from(args).notify_config
+    path = args.config or settings_from(args).delivery.notify_config
     if not path:
         raise CommandError("no config: pass --config FILE or set SERVEWATCH_NOTIFY_CONFIG", "notify")
     config = load_notify_config(path, "notify")
@@ -85,15 +85,15 @@ def cmd_notify(args: argparse.Namespace) -> int:
         # A broker not up yet is waited for (SERVEWATCH_BROKER_WAIT_S), one that refuses is one line.
         asyncio.run(reach_broker(settings, "notify", functools.partial(ensure_topics_of, settings)))
         app = faust_app(settings, app_id=notify_app_id(settings))
-        add_notifier(app, declare_topics(app, settings.topic_partitions), settings, config)
+        add_notifier(app, declare_topics(app, settings.kafka.topic_partitions), settings, config)
         serve_metrics(settings, "notifier")
-        faust.Worker(app, loglevel=settings.log_level, quiet=True).execute_from_commandline()
+        faust.Worker(app, loglevel=settings.process.log_level, quiet=True).execute_from_commandline()
     return 0
 
 
 def notify_app_id(settings: Settings) -> str:
     """A notifier of its own has its own consumer group: it reads every anomaly, as the worker does."""
-    return f"{settings.app_id}-notify"
+    return f"{settings.kafka.app_id}-notify"
 
 
 def parse_matcher(text: str) -> Matcher:
@@ -112,9 +112,9 @@ def _when(text: str | None, default: float) -> float:
 
 def _bootstrap(args: argparse.Namespace) -> tuple[str, Settings]:
     settings = settings_from(args)
-    if settings.bootstrap is None:
+    if settings.kafka.bootstrap is None:
         raise CommandError("no Kafka broker: give --broker HOST:PORT or set SERVEWATCH_BROKER", "silence")
-    return settings.bootstrap, settings
+    return settings.kafka.bootstrap, settings
 
 
 def cmd_silence_add(args: argparse.Namespace) -> int:

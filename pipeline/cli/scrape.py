@@ -50,8 +50,12 @@ async def _scrape(args: argparse.Namespace, interval_s: float, timeout_s: float,
     from servewatch.schemas.engine_interval import EngineInterval
 
     kafka = None
-    if settings is not None and settings.bootstrap is not None:
-        bootstrap, partitions, auth = settings.bootstrap, settings.topic_partitions, KafkaAuth.from_settings(settings)
+    if settings is not None and settings.kafka.bootstrap is not None:
+        bootstrap, partitions, auth = (
+            settings.kafka.bootstrap,
+            settings.kafka.topic_partitions,
+            KafkaAuth.from_settings(settings),
+        )
 
         async def start() -> Producer:
             await ensure_topics(bootstrap, partitions, (topics.SCRAPES,), auth=auth)

@@ -35,16 +35,16 @@ def cmd_ship(args: argparse.Namespace) -> int:
     line = Progress()
     try:
         mapping = FieldMapping.parse(orjson.loads(Path(args.mapping).read_bytes())) if args.mapping else None
-        prefix_chars = base.ship_prefix_chars if args.prefix_chars is None else args.prefix_chars
+        prefix_chars = base.ship.prefix_chars if args.prefix_chars is None else args.prefix_chars
         options = AdaptOptions(
-            args.keep_prompt or base.ship_keep_prompt, prefix_chars, parse_defaults(args.default),
-            args.instance_from or base.ship_instance_from,
+            args.keep_prompt or base.ship.keep_prompt, prefix_chars, parse_defaults(args.default),
+            args.instance_from or base.ship.instance_from,
         )  # fmt: skip
         adapter = adapter_for("mapping" if mapping else args.in_format, options, mapping)
-        config = ShipConfig(batch_records=args.batch or base.ship_batch_records,
-                            batch_bytes=min(base.ship_batch_bytes, base.max_message_bytes),
-                            linger_s=base.ship_linger_s if args.linger is None else parse_duration(args.linger),
-                            drain_timeout_s=base.ship_drain_timeout_s)  # fmt: skip
+        config = ShipConfig(batch_records=args.batch or base.ship.batch_records,
+                            batch_bytes=min(base.ship.batch_bytes, base.kafka.max_message_bytes),
+                            linger_s=base.ship.linger_s if args.linger is None else parse_duration(args.linger),
+                            drain_timeout_s=base.ship.drain_timeout_s)  # fmt: skip
         listen = parse_listen(args.listen) if args.listen else None
         path = None if args.input in (None, "-") else args.input
         if path and args.no_follow and not os.path.isfile(path):
@@ -55,14 +55,14 @@ def cmd_ship(args: argparse.Namespace) -> int:
 
     def source() -> Source:
         if path:
-            state = StateFile(args.state or StateFile.default_path(path, base.ship_state_dir))
+            state = StateFile(args.state or StateFile.default_path(path, base.ship.state_dir))
             verb = "reading" if args.no_follow else "following"
             print(f"{verb} {path}; position kept in {state.path}", file=sys.stderr)
             return FileFollower(path, state, follow=not args.no_follow, start=args.start,
-                                poll_s=base.ship_poll_s, max_line_bytes=base.max_message_bytes)  # fmt: skip
+                                poll_s=base.ship.poll_s, max_line_bytes=base.kafka.max_message_bytes)  # fmt: skip
         if listen is not None:
-            return HttpSource(*listen, max_body_bytes=base.max_message_bytes, publish_marker=publish_marker)
-        return StreamSource(sys.stdin.buffer.read1, max_line_bytes=base.max_message_bytes)  # type: ignore[union-attr]
+            return HttpSource(*listen, max_body_bytes=base.kafka.max_message_bytes, publish_marker=publish_marker)
+        return StreamSource(sys.stdin.buffer.read1, max_line_bytes=base.kafka.max_message_bytes)  # type: ignore[union-attr]
 
     kafka: Any = None  # the producer, once ``ship`` started it
 
@@ -72,7 +72,7 @@ def cmd_ship(args: argparse.Namespace) -> int:
 
     async def ship(settings: Settings) -> ShipStats:
         nonlocal kafka
-        assert settings.bootstrap is not None
+        assert settings.kafka.bootstrap is not None
         stop = asyncio.Event()
 
         def on_signal(name: str) -> None:
@@ -85,8 +85,8 @@ def cmd_ship(args: argparse.Namespace) -> int:
         wanted = (topics.REQUESTS, topics.DEADLETTER, topics.CHANGES)
         # A broker not there at start is one line; once shipping, the shipper retries it.
         with kafka_errors(settings, "ship"):
-            await ensure_topics(settings.bootstrap, settings.topic_partitions, wanted, auth=auth)
-            kafka = producer(settings.bootstrap, auth=auth)
+            await ensure_topics(settings.kafka.bootstrap, settings.kafka.topic_partitions, wanted, auth=auth)
+            kafka = producer(settings.kafka.bootstrap, auth=auth)
             await kafka.start()
         shipper = Shipper(source(), adapter, kafka, config)
         if isinstance(shipper.source, HttpSource):

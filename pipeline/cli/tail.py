@@ -68,7 +68,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
     from servewatch.pipeline.kafka import KafkaAuth, read_topic
 
     settings = settings_from(args)
-    bootstrap = settings.bootstrap
+    bootstrap = settings.kafka.bootstrap
     if bootstrap is None:
         raise CommandError("no Kafka broker: give --broker HOST:PORT or set SERVEWATCH_BROKER", "tail")
     filters = Filters(args.model, args.signal, args.severity, args.paging_only)

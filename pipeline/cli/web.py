@@ -36,7 +36,7 @@ MIN_TOKEN_CHARS = 16
 
 
 def check_exposure(settings: Settings, host: str) -> None:
-    token = settings.web_token.get_secret_value() if settings.web_token is not None else None
+    token = settings.web.token.get_secret_value() if settings.web.token is not None else None
     if token is not None and len(token.strip()) < MIN_TOKEN_CHARS:
         raise CommandError(f"SERVEWATCH_WEB_TOKEN is too short: use at least {MIN_TOKEN_CHARS} characters "
                            "(e.g. `openssl rand -hex 16`)", "web")  # fmt: skip
@@ -64,19 +64,19 @@ async def serve_web(
     from servewatch.pipeline.web.store import TriageStore
 
     check_exposure(settings, host)
-    bootstrap = settings.bootstrap
+    bootstrap = settings.kafka.bootstrap
     if bootstrap is None:
         raise CommandError("no Kafka broker: give --broker HOST:PORT or set SERVEWATCH_BROKER", "web")
     try:
-        links = LinkTemplates(settings.web_evidence_url, settings.web_segment_url)
-        hosts = HostCheck(settings.web_allowed_hosts, host)
+        links = LinkTemplates(settings.web.evidence_url, settings.web.segment_url)
+        hosts = HostCheck(settings.web.allowed_hosts, host)
     except ValueError as exc:
         raise CommandError(str(exc), "web") from None
     auth = KafkaAuth.from_settings(settings)
     store = TriageStore()
 
     async def start() -> FeedbackPublisher:
-        await ensure_topics(bootstrap, settings.topic_partitions, auth=auth)
+        await ensure_topics(bootstrap, settings.kafka.topic_partitions, auth=auth)
         started = FeedbackPublisher(bootstrap, auth)
         try:
             await started.start()
@@ -90,9 +90,9 @@ async def serve_web(
     publisher = await reach_broker(settings, "web", start)
     client = httpx.AsyncClient(timeout=5.0)
     annotator = None
-    if settings.grafana_url and settings.grafana_token is not None:
-        annotator = GrafanaAnnotator(settings.grafana_url, settings.grafana_token, client)
-    token = settings.web_token.get_secret_value() if settings.web_token is not None else None
+    if settings.grafana.url and settings.grafana.token is not None:
+        annotator = GrafanaAnnotator(settings.grafana.url, settings.grafana.token, client)
+    token = settings.web.token.get_secret_value() if settings.web.token is not None else None
     app = create_web_app(store, token=token, publish_feedback=publisher, links=links, hosts=hosts)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
     await runner.setup()

@@ -47,8 +47,8 @@ TICK_S = 1.0
 
 
 def add_notifier(app: faust.App, topics: Topics, settings: Settings, config: NotifyConfig) -> Notifier:
-    assert settings.bootstrap is not None
-    partitions = settings.topic_partitions
+    assert settings.kafka.bootstrap is not None
+    partitions = settings.kafka.topic_partitions
     anomalies = topics.anomalies.get_topic_name()
     add_partition_watchdog(app, settings)  # once per app: the worker's carries it already when it delivers
     # Keys and values as bytes: the producer hashes the model's bytes exactly as it does the
@@ -83,7 +83,7 @@ def add_notifier(app: faust.App, topics: Topics, settings: Settings, config: Not
         config, [build_sink(sink, config, client) for sink in config.enabled_sinks], storage,
         publish_delivery=publish_delivery, dead_letter=dead_letter, owns=owns,
     )  # fmt: skip
-    feed = SilenceFeed(settings.bootstrap, notifier.silences, KafkaAuth.from_settings(settings))
+    feed = SilenceFeed(settings.kafka.bootstrap, notifier.silences, KafkaAuth.from_settings(settings))
     tasks: list[asyncio.Task[None]] = []
 
     @app.agent(topics.anomalies)

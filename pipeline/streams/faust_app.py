@@ -46,29 +46,31 @@ def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
 
     ``app_id`` names its consumer group and its tables' changelogs (default: the worker's).
     """
-    if settings.bootstrap is None:
+    if settings.kafka.bootstrap is None:
         raise ValueError("a Faust app needs a broker address; the CLI starts the embedded one when none is set")
     auth = KafkaAuth.from_settings(settings)
     app = faust.App(
-        app_id or settings.app_id,
-        broker=f"{_scheme(settings.broker_profile)}://{settings.bootstrap}",
+        app_id or settings.kafka.app_id,
+        broker=f"{_scheme(settings.kafka.broker_profile)}://{settings.kafka.bootstrap}",
         broker_credentials=_faust_credentials(auth),
-        store=settings.store,
+        store=settings.process.store,
         # Tansu under-reports a changelog's end offset, which Faust's consistency check after
         # recovering a RocksDB table trusts; memory tables are rebuilt in full either way.
-        recovery_consistency_check=not (settings.store.startswith("rocksdb") and settings.broker_profile == "tansu"),
-        datadir=settings.data_dir or tempfile.mkdtemp(prefix="servewatch-faust-"),
-        topic_partitions=settings.topic_partitions,
+        recovery_consistency_check=not (
+            settings.process.store.startswith("rocksdb") and settings.kafka.broker_profile == "tansu"
+        ),
+        datadir=settings.process.data_dir or tempfile.mkdtemp(prefix="servewatch-faust-"),
+        topic_partitions=settings.kafka.topic_partitions,
         # The tables' changelogs as the topics (``ensure_topics_of`` sets it from the cluster).
-        topic_replication_factor=settings.topic_replication or 1,
+        topic_replication_factor=settings.kafka.topic_replication or 1,
         web_enabled=False,
         producer_linger=0.0,  # Tansu under-reports end offsets of multi-record batches
         # Messages still feeding open windows are unacknowledged by design; on shutdown they
         # are left for the next worker to replay rather than waited for.
         stream_wait_empty=False,
-        producer_max_request_size=max(settings.max_message_bytes, 1_048_576) + 65_536,
-        consumer_max_fetch_size=max(settings.max_message_bytes, 1_048_576) + 65_536,
-        **_PROFILES[settings.broker_profile],
+        producer_max_request_size=max(settings.kafka.max_message_bytes, 1_048_576) + 65_536,
+        consumer_max_fetch_size=max(settings.kafka.max_message_bytes, 1_048_576) + 65_536,
+        **_PROFILES[settings.kafka.broker_profile],
     )
     # Without it, records fetched while Faust resumes after a rebalance are skipped for good.
     hold_flow_while_seeking(cast(Any, app.consumer))

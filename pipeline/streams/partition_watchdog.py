@@ -99,8 +99,11 @@ def commit_lag_bound(settings: Settings) -> float:
     >>> commit_lag_bound(Settings(window_s=10, max_lateness_s=120, max_future_s=300))
     490.0
     """
-    requests = settings.window_s + settings.max_lateness_s + settings.max_future_s
-    partials = settings.window_s * (1 + 2 * settings.state_every_windows) + settings.assembler_max_wait_s
+    requests = settings.windows.window_s + settings.windows.max_lateness_s + settings.windows.max_future_s
+    partials = (
+        settings.windows.window_s * (1 + 2 * settings.windows.state_every_windows)
+        + settings.windows.assembler_max_wait_s
+    )
     return max(requests, partials) + COMMIT_LAG_MARGIN_S
 
 
@@ -404,7 +407,7 @@ def add_partition_watchdog(app: faust.App, settings: Settings) -> None:
     consumer = FaustWatched(app)
     # Stage 1 drops a request it already holds only with dedup; stage 2 and the notifier
     # always ignore what they already took.
-    no_rewind = () if settings.dedup_request_ids else (REQUESTS,)
+    no_rewind = () if settings.windows.dedup_request_ids else (REQUESTS,)
 
     @app.timer(CHECK_EVERY_S)
     async def watch_partitions() -> None:

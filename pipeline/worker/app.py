@@ -65,7 +65,7 @@ def origin_of(event: Any) -> MessageOrigin:
 
 
 def build_worker(app: faust.App, settings: Settings, topics: Topics) -> Worker:
-    assert settings.bootstrap is not None
+    assert settings.kafka.bootstrap is not None
     auth = KafkaAuth.from_settings(settings)
     outbox = FaustOutbox(topics)
     stage_one, stage_two, engines = StageOne(settings), StageTwo(settings), JudgeEngines(settings)
@@ -76,20 +76,20 @@ def build_worker(app: faust.App, settings: Settings, topics: Topics) -> Worker:
     # writes may come from timers (no current event) as well as the agent. Keys and values as
     # bytes: the key hashed by the producer is exactly the segment key's bytes.
     table = app.Table(DETECTOR_STATE_TABLE, default=None, key_type=bytes, value_type=bytes,
-                      partitions=settings.topic_partitions, use_partitioner=True)  # fmt: skip
-    store = DetectorStateStore(table, settings.topic_partitions)
-    reader = KafkaMessageReader(settings.bootstrap, topics.requests.get_topic_name(), auth=auth)
+                      partitions=settings.kafka.topic_partitions, use_partitioner=True)  # fmt: skip
+    store = DetectorStateStore(table, settings.kafka.topic_partitions)
+    reader = KafkaMessageReader(settings.kafka.bootstrap, topics.requests.get_topic_name(), auth=auth)
     publisher = EventPublisher(
         outbox, engines, reader.read, settings.evidence_budget(), settings.segmenter().key_of_row,
-        settings.window_s, settings.change_horizon_windows,
+        settings.windows.window_s, settings.changes.change_horizon_windows,
     )  # fmt: skip
     return Worker(
-        aggregation=RequestAggregation(stage_one, outbox, publisher, settings.topic_partitions),
+        aggregation=RequestAggregation(stage_one, outbox, publisher, settings.kafka.topic_partitions),
         judging=Judging(stage_two, engines, store, publisher),
         grouping=IncidentGrouping(outbox, publisher),
         publisher=publisher,
         evidence_reader=reader,
-        probe=BrokerProbe(settings.bootstrap, auth),
+        probe=BrokerProbe(settings.kafka.bootstrap, auth),
     )
 
 
@@ -118,8 +118,8 @@ def add_agents(app: faust.App, topics: Topics, worker: Worker) -> None:
 
 
 def add_followers(app: faust.App, settings: Settings, topics: Topics, worker: Worker) -> None:
-    assert settings.bootstrap is not None
-    bootstrap, auth = settings.bootstrap, KafkaAuth.from_settings(settings)
+    assert settings.kafka.bootstrap is not None
+    bootstrap, auth = settings.kafka.bootstrap, KafkaAuth.from_settings(settings)
     bank = worker.judging.stage_two.bank
     on_feedback = take_feedback(worker.grouping.grouper, bank.tolerances, lambda: bank.clock)
     on_marker = take_change_markers(worker.publisher.changes)
@@ -144,9 +144,9 @@ def add_timers(app: faust.App, settings: Settings, worker: Worker) -> None:
     async def release_due_windows() -> None:
         await worker.judging.release_due()
 
-    if settings.heap_trim_interval_s > 0:
+    if settings.process.heap_trim_interval_s > 0:
 
-        @app.timer(settings.heap_trim_interval_s)
+        @app.timer(settings.process.heap_trim_interval_s)
         async def trim_heap() -> None:
             # Between windows, not per batch: it costs a few ms, the free space it returns
             # is what each window's buffers leave behind (see tuning.trim_heap).
@@ -189,7 +189,7 @@ def add_lifecycle(app: faust.App, topics: Topics, worker: Worker) -> None:
 def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     app = faust_app(settings)
     add_partition_watchdog(app, settings)  # a partition that stops moving is reported and fetched again
-    topics = declare_topics(app, settings.topic_partitions)
+    topics = declare_topics(app, settings.kafka.topic_partitions)
     worker = build_worker(app, settings, topics)
     add_agents(app, topics, worker)
     add_followers(app, settings, topics, worker)

@@ -59,7 +59,7 @@ class JudgeEngines:
 
     def __post_init__(self) -> None:
         config = replace(self.settings.detector_config(), signals=ENGINE_SIGNALS, source="engines")
-        every = self.settings.state_every_windows
+        every = self.settings.windows.state_every_windows
         self.bank = DetectorBank(config, save_every=every)
         self.peers = EnginePeers(config, min_ratio=config.replica_min_ratio, save_every=every)
 
@@ -107,7 +107,7 @@ class JudgeEngines:
         self.intervals += 1
         events = self.bank.observe(window)  # type: ignore[arg-type]  # EngineWindow reads as WindowStats here
         events = self.explain(events)  # an engine's own TTFT or prefill page, too, names the engines with caching off
-        if self.settings.compare_replicas:
+        if self.settings.replicas.compare_replicas:
             events += self.peers.observe(window)
         spare = self.headroom.observe(window)
         return events if spare is None else [*events, spare]

@@ -65,19 +65,21 @@ class StageOne:
         # segment cap is per worker, and a segment costs one table row, not one per partition.
         self._segmenter = self.settings.segmenter()
         settings = self.settings
-        learned = settings.max_lateness_s > settings.allowed_lateness_s
+        learned = settings.windows.max_lateness_s > settings.windows.allowed_lateness_s
         self.windower = Windower(
             self._segmenter,
-            window_s=settings.window_s,
-            allowed_lateness_s=settings.allowed_lateness_s,
+            window_s=settings.windows.window_s,
+            allowed_lateness_s=settings.windows.allowed_lateness_s,
             evidence_k=settings.evidence_budget().worst,
-            markers=tuple(settings.reasoning_markers),
-            prefixes=PrefixMemory(settings.prefix_memory),
-            lateness=LearnedLateness(settings.allowed_lateness_s, settings.max_lateness_s, settings.lateness_prior_s)
+            markers=tuple(settings.detection.reasoning_markers),
+            prefixes=PrefixMemory(settings.segments.prefix_memory),
+            lateness=LearnedLateness(
+                settings.windows.allowed_lateness_s, settings.windows.max_lateness_s, settings.windows.lateness_prior_s
+            )
             if learned
             else None,
-            max_future_s=settings.max_future_s,
-            dedup=settings.dedup_request_ids,
+            max_future_s=settings.windows.max_future_s,
+            dedup=settings.windows.dedup_request_ids,
             replicas=settings.replica_segmenter(),
         )
 
@@ -98,7 +100,7 @@ class StageOne:
         Records too far in the future (``Windower.future``, against the wall clock ``wall``)
         are dead letters: waiting for their window would hold every later offset back.
         """
-        decoded = decode_message(raw, source, self.settings.max_message_bytes)
+        decoded = decode_message(raw, source, self.settings.kafka.max_message_bytes)
         partition = source.partition or 0
         rows = self._refuse_future(decoded, partition, source, time.time() if wall is None else wall)
         metrics.RECORDS.inc(len(rows))  # read, whether folded or read before (then a duplicate too)
@@ -126,7 +128,7 @@ class StageOne:
         # Folding is batched across messages (its numpy calls cost per pass), but never past
         # a message that moves a watermark into another window: what closes, and when, is
         # what folding every message at once would give.
-        if self.pending_records >= self.settings.fold_records or (
+        if self.pending_records >= self.settings.windows.fold_records or (
             len(rows) and self.windower.would_advance(partition, float(rows.column("timestamp").max()))
         ):
             self.fold_pending()
@@ -144,7 +146,7 @@ class StageOne:
         future = times > horizon
         if not future.any():
             return rows
-        allowed = self.settings.max_future_s
+        allowed = self.settings.windows.max_future_s
         for index in np.flatnonzero(future).tolist():
             error = (
                 f"timestamp {times[index]:.3f} is {times[index] - horizon + allowed:,.0f} s past the wall clock and "
@@ -236,7 +238,7 @@ class StageOne:
         are shared, so a partition's records up to its own watermark are not all sent
         until the slowest partition lets their windows close.
         """
-        length = self.settings.window_s
+        length = self.settings.windows.window_s
         due = {}
         mark = self.windower.watermark
         for partition in self.windower.max_event_time:
@@ -249,7 +251,7 @@ class StageOne:
     def quiet(self, now: float | None = None) -> bool:
         """Whether some partition has been silent long enough for ``flush_idle`` to move it on."""
         now = time.monotonic() if now is None else now
-        idle_s = self.settings.idle_flush_s
+        idle_s = self.settings.windows.idle_flush_s
         return bool(self.windower.open) and any(now - seen >= idle_s for seen in self.last_seen.values())
 
     def hold_idle(self, now: float | None = None) -> None:
@@ -266,7 +268,7 @@ class StageOne:
         self.fold_pending()
         flushed: list[WindowStats] = self.windower.close_due()
         for partition, seen in self.last_seen.items():
-            if now - seen >= self.settings.idle_flush_s and self.windower.open:
+            if now - seen >= self.settings.windows.idle_flush_s and self.windower.open:
                 flushed.extend(self.windower.advance_idle(now - seen, partition))
         return flushed
 

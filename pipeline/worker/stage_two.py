@@ -52,11 +52,11 @@ class StageTwo:
 
     def __post_init__(self) -> None:
         self.assembler = WindowAssembler(
-            grace_s=self.settings.assembler_grace_s,
-            max_wait_s=self.settings.assembler_max_wait_s,
-            expected_partitions=self.settings.topic_partitions,
+            grace_s=self.settings.windows.assembler_grace_s,
+            max_wait_s=self.settings.windows.assembler_max_wait_s,
+            expected_partitions=self.settings.kafka.topic_partitions,
         )
-        self.bank = DetectorBank(self.settings.detector_config(), save_every=self.settings.state_every_windows)
+        self.bank = DetectorBank(self.settings.detector_config(), save_every=self.settings.windows.state_every_windows)
 
     def add(self, partial: WindowStats, now: float | None = None, via: int = 0) -> None:
         late, overlapping = self.assembler.late_partials, self.assembler.overlapping_partials
@@ -160,7 +160,7 @@ class StageTwo:
         input went quiet, and the segments judged last are to be stored now (see
         ``DetectorBank.states_to_save``), or their messages would never be let go."""
         now = time.monotonic() if now is None else now
-        return now - self._partials_heard >= self.settings.idle_flush_s and any(self.unacked.values())
+        return now - self._partials_heard >= self.settings.windows.idle_flush_s and any(self.unacked.values())
 
     def release_due(self, now: float | None = None) -> list[AnomalyEvent]:
         return self._judge(self.assembler.due(time.monotonic() if now is None else now))
