@@ -8,7 +8,7 @@ import sys
 from collections.abc import Iterator
 from typing import Literal
 
-from servewatch.pipeline.cli.common import output, settings_from
+from servewatch.pipeline.cli.common import Subcommands, add_out_flag, output, settings_from
 
 
 def _series_timestamp(text: str) -> float:
@@ -139,3 +139,20 @@ def cmd_backtest_series(args: argparse.Namespace) -> int:
     print(f"scored {len(points):,} points with the {signal.value} model{how}: {pages:,} pages (incidents starting "
           f"or stepping up; threshold {settings.detection.threshold})", file=sys.stderr)  # fmt: skip
     return 0
+
+
+def add_backtest_parser(sub: Subcommands) -> None:
+    p = sub.add_parser(
+        "backtest-series", help="score one exported series (timestamp,value[,load columns]) with a signal's model"
+    )
+    p.add_argument("--in", dest="input", metavar="PATH", required=True, help="CSV with a time and a value column, "
+                   "and optional load columns (requests_per_s, prompt_tokens_per_s, output_tokens_per_s) or "
+                   "trials")  # fmt: skip
+    add_out_flag(p, "the scored series as CSV")
+    p.add_argument("--signal", default="ttft", help="whose model to use: ttft, itl, error_rate, cache_hit_rate, ...")
+    p.add_argument("--time-column", help="the time column (default: timestamp or time; Grafana exports 'time')")
+    p.add_argument("--value-column", help="the value column (default: value, or the one other column)")
+    p.add_argument("--value-kind", choices=("count", "ratio"), default="count",
+                   help="rate signals: bad requests per point (count) or their share (ratio)")  # fmt: skip
+    p.add_argument("--trials", type=int, help="rate signals: requests per point, where there is no trials column")
+    p.set_defaults(func=cmd_backtest_series)

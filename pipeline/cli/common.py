@@ -357,6 +357,10 @@ def _describe(
 # --format is always the output's form, --broker and --embedded always the Kafka to use.
 
 
+#: What a command's ``add_*_parser`` adds its parser to: ``servewatch``'s subcommands.
+Subcommands = argparse._SubParsersAction  # of argparse.ArgumentParser
+
+
 def add_broker_flags(parser: argparse.ArgumentParser) -> None:
     """``--broker`` and ``--embedded``, for a command that must not run without a real Kafka."""
     parser.add_argument("--broker", metavar="HOST:PORT", help="Kafka bootstrap servers (default: SERVEWATCH_BROKER)")

@@ -8,14 +8,21 @@ verdicts come from ``models.compare``; this module reads the files and renders t
 from __future__ import annotations
 
 import argparse
-from typing import IO, Any
+from typing import IO
 
 from servewatch.pipeline.changes.render import render
-from servewatch.pipeline.cli.common import CommandError, add_out_flag, output, parse_time, read_request_logs
+from servewatch.pipeline.cli.common import (
+    CommandError,
+    Subcommands,
+    add_out_flag,
+    output,
+    parse_time,
+    read_request_logs,
+)
 from servewatch.schemas.change_report import ChangeReport
 
 
-def add_compare_parser(sub: Any) -> None:
+def add_compare_parser(sub: Subcommands) -> None:
     p = sub.add_parser("compare", help="verify a change: requests after a marker against those before, per signal")
     p.add_argument("--before", metavar="PATH", help="JSONL request logs of the period before the change")
     p.add_argument("--after", metavar="PATH", help="JSONL request logs of the period after the change")

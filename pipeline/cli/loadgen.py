@@ -13,13 +13,13 @@ import argparse
 import asyncio
 import sys
 import time
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING
 
 import orjson
 from pydantic import ValidationError
 
 from servewatch.models.workload.knee import DEFAULT_LEVELS, KNEE_FACTOR, StepSummary
-from servewatch.pipeline.cli.common import CommandError, Progress, add_out_flag, load_settings, output
+from servewatch.pipeline.cli.common import CommandError, Progress, Subcommands, add_out_flag, load_settings, output
 from servewatch.schemas.workload_profile import WorkloadProfile
 
 if TYPE_CHECKING:  # httpx: loaded when the command runs
@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # httpx: loaded when the command runs
     from servewatch.pipeline.loadgen.run import LoadGenerator, RampReport, RunSummary
 
 
-def add_loadgen_parser(sub: Any) -> None:
+def add_loadgen_parser(sub: Subcommands) -> None:
     p = sub.add_parser("loadgen", help="replay a workload profile against an OpenAI-compatible server, logging "
                        "each request")  # fmt: skip
     p.add_argument("--profile", metavar="PATH", required=True, help="a workload profile (`servewatch profile` "

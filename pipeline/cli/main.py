@@ -17,16 +17,17 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, NoReturn
 
 import orjson
 
 import servewatch
-from servewatch.pipeline.cli.backtest import cmd_backtest_series
+from servewatch.pipeline.cli.backtest import add_backtest_parser
 from servewatch.pipeline.cli.common import (
     CommandError,
+    Subcommands,
     add_broker_flags,
     add_out_flag,
     describe_kafka_error,
@@ -45,9 +46,9 @@ from servewatch.pipeline.cli.loadgen import add_loadgen_parser
 from servewatch.pipeline.cli.mark import add_mark_parsers, load_changes_config
 from servewatch.pipeline.cli.notify import add_notify_parsers
 from servewatch.pipeline.cli.profile import add_profile_parser
-from servewatch.pipeline.cli.replay import cmd_replay
-from servewatch.pipeline.cli.scrape import cmd_scrape
-from servewatch.pipeline.cli.ship import cmd_ship
+from servewatch.pipeline.cli.replay import add_replay_parser
+from servewatch.pipeline.cli.scrape import add_scrape_parser
+from servewatch.pipeline.cli.ship import add_ship_parser
 from servewatch.pipeline.cli.tail import add_tail_parser
 from servewatch.pipeline.cli.web import add_web_parser
 from servewatch.pipeline.dev.broker import BrokerError, EmbeddedBroker
@@ -219,6 +220,68 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see: {self.prog} -h)\n")
 
 
+def add_broker_parser(sub: Subcommands) -> None:
+    p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (Tansu) until Ctrl-C")
+    p.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
+    p.add_argument("--apache", type=int, nargs="?", const=1, default=0, metavar="NODES",
+                   help="Apache Kafka instead (KRaft; NODES > 1: a cluster, 3 replicas, min.insync.replicas 2), "
+                        "from jars Maven fetches once into ~/.cache/servewatch (needs Java 17+ and mvn)")  # fmt: skip
+    p.set_defaults(func=cmd_broker)
+
+
+def add_worker_parser(sub: Subcommands) -> None:
+    p = sub.add_parser("worker", help="run the detector worker (Faust)")
+    add_broker_flags(p)
+    p.set_defaults(func=cmd_worker)
+
+
+def add_demo_parser(sub: Subcommands) -> None:
+    p = sub.add_parser("demo", help="embedded broker + worker + scripted incidents, events printed live")
+    p.add_argument("--broker", metavar="HOST:PORT", help="use this Kafka instead of the embedded broker")
+    p.add_argument("--speed", type=float, default=25.0, help="simulated seconds per wall second (default 25)")
+    p.add_argument("--stay", action="store_true", help="after the summary, keep broker, worker and triage page up "
+                   "until Ctrl-C")  # fmt: skip
+    p.set_defaults(func=cmd_demo)
+
+
+def add_schema_parser(sub: Subcommands) -> None:
+    p = sub.add_parser("schema", help="print the JSON Schema of a wire format (without a name: list them)")
+    from servewatch.schemas import EXPORTED  # pydantic models only: cheap
+
+    p.add_argument("name", nargs="?", choices=sorted(EXPORTED), metavar="NAME", help=", ".join(sorted(EXPORTED)))
+    add_out_flag(p, "the schema (or the list)")
+    p.set_defaults(func=cmd_schema)
+
+
+def add_generate_parser(sub: Subcommands) -> None:
+    p = sub.add_parser("generate", help="write the demo's synthetic workload as JSONL")
+    add_out_flag(p, "the workload as JSONL")
+    p.add_argument("--scale", type=float, default=1.0, help="stretch every phase by this factor")
+    p.add_argument("--seed", type=int, default=42)
+    p.set_defaults(func=cmd_generate)
+
+
+#: Every command, in the order ``servewatch --help`` lists them; each declares its own parser.
+COMMANDS: tuple[Callable[[Subcommands], None], ...] = (
+    add_broker_parser,
+    add_worker_parser,
+    add_demo_parser,
+    add_replay_parser,
+    add_scrape_parser,
+    add_ship_parser,
+    add_backtest_parser,
+    add_schema_parser,
+    add_tail_parser,
+    add_notify_parsers,
+    add_web_parser,
+    add_compare_parser,
+    add_profile_parser,
+    add_loadgen_parser,
+    add_mark_parsers,
+    add_generate_parser,
+)
+
+
 def build_parser() -> _Parser:
     about = "Streaming anomaly detection for LLM serving."
     top = _Parser(prog="servewatch", description=about)
@@ -228,107 +291,8 @@ def build_parser() -> _Parser:
     sub = parser.add_subparsers(dest="command", required=True)
     top.commands = sub.choices
 
-    p = sub.add_parser("broker", help="run the embedded Kafka-compatible broker (Tansu) until Ctrl-C")
-    p.add_argument("--port", type=int, default=0, help="loopback port (default: a free one)")
-    p.add_argument("--apache", type=int, nargs="?", const=1, default=0, metavar="NODES",
-                   help="Apache Kafka instead (KRaft; NODES > 1: a cluster, 3 replicas, min.insync.replicas 2), "
-                        "from jars Maven fetches once into ~/.cache/servewatch (needs Java 17+ and mvn)")  # fmt: skip
-    p.set_defaults(func=cmd_broker)
-
-    p = sub.add_parser("worker", help="run the detector worker (Faust)")
-    add_broker_flags(p)
-    p.set_defaults(func=cmd_worker)
-
-    p = sub.add_parser("demo", help="embedded broker + worker + scripted incidents, events printed live")
-    p.add_argument("--broker", metavar="HOST:PORT", help="use this Kafka instead of the embedded broker")
-    p.add_argument("--speed", type=float, default=25.0, help="simulated seconds per wall second (default 25)")
-    p.add_argument("--stay", action="store_true", help="after the summary, keep broker, worker and triage page up "
-                   "until Ctrl-C")  # fmt: skip
-    p.set_defaults(func=cmd_demo)
-
-    p = sub.add_parser("replay", help="run the detectors over request logs and/or recorded scrapes, no broker")
-    p.add_argument("--in", dest="input", metavar="PATH", help="JSONL file of RequestLog records ('-': stdin)")
-    p.add_argument("--scrapes", metavar="PATH", help="JSONL file of recorded scrapes, as `scrape --record` writes "
-                   'them ({"timestamp", "instance", "body"} per line)')  # fmt: skip
-    add_out_flag(p, "the events")
-    p.add_argument("--format", choices=("json", "text"), default="json", help="JSON lines (AnomalyEvent and "
-                   "IncidentGroup records, default) or readable lines, as the demo prints them")  # fmt: skip
-    p.set_defaults(func=cmd_replay)
-
-    p = sub.add_parser("scrape", help="scrape vLLM/SGLang /metrics into canonical per-model intervals")
-    p.add_argument("--target", action="append", required=True, help="metrics URL, e.g. http://10.0.0.7:8000/metrics "
-                   "(repeat for more)")  # fmt: skip
-    p.add_argument("--interval", default="10s", help="time between scrapes: 10s, 500ms, 1m (default 10s)")
-    p.add_argument("--timeout", default="5s", help="per-scrape timeout (default 5s)")
-    p.add_argument("--count", type=int, default=None, help="stop after this many rounds (default: until Ctrl-C)")
-    p.add_argument("--give-up-after", default="5m", help="exit 1 when every target has been down this long "
-                   "(default 5m; 0: never), so a supervisor sees it")  # fmt: skip
-    p.add_argument("--record", help="append every good scrape to this JSONL file (timestamp, instance, body)")
-    add_out_flag(p, "intervals as JSONL instead of to Kafka", default=None)
-    add_broker_flags(p)
-    p.set_defaults(func=cmd_scrape)
-
-    p = sub.add_parser("ship", help="ship request logs (JSONL file, stdin or HTTP) to the requests topic in batches")
-    source = p.add_mutually_exclusive_group(required=True)
-    source.add_argument("--in", dest="input", metavar="PATH", help="JSONL file, followed like tail -F (rotation, "
-                        "truncation, saved position); '-': standard input until it ends")  # fmt: skip
-    source.add_argument("--listen", metavar="[HOST:]PORT", help="serve POST /v1/requests (one record or a JSON "
-                        "array) on HOST:PORT (default host 127.0.0.1)")  # fmt: skip
-    p.add_argument("--in-format", choices=["auto", "native", "openai"], default="auto", help="record layout: "
-                   "RequestLog JSON, {response, request, timing} of an OpenAI-compatible server, or auto "
-                   "(default)")  # fmt: skip
-    p.add_argument("--mapping", help="JSON file of RequestLog field -> path in each record, for other layouts")
-    p.add_argument("--state", help="position file of --in (default: under $XDG_STATE_HOME/servewatch)")
-    p.add_argument("--from", dest="start", choices=["beginning", "end"], default="beginning",
-                   help="where --in starts without a saved position (default beginning)")  # fmt: skip
-    p.add_argument("--no-follow", action="store_true", help="stop at the end of --in instead of following it")
-    p.add_argument("--keep-prompt", action="store_true", help="ship prompts as logged (default: only prefix_hash)")
-    p.add_argument("--prefix-chars", type=int, help="leading prompt characters hashed into prefix_hash (2000)")
-    p.add_argument("--default", action="append", default=[], metavar="LABEL=VALUE", help="route, tenant, instance, "
-                   "engine or engine_version for records without one (repeatable)")  # fmt: skip
-    p.add_argument("--instance-from", metavar="PATH", help="a dotted path in each record naming its replica (pod, "
-                   "kubernetes.node_name), shipped as instance (default: SERVEWATCH_SHIP_INSTANCE_FROM, else the "
-                   "record's instance)")  # fmt: skip
-    p.add_argument("--batch", type=int, help="records per message (default 500)")
-    p.add_argument("--linger", help="how long a partly filled batch waits: 200ms (default), 1s")
-    add_broker_flags(p)
-    p.set_defaults(func=cmd_ship)
-
-    p = sub.add_parser(
-        "backtest-series", help="score one exported series (timestamp,value[,load columns]) with a signal's model"
-    )
-    p.add_argument("--in", dest="input", metavar="PATH", required=True, help="CSV with a time and a value column, "
-                   "and optional load columns (requests_per_s, prompt_tokens_per_s, output_tokens_per_s) or "
-                   "trials")  # fmt: skip
-    add_out_flag(p, "the scored series as CSV")
-    p.add_argument("--signal", default="ttft", help="whose model to use: ttft, itl, error_rate, cache_hit_rate, ...")
-    p.add_argument("--time-column", help="the time column (default: timestamp or time; Grafana exports 'time')")
-    p.add_argument("--value-column", help="the value column (default: value, or the one other column)")
-    p.add_argument("--value-kind", choices=("count", "ratio"), default="count",
-                   help="rate signals: bad requests per point (count) or their share (ratio)")  # fmt: skip
-    p.add_argument("--trials", type=int, help="rate signals: requests per point, where there is no trials column")
-    p.set_defaults(func=cmd_backtest_series)
-
-    p = sub.add_parser("schema", help="print the JSON Schema of a wire format (without a name: list them)")
-    from servewatch.schemas import EXPORTED  # pydantic models only: cheap
-
-    p.add_argument("name", nargs="?", choices=sorted(EXPORTED), metavar="NAME", help=", ".join(sorted(EXPORTED)))
-    add_out_flag(p, "the schema (or the list)")
-    p.set_defaults(func=cmd_schema)
-
-    add_tail_parser(sub)
-    add_notify_parsers(sub)
-    add_web_parser(sub)
-    add_compare_parser(sub)
-    add_profile_parser(sub)
-    add_loadgen_parser(sub)
-    add_mark_parsers(sub)
-
-    p = sub.add_parser("generate", help="write the demo's synthetic workload as JSONL")
-    add_out_flag(p, "the workload as JSONL")
-    p.add_argument("--scale", type=float, default=1.0, help="stretch every phase by this factor")
-    p.add_argument("--seed", type=int, default=42)
-    p.set_defaults(func=cmd_generate)
+    for add in COMMANDS:
+        add(sub)
     _verbose_everywhere(parser)
     return top
 

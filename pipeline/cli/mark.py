@@ -9,7 +9,7 @@ import sys
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
@@ -18,6 +18,7 @@ if TYPE_CHECKING:  # numpy-backed: loaded when a command needs it
 from servewatch.pipeline.changes.render import render
 from servewatch.pipeline.cli.common import (
     CommandError,
+    Subcommands,
     add_broker_flags,
     kafka_errors,
     login_name,
@@ -27,7 +28,7 @@ from servewatch.pipeline.cli.common import (
 )
 
 
-def add_mark_parsers(sub: Any) -> None:
+def add_mark_parsers(sub: Subcommands) -> None:
     p = sub.add_parser("mark", help="mark a change (deploy, config flip) of a model: verified live, named on incidents")
     p.add_argument("--model", required=True, help="the model changed")
     p.add_argument("--desc", required=True, help='what changed, e.g. "enable prefix caching"')

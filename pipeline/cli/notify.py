@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from servewatch.pipeline.cli.common import (
     CommandError,
+    Subcommands,
     add_broker_flags,
     ensure_topics_of,
     kafka_errors,
@@ -206,7 +207,7 @@ def _iso(moment: float) -> str:
     return datetime.fromtimestamp(moment, UTC).strftime("%Y-%m-%dT%H:%MZ")
 
 
-def add_notify_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_notify_parsers(sub: Subcommands) -> None:
     p = sub.add_parser("notify", help="deliver anomalies to Slack, PagerDuty, Alertmanager and webhooks")
     p.add_argument("--config", help="the notifier's config file, YAML or TOML (default: SERVEWATCH_NOTIFY_CONFIG)")
     add_broker_flags(p)

@@ -10,13 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 from datetime import UTC, datetime
-from typing import Any
 
-from servewatch.pipeline.cli.common import CommandError, add_out_flag, output, read_request_logs
+from servewatch.pipeline.cli.common import CommandError, Subcommands, add_out_flag, output, read_request_logs
 from servewatch.schemas.workload_profile import WorkloadProfile
 
 
-def add_profile_parser(sub: Any) -> None:
+def add_profile_parser(sub: Subcommands) -> None:
     p = sub.add_parser("profile", help="summarise request logs into a workload profile per model (for loadgen)")
     p.add_argument("--in", dest="input", metavar="PATH", required=True, help="JSONL request logs ('-': stdin)")
     p.add_argument("--model", help="only this model (default: every model, one profile a line)")

@@ -8,7 +8,7 @@ import time
 from typing import IO, TYPE_CHECKING
 
 from servewatch.models.detect.grouping import IncidentGrouper
-from servewatch.pipeline.cli.common import Progress, output, settings_from
+from servewatch.pipeline.cli.common import Progress, Subcommands, add_out_flag, output, settings_from
 from servewatch.pipeline.settings import Settings
 from servewatch.schemas.anomaly import AnomalyEvent
 from servewatch.schemas.dead_letter import DeadLetter
@@ -126,3 +126,14 @@ def _replay_requests(path: str, settings: Settings, writer: _Writer, engines: Ju
     )
     for letter in stats.dead_letter_samples[:5]:
         print(f"  rejected ({letter.reason}) {_where(letter)}: {letter.error}", file=sys.stderr)
+
+
+def add_replay_parser(sub: Subcommands) -> None:
+    p = sub.add_parser("replay", help="run the detectors over request logs and/or recorded scrapes, no broker")
+    p.add_argument("--in", dest="input", metavar="PATH", help="JSONL file of RequestLog records ('-': stdin)")
+    p.add_argument("--scrapes", metavar="PATH", help="JSONL file of recorded scrapes, as `scrape --record` writes "
+                   'them ({"timestamp", "instance", "body"} per line)')  # fmt: skip
+    add_out_flag(p, "the events")
+    p.add_argument("--format", choices=("json", "text"), default="json", help="JSON lines (AnomalyEvent and "
+                   "IncidentGroup records, default) or readable lines, as the demo prints them")  # fmt: skip
+    p.set_defaults(func=cmd_replay)

@@ -10,7 +10,15 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from servewatch.pipeline.cli.common import Progress, reach_broker, settings_from, with_broker
+from servewatch.pipeline.cli.common import (
+    Progress,
+    Subcommands,
+    add_broker_flags,
+    add_out_flag,
+    reach_broker,
+    settings_from,
+    with_broker,
+)
 from servewatch.pipeline.settings import Settings
 
 if TYPE_CHECKING:
@@ -127,3 +135,18 @@ async def _scrape(args: argparse.Namespace, interval_s: float, timeout_s: float,
         print(f"servewatch scrape: every target down for {gave_up[0]} s (--give-up-after): stopping", file=sys.stderr)
         return 1
     return 0
+
+
+def add_scrape_parser(sub: Subcommands) -> None:
+    p = sub.add_parser("scrape", help="scrape vLLM/SGLang /metrics into canonical per-model intervals")
+    p.add_argument("--target", action="append", required=True, help="metrics URL, e.g. http://10.0.0.7:8000/metrics "
+                   "(repeat for more)")  # fmt: skip
+    p.add_argument("--interval", default="10s", help="time between scrapes: 10s, 500ms, 1m (default 10s)")
+    p.add_argument("--timeout", default="5s", help="per-scrape timeout (default 5s)")
+    p.add_argument("--count", type=int, default=None, help="stop after this many rounds (default: until Ctrl-C)")
+    p.add_argument("--give-up-after", default="5m", help="exit 1 when every target has been down this long "
+                   "(default 5m; 0: never), so a supervisor sees it")  # fmt: skip
+    p.add_argument("--record", help="append every good scrape to this JSONL file (timestamp, instance, body)")
+    add_out_flag(p, "intervals as JSONL instead of to Kafka", default=None)
+    add_broker_flags(p)
+    p.set_defaults(func=cmd_scrape)

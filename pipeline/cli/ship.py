@@ -10,7 +10,14 @@ from typing import Any
 
 import orjson
 
-from servewatch.pipeline.cli.common import Progress, kafka_errors, settings_from, with_broker
+from servewatch.pipeline.cli.common import (
+    Progress,
+    Subcommands,
+    add_broker_flags,
+    kafka_errors,
+    settings_from,
+    with_broker,
+)
 from servewatch.pipeline.settings import Settings
 
 
@@ -131,3 +138,31 @@ def cmd_ship(args: argparse.Namespace) -> int:
         print(f"  {stats.pending:,} records read were not delivered (Kafka unreachable); a followed file's saved "
               "position is before them", file=sys.stderr)  # fmt: skip
     return 0 if stats.pending == 0 else 1
+
+
+def add_ship_parser(sub: Subcommands) -> None:
+    p = sub.add_parser("ship", help="ship request logs (JSONL file, stdin or HTTP) to the requests topic in batches")
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--in", dest="input", metavar="PATH", help="JSONL file, followed like tail -F (rotation, "
+                        "truncation, saved position); '-': standard input until it ends")  # fmt: skip
+    source.add_argument("--listen", metavar="[HOST:]PORT", help="serve POST /v1/requests (one record or a JSON "
+                        "array) on HOST:PORT (default host 127.0.0.1)")  # fmt: skip
+    p.add_argument("--in-format", choices=["auto", "native", "openai"], default="auto", help="record layout: "
+                   "RequestLog JSON, {response, request, timing} of an OpenAI-compatible server, or auto "
+                   "(default)")  # fmt: skip
+    p.add_argument("--mapping", help="JSON file of RequestLog field -> path in each record, for other layouts")
+    p.add_argument("--state", help="position file of --in (default: under $XDG_STATE_HOME/servewatch)")
+    p.add_argument("--from", dest="start", choices=["beginning", "end"], default="beginning",
+                   help="where --in starts without a saved position (default beginning)")  # fmt: skip
+    p.add_argument("--no-follow", action="store_true", help="stop at the end of --in instead of following it")
+    p.add_argument("--keep-prompt", action="store_true", help="ship prompts as logged (default: only prefix_hash)")
+    p.add_argument("--prefix-chars", type=int, help="leading prompt characters hashed into prefix_hash (2000)")
+    p.add_argument("--default", action="append", default=[], metavar="LABEL=VALUE", help="route, tenant, instance, "
+                   "engine or engine_version for records without one (repeatable)")  # fmt: skip
+    p.add_argument("--instance-from", metavar="PATH", help="a dotted path in each record naming its replica (pod, "
+                   "kubernetes.node_name), shipped as instance (default: SERVEWATCH_SHIP_INSTANCE_FROM, else the "
+                   "record's instance)")  # fmt: skip
+    p.add_argument("--batch", type=int, help="records per message (default 500)")
+    p.add_argument("--linger", help="how long a partly filled batch waits: 200ms (default), 1s")
+    add_broker_flags(p)
+    p.set_defaults(func=cmd_ship)

@@ -17,7 +17,7 @@ from typing import TextIO
 
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
 from servewatch.models.explain.event_text import event_text, group_text, utc
-from servewatch.pipeline.cli.common import CommandError, kafka_errors, settings_from
+from servewatch.pipeline.cli.common import CommandError, Subcommands, kafka_errors, settings_from
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
 from servewatch.schemas.incident_group import IncidentGroup, parse_anomaly_record
 
@@ -97,7 +97,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_tail_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_tail_parser(sub: Subcommands) -> None:
     p = sub.add_parser("tail", help="print anomaly events and incident groups as they arrive, filtered")
     p.add_argument("--format", choices=("text", "json"), default="text", help="readable lines, coloured by "
                    "severity on a terminal (default), or each record as JSON")  # fmt: skip

@@ -16,7 +16,7 @@ import logging
 import signal
 from collections.abc import Callable
 
-from servewatch.pipeline.cli.common import CommandError, reach_broker, settings_from
+from servewatch.pipeline.cli.common import CommandError, Subcommands, reach_broker, settings_from
 from servewatch.pipeline.settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -134,7 +134,7 @@ def cmd_web(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_web_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_web_parser(sub: Subcommands) -> None:
     p = sub.add_parser("web", help="serve the triage page: incident groups live, details, charts, feedback")
     p.add_argument("--broker", metavar="HOST:PORT", help="Kafka bootstrap servers (default: SERVEWATCH_BROKER)")
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1; any other "
