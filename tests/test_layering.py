@@ -162,6 +162,13 @@ def test_a_cycle_is_found() -> None:
     assert cycle({"a": {"b"}, "b": set()}) == []
 
 
+def test_the_workers_app_is_wiring_no_function_of_it_over_60_lines() -> None:
+    tree = ast.parse((ROOT / "pipeline" / "worker" / "app.py").read_text())
+    functions = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
+    long = [f"{f.name}: {f.end_lineno - f.lineno + 1} lines" for f in functions if f.end_lineno - f.lineno + 1 > 60]
+    assert functions and long == []
+
+
 def test_only_the_workers_own_modules_and_its_entry_point_reach_its_app() -> None:
     """The worker's app is wiring: what other commands share lives in ``messages`` and ``streams``."""
     reaching = [

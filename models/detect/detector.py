@@ -53,9 +53,10 @@ logger = logging.getLogger(__name__)
 #: Windows of past model load that latency is also judged against (see ``recent_load``).
 LOAD_MEMORY = 2
 
-#: Version of ``SegmentDetectors.state()``; ``load_state`` refuses others (start fresh).
-#: 2: arrivals and capacity (``models.stats.capacity``); latency models with tails, drift, floors.
-#: 4: rate models keep their prior apart (``BetaBinomialRate.borrow``).
+#: Version of ``SegmentDetectors.state()``: recent load, the baseline, arrivals and capacity
+#: (``models.stats.capacity``), each signal's model (latency with tails, drift and floors; rate
+#: models with their borrowed prior kept apart, ``BetaBinomialRate.borrow``). ``load_state``
+#: refuses other versions (the segment starts fresh).
 STATE_VERSION = 4
 #: Versions ``load_state`` reads: a rate model of 3 takes the generic prior (its model's at
 #: the next window), everything else is as in 4.
