@@ -14,7 +14,7 @@ import pytest
 
 from servewatch.models.compare import ChangeVerifier
 from servewatch.models.compare.rollback import RollbackCondition, check
-from servewatch.models.compare.watch import ChangeWatch
+from servewatch.models.compare.watch import DUPLICATE_HORIZON_S, ChangeWatch
 from servewatch.models.explain.changes import ChangeBook, mention_change
 from servewatch.pipeline.changes.config import parse_changes_config
 from servewatch.pipeline.dev.simulator import DEFAULT_ROUTES, EPOCH, Phase, Route, Workload
@@ -121,6 +121,15 @@ def test_replayed_requests_count_once_and_memory_is_bounded() -> None:
     assert small.requests == counts and len(small._after.rows) == 100
     assert all(row["timestamp"] >= AT for row in small._after.rows)  # a uniform sample of the period after
 
+    # Repeats are looked for within DUPLICATE_HORIZON_S of event time: the ids kept are those
+    # of the last few minutes, not of the whole span.
+    longer = ChangeWatch(watch.marker, before_s=1800.0, after_s=1800.0)
+    rows = period(Phase("a", 1200), 11, AT - 1220)
+    longer.add(rows)
+    newest = max(r["timestamp"] for r in rows)
+    recent = sum(r["timestamp"] >= newest - DUPLICATE_HORIZON_S - 120 for r in rows)
+    assert 0 < len(longer._seen) <= recent < len(rows) / 2
+
 
 def test_a_check_is_due_every_check_every_seconds_of_event_time() -> None:
     marker = ChangeMarker(id="c1", at=AT, model="m", description="x")
@@ -182,6 +191,9 @@ rollback:
         ".yaml",
     )
     assert (config.before, config.after, config.check_every) == (1200.0, 3600.0, 120.0)
+    assert (config.prefix_lifetime, config.min_stratum_requests) == (600.0, 10)  # the defaults
+    tuned = parse_changes_config("prefix_lifetime: 2m\nmin_stratum_requests: 25\n", ".yaml")
+    assert (tuned.prefix_lifetime, tuned.min_stratum_requests) == (120.0, 25)
     first, second = config.conditions()
     assert first.text == "ttft_p95 +20 % on any segment with at least 200 requests"
     assert second == RollbackCondition("error_share", 0.1)

@@ -92,6 +92,37 @@ class _Reservoir:
             self.rows[slot] = row
 
 
+#: Event seconds within which a request seen again (same id and end time) is a repeat: a
+#: shipper resends a batch it is unsure of within seconds; remembering every request of an
+#: hour-long span would cost memory in proportion to the model's traffic.
+DUPLICATE_HORIZON_S = 300.0
+
+
+class _RecentIds:
+    """(request id, end time) pairs of the last ``horizon_s`` of event time, by minute."""
+
+    def __init__(self, horizon_s: float) -> None:
+        self.horizon_s = horizon_s
+        self._by_minute: dict[int, set[tuple[str, float]]] = {}
+
+    def add(self, request_id: str, stamp: float, watermark: float) -> bool:
+        """Remember the pair; False if it was seen already (ids alone may repeat across engines)."""
+        minute = int(stamp // 60)
+        seen = self._by_minute.get(minute)
+        if seen is None:
+            oldest = int((watermark - self.horizon_s) // 60)
+            for old in [m for m in self._by_minute if m < oldest]:
+                del self._by_minute[old]
+            seen = self._by_minute[minute] = set()
+        if (request_id, stamp) in seen:
+            return False
+        seen.add((request_id, stamp))
+        return True
+
+    def __len__(self) -> int:
+        return sum(len(seen) for seen in self._by_minute.values())
+
+
 @dataclass
 class ChangeWatch:
     """The two periods of one change marker and the rollback incidents they opened."""
@@ -109,7 +140,7 @@ class ChangeWatch:
         rng = random.Random(self.marker.id)
         self._before = _Reservoir(self.max_requests, rng)
         self._after = _Reservoir(self.max_requests, rng)
-        self._seen: set[tuple[str, float]] = set()
+        self._seen = _RecentIds(DUPLICATE_HORIZON_S)
         self._traffic = TrafficLog(lifetime_s=self.verifier.prefix_lifetime_s)
         self.watermark = -math.inf
         self._next_check = self.marker.at + self.check_every_s
@@ -145,7 +176,8 @@ class ChangeWatch:
     def add(self, rows: Iterable[Row]) -> int:
         """Take the marker's model's (and instance's) requests of either period; returns how
         many were taken. A request seen before (id and timestamp) is skipped: a replayed message.
-        Those that finished before the period before count towards the load it starts with."""
+        Those that finished before the period before count towards the load it starts with.
+        Repeats are recognised within ``DUPLICATE_HORIZON_S`` of event time (a shipper's retry)."""
         marker, taken = self.marker, 0
         for row in rows:
             stamp = row.get("timestamp")
@@ -156,10 +188,8 @@ class ChangeWatch:
                 continue
             if marker.instance is not None and row.get("instance") != marker.instance:
                 continue
-            seen = (str(row.get("request_id")), float(stamp))  # ids alone may repeat across engines
-            if seen in self._seen:
+            if not self._seen.add(str(row.get("request_id")), float(stamp), self.watermark):
                 continue
-            self._seen.add(seen)
             prefix = self._traffic.add(row)
             if stamp < self.start:
                 continue

@@ -58,7 +58,12 @@ def add_change_watcher(app: faust.App, topics: Topics, settings: Settings, confi
     bootstrap, auth = settings.kafka.bootstrap, KafkaAuth.from_settings(settings)
     changes, requests = topics.changes.get_topic_name(), topics.requests.get_topic_name()
     watches = Watches()
-    verifier = ChangeVerifier(min_requests=config.min_requests, resamples=config.resamples)
+    verifier = ChangeVerifier(
+        min_requests=config.min_requests,
+        resamples=config.resamples,
+        prefix_lifetime_s=config.prefix_lifetime,
+        min_stratum_requests=config.min_stratum_requests,
+    )
     conditions = config.conditions()
     markers_of_reasoning = tuple(settings.detection.reasoning_markers)
 

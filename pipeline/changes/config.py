@@ -97,6 +97,18 @@ class ChangesConfig(BaseModel):
     idle_final: Duration = Field(
         default=300.0, gt=0, description="Wall seconds without a new request of the model before a report is final."
     )
+    prefix_lifetime: Duration = Field(
+        default=600.0,
+        gt=0,
+        description="How long a prompt prefix counts as cached after a request with it "
+        "arrived: a request is cache-eligible when one with its prefix_hash came within it.",
+    )
+    min_stratum_requests: int = Field(
+        default=10,
+        ge=1,
+        description="Requests a stratum (segment, prompt octave, eligibility, load band) needs "
+        "on both sides to count in the comparison.",
+    )
     rollback: list[ConditionConfig] = Field(default_factory=list)
 
     def conditions(self) -> list[RollbackCondition]:
