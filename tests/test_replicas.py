@@ -115,6 +115,25 @@ def test_a_drained_replica_resolves_and_a_restarted_watch_goes_on_from_its_state
     assert [(e.segment["instance"], e.transition) for e in later] == [("10.0.0.2:8000", "resolved")]
 
 
+def test_a_restarted_watch_keeps_the_spread_and_calibration_it_learned() -> None:
+    """Stored with the model's instances and read back: the restarted watch judges the next
+    windows as the one that never stopped does, not from the prior."""
+    stored: dict[str, dict] = {}
+    steady = ReplicaWatch(DetectorConfig(), warmup_requests=0)
+    run(steady, 60, lambda w: fleet(4))
+    stored.update((key, json.loads(json.dumps(state))) for key, state in steady.states())
+    restarted = ReplicaWatch(DetectorConfig(), warmup_requests=0, restore=stored.get)
+    run(restarted, 1, lambda w: fleet(4), first=60, seed=2)  # meets the model, from the store
+    run(steady, 1, lambda w: fleet(4), first=60, seed=2)
+    assert restarted.spread["m"] and restarted.spread["m"] == pytest.approx(steady.spread["m"], rel=1e-4)
+    assert restarted.calibration.keys() == steady.calibration.keys()
+    for phase, kept in steady.calibration.items():
+        assert list(restarted.calibration[phase].seen) == pytest.approx(list(kept.seen), abs=1e-3)
+    later = [run(watch, 20, lambda w: fleet(4, {1: 1.6} if w >= 65 else None), first=61, seed=3)
+             for watch in (steady, restarted)]  # fmt: skip
+    assert later[0] and [(e.id, e.transition) for e in later[0]] == [(e.id, e.transition) for e in later[1]]
+
+
 def test_replica_rows_change_no_segment_verdict_and_no_count() -> None:
     workload = Workload((Phase("normal", 900), Phase("slow", 300, decode_slowdown=3.0)), seed=3)
     batches = [orjson.dumps(batch) for _, batch in workload.seconds() if batch]

@@ -130,10 +130,11 @@ class ReplicaWatch:
     restore: Callable[[str], dict[str, Any] | None] | None = None
     models: dict[str, dict[str, InstanceState]] = field(default_factory=dict)
     incidents: PeerIncidents = field(init=False)
-    # segment|phase -> the spread of its requests' log latency, learned (not stored: a
-    # restarted watch starts from the prior, which is the cautious side)
-    spread: dict[str, float] = field(default_factory=dict)
-    calibration: dict[str, Calibration] = field(default_factory=dict)  # model|phase -> (not stored either)
+    # model -> segment|phase -> the spread of its requests' log latency, learned; stored with
+    # the model's instances, as is each phase's calibration (a restarted watch goes on with
+    # what it learned, rather than from the prior)
+    spread: dict[str, dict[str, float]] = field(default_factory=dict)
+    calibration: dict[str, Calibration] = field(default_factory=dict)  # model|phase ->
     # model|phase -> instance -> [requests, weighted difference, weighted variance] not yet compared
     blocks: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     judged_until: dict[str, float] = field(default_factory=dict)  # model -> newest window end judged
@@ -159,11 +160,22 @@ class ReplicaWatch:
 
     def _state(self, model: str) -> dict[str, Any]:
         instances = {name: state.state() for name, state in self.models[model].items()}
-        return {"until": self.judged_until.get(model, -math.inf), "instances": instances}
+        calibration = {
+            phase: [round(ratio, 4) for ratio in kept.seen]
+            for phase, _ in LATENCY_PHASES.values()
+            if (kept := self.calibration.get(f"{model}|{phase}")) is not None
+        }
+        spread = {key: round(value, 6) for key, value in self.spread.get(model, {}).items()}
+        return {"until": self.judged_until.get(model, -math.inf), "instances": instances, "spread": spread,
+                "calibration": calibration}  # fmt: skip
 
     def _meet(self, model: str) -> dict[str, InstanceState]:
         def until(stored: dict[str, Any]) -> None:
             self.judged_until[model] = float(stored["until"])
+            # Absent in a state stored before they were: learned again from the prior.
+            self.spread[model] = {str(key): float(value) for key, value in stored.get("spread", {}).items()}
+            for phase, seen in stored.get("calibration", {}).items():
+                self.calibration[f"{model}|{phase}"] = Calibration(deque(map(float, seen), maxlen=CALIBRATION_MEMORY))
 
         instances = self.models[model] = restored_instances(self.restore, self.key(model), self.config, until)
         return instances
@@ -215,7 +227,7 @@ class ReplicaWatch:
                     ready,
                     phase,
                     self.min_ratio,
-                    self.spread,
+                    self.spread.setdefault(model, {}),
                     calibration,
                     blocks,
                     self.config.critical * LN10,
