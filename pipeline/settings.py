@@ -9,7 +9,7 @@ take those names, as the environment does, and put each value in its group.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -32,39 +32,6 @@ from servewatch.pipeline.setting_groups import (
     WindowSettings,
     _Group,
 )
-
-#: Each group, by the attribute ``Settings`` holds it in.
-GROUPS: dict[str, type[_Group]] = {
-    "kafka": KafkaSettings,
-    "process": ProcessSettings,
-    "windows": WindowSettings,
-    "segments": SegmentSettings,
-    "replicas": ReplicaSettings,
-    "detection": DetectionSettings,
-    "evidence": EvidenceSettings,
-    "changes": ChangeSettings,
-    "delivery": DeliverySettings,
-    "ship": ShipSettings,
-    "web": WebSettings,
-    "grafana": GrafanaSettings,
-    "loadgen": LoadgenSettings,
-}
-
-
-def _prefix(group: type[_Group]) -> str:
-    """What a group's field names get in front in their one name (``ship_`` for the shipper's)."""
-    return str(group.model_config.get("env_prefix", "SERVEWATCH_")).removeprefix("SERVEWATCH_").lower()
-
-
-#: Every setting's one name (its variable's, without ``SERVEWATCH_``) -> (group, field).
-NAMES: dict[str, tuple[str, str]] = {
-    _prefix(group) + field: (attr, field) for attr, group in GROUPS.items() for field in group.model_fields
-}
-
-
-def variable_names() -> frozenset[str]:
-    """Every ``SERVEWATCH_*`` variable a setting is read from."""
-    return frozenset(f"SERVEWATCH_{name.upper()}" for name in NAMES)
 
 
 class Settings(BaseModel):
@@ -174,6 +141,28 @@ class Settings(BaseModel):
             replica_min_ratio=replicas.replica_min_ratio,
             replica_warmup_requests=replicas.replica_warmup_requests,
         )
+
+
+#: Each group, by the attribute ``Settings`` holds it in (its fields, read once here).
+GROUPS: dict[str, type[_Group]] = {
+    attr: cast(type[_Group], field.annotation) for attr, field in Settings.model_fields.items()
+}
+
+
+def _prefix(group: type[_Group]) -> str:
+    """What a group's field names get in front in their one name (``ship_`` for the shipper's)."""
+    return str(group.model_config.get("env_prefix", "SERVEWATCH_")).removeprefix("SERVEWATCH_").lower()
+
+
+#: Every setting's one name (its variable's, without ``SERVEWATCH_``) -> (group, field).
+NAMES: dict[str, tuple[str, str]] = {
+    _prefix(group) + field: (attr, field) for attr, group in GROUPS.items() for field in group.model_fields
+}
+
+
+def variable_names() -> frozenset[str]:
+    """Every ``SERVEWATCH_*`` variable a setting is read from."""
+    return frozenset(f"SERVEWATCH_{name.upper()}" for name in NAMES)
 
 
 def _named(exc: ValidationError, prefix: str) -> ValidationError:
