@@ -46,16 +46,22 @@ chunks = JsonlChunks(sys.argv[1], REPLAY_CHUNK_LINES)
 engine = Replay(reread=chunks.reread)
 started = time.perf_counter()
 events = sum(1 for _ in engine.run(chunks))
-print(engine.stats.records / (time.perf_counter() - started), events)
+print(engine.stats.records / (time.perf_counter() - started), events, engine.stats.windows)
 """
 
 
-def replay_once(checkout: Path, path: Path) -> tuple[float, int]:
+def replay_run(checkout: Path, path: Path) -> tuple[float, int, int]:
+    """One replay of ``path`` in a fresh process of ``checkout``: records/s, events, segment-windows judged."""
     done = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, cwd=checkout)
     if done.returncode:
         raise SystemExit(f"replay in {checkout} failed:\n{done.stderr[-2000:]}")
-    rate, events = done.stdout.split()
-    return float(rate), int(events)
+    rate, events, windows = done.stdout.split()
+    return float(rate), int(events), int(windows)
+
+
+def replay_once(checkout: Path, path: Path) -> tuple[float, int]:
+    rate, events, _ = replay_run(checkout, path)
+    return rate, events
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """Throughput: the servewatch worker against a raw aiokafka consumer, side by side in one run.
 
-    python -m bench.throughput [--records 200000] [--batch 500] [--single 20000] [--repeat 5] [--kafka apache]
+    python -m bench.throughput [--records 200000] [--batch 500] [--single 200000] [--repeat 5] [--kafka apache]
 
 For each message shape (batched JSON arrays, then one record per message) it starts a fresh
 broker (the embedded one; ``--kafka apache``: an Apache Kafka node, from the jars Maven
@@ -169,7 +169,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=200_000)
     parser.add_argument("--batch", type=int, default=500, help="records per message in the batched run")
-    parser.add_argument("--single", type=int, default=20_000, help="records in the one-per-message run")
+    parser.add_argument("--single", type=int, default=200_000, help="records in the one-per-message run")
     parser.add_argument("--repeat", type=int, default=5, help="paired rounds (and replay runs) to take the median of")
     parser.add_argument("--rate", type=float, default=PEAK_RATE, help="the fleet's requests/s in event time")
     parser.add_argument("--kafka", choices=("tansu", "apache"), default="tansu", help="the broker (default: embedded)")
@@ -197,7 +197,7 @@ def main() -> None:
     rows = []
     for label, batch, subset, repeat in (
         (f"batched ({args.batch}/msg)", args.batch, records, args.repeat),
-        ("one record per message", 1, records[: args.single], 1),
+        ("one record per message", 1, records[: args.single], args.repeat),
     ):
         rounds = measure(subset, batch, repeat, args.kafka)
         rows.append((label, len(subset), rounds))

@@ -34,6 +34,14 @@ DETECTOR_STATE_TABLE = "servewatch-detector-state"
 #: Notifier state per model (JSON, ``pipeline.notify.state.ModelState``): what each sink was told.
 NOTIFY_STATE_TABLE = "servewatch-notify-state"
 
+
+def requests_group(app_id: str) -> str:
+    """The consumer group the workers of ``app_id`` read the requests topic in (apart from
+    their Faust app's group, ``app_id``: the requests topic is read in batches by a plain
+    consumer, ``pipeline.streams.batch_reader``)."""
+    return f"{app_id}-requests"
+
+
 ALL = (
     REQUESTS,
     PARTIALS,

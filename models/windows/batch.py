@@ -105,6 +105,12 @@ class RowBatch:
         joined._columns = {name: np.concatenate([part._columns[name] for part in batches]) for name in shared}
         return joined
 
+    def slice(self, start: int, stop: int) -> RowBatch:
+        """Rows ``start`` to ``stop`` (exclusive), with the columns read so far."""
+        part = RowBatch(self.rows[start:stop], self.positions[start:stop])
+        part._columns = {name: values[start:stop] for name, values in self._columns.items()}
+        return part
+
     def without(self, drop: np.ndarray) -> RowBatch:
         keep = np.flatnonzero(~drop)
         kept = RowBatch([self.rows[i] for i in keep.tolist()], self.positions[keep])

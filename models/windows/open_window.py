@@ -99,9 +99,11 @@ class OpenWindow:
             rows = self._row_of[segment_ids]
         return rows
 
-    def note_offset(self, partition: int, offset: int) -> None:
-        first, last = self.offsets.get(partition, (offset, offset))
-        self.offsets[partition] = (min(first, offset), max(last, offset))
+    def note_offset(self, partition: int, offset: int, last_offset: int | None = None) -> None:
+        """Messages ``offset`` to ``last_offset`` (default: just ``offset``) of ``partition`` fed this window."""
+        last_offset = offset if last_offset is None else last_offset
+        first, last = self.offsets.get(partition, (offset, last_offset))
+        self.offsets[partition] = (min(first, offset), max(last, last_offset))
 
     def offer_evidence(self, rows: np.ndarray, ranks: np.ndarray, times: np.ndarray, at: np.ndarray) -> None:
         """Merge candidates into the rows' evidence: at most ``evidence_k`` per row, ranked

@@ -132,9 +132,10 @@ class Windower:
         batch = rows if isinstance(rows, RowBatch) else RowBatch(rows)
         return self.add_many([(batch, partition, offset)])[0]
 
-    def add_many(self, messages: Sequence[tuple[RowBatch, int, int | None]]) -> list[float]:
+    def add_many(self, messages: Sequence[tuple[RowBatch, int, int | np.ndarray | None]]) -> list[float]:
         """Fold several messages' rows, as (batch, partition, offset), in one pass; per message,
-        the latest window end it touched (-inf for none).
+        the latest window end it touched (-inf for none). ``offset`` may also be one offset
+        per row: a run of one-record messages folded as one.
 
         One pass over a few thousand records costs much less than one per 500-record
         message: the fold's numpy calls are paid per pass, not per record.
@@ -151,7 +152,7 @@ class Windower:
             self.duplicates += int(repeated.sum())
             batch, message, window_ids = batch.without(repeated), message[~repeated], window_ids[~repeated]
         partitions = np.array([part[2] for part in parts], dtype=np.int64)[message]
-        offsets = np.array([part[3] or 0 for part in parts], dtype=np.int64)[message]
+        offsets = _row_offsets(parts) if repeated is None else _row_offsets(parts)[~repeated]
         if len(batch):
             fold_batch(
                 batch, self.segmenter, self.window_s, self.open, self.evidence_k, partitions, offsets,
@@ -168,9 +169,14 @@ class Windower:
             touched = np.unique(window_ids[mine]).tolist()
             if offset is not None:
                 for window_id in touched:
-                    self.open[float(window_id * self.window_s)].note_offset(partition, offset)
+                    first, last = (
+                        _offsets_in(offsets[mine], window_ids[mine], window_id, len(touched))
+                        if isinstance(offset, np.ndarray)
+                        else (offset, offset)
+                    )
+                    self.open[float(window_id * self.window_s)].note_offset(partition, first, last)
                     if self.replicas is not None:
-                        self.open_replicas[float(window_id * self.window_s)].note_offset(partition, offset)
+                        self.open_replicas[float(window_id * self.window_s)].note_offset(partition, first, last)
             newest_before = self.max_event_time.get(partition, -math.inf)
             if self.lateness is not None:
                 self.lateness.observe(disorder_of(times[mine], newest_before))
@@ -427,3 +433,17 @@ class WindowAssembler:
             self._by_age = [item for item in self._by_age if item[1] in self.pending]
             heapq.heapify(self._by_age)
         return released
+
+
+def _row_offsets(parts: Sequence[tuple[int, RowBatch, int, int | np.ndarray | None]]) -> np.ndarray:
+    """The message offset of every row of ``parts``, in order (0 where none is known)."""
+    return np.concatenate(
+        [np.broadcast_to(np.asarray(0 if offset is None else offset, dtype=np.int64), len(batch))
+         for _, batch, _, offset in parts]
+    )  # fmt: skip
+
+
+def _offsets_in(offsets: np.ndarray, window_ids: np.ndarray, window_id: int, windows: int) -> tuple[int, int]:
+    """First and last offset of the rows in ``window_id`` (all rows when they touch one window)."""
+    mine = offsets if windows == 1 else offsets[window_ids == window_id]
+    return int(mine.min()), int(mine.max())

@@ -1,7 +1,7 @@
 """Bytes from the requests topic -> validated rows (``FastRow`` Structs), and ``DeadLetter``s.
 
-A message may carry one record (a JSON object), a batch (a JSON array) or NDJSON lines:
-shippers batch hundreds of records per message because a worker pays per message. One bad
+A message may carry one record (a JSON object), a batch (a JSON array) or NDJSON lines;
+runs of one-record messages are validated together (``decode_records``). One bad
 record in a batch costs only that record: it becomes a dead letter with its position and
 reason, and the rest of the batch is used. Nothing here raises on bad input.
 
@@ -13,6 +13,7 @@ or a message with a bad record, takes the careful path: item by item, with ``Req
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +149,34 @@ def decode_message(raw: bytes | None, source: MessageOrigin | None = None, max_b
         return out
     _validate(value, raw, source, None, out)
     return out
+
+
+def one_record_line(raw: bytes | None) -> bool:
+    """Whether ``raw`` is a message holding one JSON object on one line (what most log
+    shippers send; a trailing newline allowed): such messages joined with newlines are
+    NDJSON. A raw newline inside JSON is whitespace between tokens, never inside a string."""
+    if not raw or raw[0] != 0x7B:  # "{"
+        return False
+    newline = raw.find(b"\n")
+    return newline < 0 or newline == len(raw) - 1
+
+
+def decode_records(lines: Sequence[bytes]) -> RowBatch | None:
+    """One-record messages (each ``one_record_line``) validated in one call, as one row per
+    message in order; None when any of them needs the careful path (``decode_message``,
+    message by message), which words each bad record's dead letter.
+
+    A worker fed one record per message pays per message: this is what lets it read them at
+    the consumer's pace rather than at the pace of one decode call per message.
+    """
+    try:
+        rows = decode_lines(b"\n".join(lines))
+    except msgspec.DecodeError:
+        return None
+    if len(rows) != len(lines):
+        return None
+    batch = RowBatch(rows, np.zeros(len(rows), dtype=np.int64))
+    return None if batch.inconsistent().any() else batch
 
 
 def read_incident_event(raw: bytes) -> AnomalyEvent:

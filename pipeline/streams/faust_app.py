@@ -19,7 +19,7 @@ from servewatch.pipeline.streams.seek_guard import hold_flow_while_seeking
 # networks); servewatch's steps never block the event loop, which sends the heartbeats,
 # for more than milliseconds, so 10 s with a heartbeat every 2 s is safe on Kafka. Tansu
 # also holds a JoinGroup for half the session timeout, so it gets 6 s.
-_PROFILES: dict[str, dict[str, Any]] = {
+GROUP_TIMING: dict[str, dict[str, Any]] = {
     "kafka": {"broker_session_timeout": 10.0, "broker_heartbeat_interval": 2.0, "broker_rebalance_timeout": 20.0},
     "tansu": {"broker_session_timeout": 6.0, "broker_heartbeat_interval": 1.0, "broker_rebalance_timeout": 6.0},
 }
@@ -70,7 +70,7 @@ def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
         stream_wait_empty=False,
         producer_max_request_size=max(settings.kafka.max_message_bytes, 1_048_576) + 65_536,
         consumer_max_fetch_size=max(settings.kafka.max_message_bytes, 1_048_576) + 65_536,
-        **_PROFILES[settings.kafka.broker_profile],
+        **GROUP_TIMING[settings.kafka.broker_profile],
     )
     # Without it, records fetched while Faust resumes after a rebalance are skipped for good.
     hold_flow_while_seeking(cast(Any, app.consumer))

@@ -396,22 +396,39 @@ class FaustWatched:
 _watched_apps: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def add_partition_watchdog(app: faust.App, settings: Settings) -> None:
-    """Check ``app``'s partitions every ``CHECK_EVERY_S`` (once per app, however often called)."""
+def add_partition_watchdog(
+    app: faust.App, settings: Settings, reader: Callable[[], AIOKafkaConsumer | None] | None = None
+) -> None:
+    """Check ``app``'s partitions every ``CHECK_EVERY_S`` (once per app, however often
+    called); with ``reader``, also those of the plain consumer it returns (None until started)."""
     if app in _watched_apps:
         return
     _watched_apps.add(app)
     from servewatch.pipeline.topics import REQUESTS
 
-    watchdog: PartitionWatchdog[TP] = PartitionWatchdog(STALL_AFTER_S, commit_lag_bound(settings))
-    consumer = FaustWatched(app)
     # Stage 1 drops a request it already holds only with dedup; stage 2 and the notifier
     # always ignore what they already took.
     no_rewind = () if settings.windows.dedup_request_ids else (REQUESTS,)
+    faust_consumer = FaustWatched(app)
+    watched: list[tuple[Callable[[], WatchedConsumer[Any] | None], PartitionWatchdog[Any]]] = [
+        (lambda: faust_consumer, PartitionWatchdog(STALL_AFTER_S, commit_lag_bound(settings)))
+    ]
+    if reader is not None:
+        plain = reader
+
+        def of_reader() -> WatchedConsumer[Any] | None:
+            client = plain()
+            return None if client is None else AIOKafkaWatched(client)
+
+        watched.append((of_reader, PartitionWatchdog(STALL_AFTER_S, commit_lag_bound(settings))))
 
     @app.timer(CHECK_EVERY_S)
     async def watch_partitions() -> None:
-        try:
-            await check_partitions(consumer, watchdog, no_rewind)
-        except Exception as exc:  # the broker did not answer, the consumer is restarting...
-            logger.info("partition watchdog: check skipped (%r)", exc)
+        for consumer, watchdog in watched:
+            client = consumer()
+            if client is None:
+                continue
+            try:
+                await check_partitions(client, watchdog, no_rewind)
+            except Exception as exc:  # the broker did not answer, the consumer is restarting...
+                logger.info("partition watchdog: check skipped (%r)", exc)

@@ -8,7 +8,7 @@ still in memory (``StageOne.safe_to_ack``).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from servewatch.models.windows.window import WindowStats
@@ -41,6 +41,23 @@ class RequestAggregation:
             logger.exception("failed to process message %s/%s", origin.partition, origin.offset)
             letters, partials = [internal_error(raw, origin, exc)], []
             self.stage_one.acknowledge_in_order(origin.partition or 0, token)
+        await self.publisher.publish_dead_letters(letters)
+        await self.send_and_acknowledge(partials)
+
+    async def on_batch(
+        self, topic: str, partition: int, messages: Sequence[tuple[bytes | None, int]], token_of: Callable[[int], Any]
+    ) -> None:
+        """Messages of one partition in offset order, with cumulative tokens (``BatchReader``):
+        as ``on_message`` for each, runs of one-record messages decoded and folded together."""
+        try:
+            letters, partials = self.stage_one.process_batch(topic, partition, messages, token_of)
+        except Exception:
+            # A bug: message by message, so that only the message that meets it is lost (those
+            # folded before it are taken as read already).
+            logger.exception("failed to process a batch of partition %s; going message by message", partition)
+            for raw, offset in messages:
+                await self.on_message(raw, MessageOrigin(topic, partition, offset), token_of(offset))
+            return
         await self.publisher.publish_dead_letters(letters)
         await self.send_and_acknowledge(partials)
 

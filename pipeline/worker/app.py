@@ -1,10 +1,12 @@
 """The worker: settings -> Faust app, its topics, agents and timers. Thin wiring; the work is
 in the stage classes, each testable without a broker:
 
-- ``RequestAggregation`` (requests topic): decode, validate, dead-letter the bad, fold
-  records into the worker's window tables (shared by its partitions), send closed windows as
-  column bundles to the partials partition of each segment (always the same one), followed
-  by watermarks.
+- ``RequestAggregation`` (requests topic, read in batches by a ``BatchReader`` in a
+  consumer group of its own, ``<app id>-requests``: a Faust agent's cost per message would
+  cap one-record messages at a few thousand a second): decode, validate, dead-letter the
+  bad, fold records into the worker's window tables (shared by its partitions), send closed
+  windows as column bundles to the partials partition of each segment (always the same
+  one), followed by watermarks.
 - ``Judging`` (partials and scrapes topics): merge partials per segment window, judge each
   window once, and each engine's interval on its capacity signals; store the detectors'
   state in a changelog-backed table (``DetectorStateStore``); complete the events (engines,
@@ -19,6 +21,7 @@ Timers advance quiet partitions' event time and release windows that waited long
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -28,9 +31,10 @@ from servewatch.pipeline import tuning
 from servewatch.pipeline.kafka import BrokerProbe, KafkaAuth, read_topic
 from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.streams.batch_reader import Ack, BatchReader, Messages, group_admin, group_consumer
 from servewatch.pipeline.streams.faust_app import faust_app
 from servewatch.pipeline.streams.partition_watchdog import add_partition_watchdog
-from servewatch.pipeline.topics import DETECTOR_STATE_TABLE, Topics, declare_topics
+from servewatch.pipeline.topics import DETECTOR_STATE_TABLE, Topics, declare_topics, requests_group
 from servewatch.pipeline.worker import metrics
 from servewatch.pipeline.worker.aggregation import RequestAggregation
 from servewatch.pipeline.worker.engine_stage import JudgeEngines
@@ -57,6 +61,7 @@ class Worker:
     publisher: EventPublisher
     evidence_reader: KafkaMessageReader
     probe: BrokerProbe
+    requests_reader: BatchReader
 
 
 def origin_of(event: Any) -> MessageOrigin:
@@ -83,23 +88,32 @@ def build_worker(app: faust.App, settings: Settings, topics: Topics) -> Worker:
         outbox, engines, reader.read, settings.evidence_budget(), settings.segmenter().key_of_row,
         settings.windows.window_s, settings.changes.change_horizon_windows,
     )  # fmt: skip
+    aggregation = RequestAggregation(stage_one, outbox, publisher, settings.kafka.topic_partitions)
+    requests, group = topics.requests.get_topic_name(), requests_group(settings.kafka.app_id)
+
+    async def aggregate(partition: int, messages: Messages, ack_of: Callable[[int], Ack]) -> None:
+        await aggregation.on_batch(requests, partition, messages, ack_of)
+
     return Worker(
-        aggregation=RequestAggregation(stage_one, outbox, publisher, settings.kafka.topic_partitions),
+        aggregation=aggregation,
         judging=Judging(stage_two, engines, store, publisher),
         grouping=IncidentGrouping(outbox, publisher),
         publisher=publisher,
         evidence_reader=reader,
         probe=BrokerProbe(settings.kafka.bootstrap, auth),
-    )
+        requests_reader=BatchReader(
+            lambda: group_consumer(settings, group), group, requests, aggregate,
+            aggregation.hand_over, inherit_from=settings.kafka.app_id, admin=lambda: group_admin(settings),
+        ),
+    )  # fmt: skip
 
 
 def add_agents(app: faust.App, topics: Topics, worker: Worker) -> None:
-    # noack on requests and partials: a message is acknowledged (its offset committed) only
-    # once what it fed was sent on and, for partials, judged and stored (see the stages).
-    @app.agent(topics.requests)
-    async def aggregate_request_batches(stream: faust.StreamT) -> None:
-        async for event in cast(faust.Stream, stream).noack().events():
-            await worker.aggregation.on_message(event.value, origin_of(event), event)
+    # A requests message is acknowledged (its offset committed) only once what it fed was
+    # sent on; noack on partials: acknowledged once judged and stored (see the stages).
+    @app.task
+    async def aggregate_request_batches() -> None:
+        await worker.requests_reader.run()
 
     @app.agent(topics.partials)
     async def detect_anomalies(stream: faust.StreamT) -> None:
@@ -165,6 +179,7 @@ def add_timers(app: faust.App, settings: Settings, worker: Worker) -> None:
 def add_lifecycle(app: faust.App, topics: Topics, worker: Worker) -> None:
     @app.on_before_shutdown.connect
     async def stop_clients(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
+        await worker.requests_reader.stop()  # commits what was sent on; the rest is replayed
         await worker.evidence_reader.stop()
         await worker.probe.close()
 
@@ -182,15 +197,15 @@ def add_lifecycle(app: faust.App, topics: Topics, worker: Worker) -> None:
         def of(topic: faust.TopicT) -> set[int]:
             return {tp.partition for tp in revoked if tp.topic == topic.get_topic_name()}
 
-        await worker.aggregation.hand_over(of(topics.requests))
         await worker.judging.hand_over(of(topics.partials), of(topics.scrapes))
 
 
 def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     app = faust_app(settings)
-    add_partition_watchdog(app, settings)  # a partition that stops moving is reported and fetched again
     topics = declare_topics(app, settings.kafka.topic_partitions)
     worker = build_worker(app, settings, topics)
+    # A partition that stops moving is reported and fetched again, the requests reader's too.
+    add_partition_watchdog(app, settings, lambda: worker.requests_reader.consumer)
     add_agents(app, topics, worker)
     add_followers(app, settings, topics, worker)
     add_timers(app, settings, worker)

@@ -5,10 +5,12 @@ partials on."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +25,7 @@ from servewatch.models.windows.window import WindowStats
 from servewatch.models.windows.windowing import Windower
 from servewatch.models.windows.wire import windows_to_wire
 from servewatch.pipeline.messages.dead_letters import row_letter
-from servewatch.pipeline.messages.decode import Decoded, decode_message
+from servewatch.pipeline.messages.decode import Decoded, decode_message, decode_records, one_record_line
 from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.messages.partitioning import partition_of
 from servewatch.pipeline.settings import Settings
@@ -46,7 +48,8 @@ class StageOne:
     # partition -> (token, latest window end it fed), in offset order: messages not yet safe to ack
     unacked: dict[int, deque[tuple[Any, float]]] = field(default_factory=dict)
     # Decoded messages not yet folded, as (rows, partition, offset, token), in arrival order.
-    pending: list[tuple[RowBatch, int, int | None, Any]] = field(default_factory=list)
+    # A run of one-record messages is one entry, with an offset per row.
+    pending: list[tuple[RowBatch, int, int | np.ndarray | None, Any]] = field(default_factory=list)
     pending_records: int = 0
     # partition -> the newest offset read here. Faust fetches again, after a seek to the
     # committed offsets (a rebalance, the group membership lost while the broker was
@@ -107,13 +110,7 @@ class StageOne:
         if source.offset is not None:
             read_until = self.read_until.get(partition, -1)
             if source.offset <= read_until:
-                if partition not in self._reading_again:
-                    self._reading_again.add(partition)
-                    logger.warning("partition %d is read again from offset %d (read here up to %d): those records "
-                                   "were folded already and are counted as duplicates", partition, source.offset,
-                                   read_until)  # fmt: skip
-                self.redelivered += len(rows)
-                metrics.DUPLICATE_RECORDS.inc(len(rows))
+                self._note_read_again(partition, source.offset, read_until, len(rows))
                 rows = rows.without(np.ones(len(rows), dtype=bool))  # acknowledged in its turn, folded once
             else:
                 self._reading_again.discard(partition)
@@ -136,6 +133,135 @@ class StageOne:
         if closed:
             metrics.ALLOWED_LATENESS.set(self.windower.allowed_lateness)
         return decoded.dead_letters, closed
+
+    def process_batch(
+        self,
+        topic: str,
+        partition: int,
+        messages: Sequence[tuple[bytes | None, int]],
+        token_of: Callable[[int], Any],
+        now: float | None = None,
+        wall: float | None = None,
+    ) -> tuple[list[DeadLetter], list[WindowStats]]:
+        """Several messages of one partition in offset order, as (value, offset): what
+        ``process`` gives for each in turn, at a fraction of its cost per message.
+
+        Runs of messages that hold one record each (``one_record_line``) are decoded in one
+        call and folded as one batch with an offset per row; any other message, or a run
+        with a record that needs the careful path, goes through ``process``. ``token_of``
+        makes a message's token; tokens must be cumulative (acknowledging one acknowledges
+        every earlier message of the partition, as a ``BatchReader``'s do), so only the
+        messages that end a step of the fold get one.
+        """
+        letters: list[DeadLetter] = []
+        closed: list[WindowStats] = []
+        run: list[tuple[bytes, int]] = []
+        max_bytes = self.settings.kafka.max_message_bytes
+        for raw, offset in messages:
+            if one_record_line(raw) and len(raw or b"") <= max_bytes:
+                run.append((raw or b"", offset))
+                continue
+            if run:
+                self._process_run(topic, partition, run, token_of, now, wall, letters, closed)
+                run = []
+            origin = MessageOrigin(topic, partition, offset)
+            more_letters, more_closed = self.process(raw, origin, now, token_of(offset), wall)
+            letters.extend(more_letters)
+            closed.extend(more_closed)
+        if run:
+            self._process_run(topic, partition, run, token_of, now, wall, letters, closed)
+        return letters, closed
+
+    def _process_run(
+        self,
+        topic: str,
+        partition: int,
+        run: list[tuple[bytes, int]],
+        token_of: Callable[[int], Any],
+        now: float | None,
+        wall: float | None,
+        letters: list[DeadLetter],
+        closed: list[WindowStats],
+    ) -> None:
+        """One-record messages of ``partition`` in offset order: folded together, or one by one
+        through ``process`` when any needs it (a bad record, one ahead of the clock)."""
+        read_until = self.read_until.get(partition, -1)
+        fresh = run if run[0][1] > read_until else [message for message in run if message[1] > read_until]
+        rows = decode_records([raw for raw, _ in fresh]) if fresh else RowBatch([])
+        horizon = self.windower.future_horizon(partition, time.time() if wall is None else wall)
+        if rows is None or (len(rows) and bool((rows.column("timestamp") > horizon).any())):
+            for raw, offset in run:
+                origin = MessageOrigin(topic, partition, offset)
+                more_letters, more_closed = self.process(raw, origin, now, token_of(offset), wall)
+                letters.extend(more_letters)
+                closed.extend(more_closed)
+            return
+        if len(fresh) < len(run):
+            self._note_read_again(partition, run[0][1], read_until, len(run) - len(fresh))
+        metrics.RECORDS.inc(len(run))
+        metrics.MESSAGES.inc(len(run))
+        metrics.LAST_MESSAGE.set_to_current_time()
+        self.last_seen[partition] = time.monotonic() if now is None else now
+        if not fresh:
+            self.pending.append((rows, partition, None, token_of(run[-1][1])))
+            return
+        self.read_until[partition] = fresh[-1][1]
+        offsets = np.fromiter((offset for _, offset in fresh), dtype=np.int64, count=len(fresh))
+        times = rows.column("timestamp")
+        start = 0
+        while start < len(rows):
+            # Fold up to and with the first record that moves the watermark into another
+            # window, close what that closes, go on: what ``process`` does message by message.
+            stop = start + self._first_advancing(partition, times[start:]) + 1
+            for first, last in self._ack_steps(times, start, stop):
+                token = token_of(int(offsets[last - 1]))
+                self.pending.append((rows.slice(first, last), partition, offsets[first:last], token))
+            self.pending_records += stop - start
+            if stop < len(rows) or self._advances(partition, times[stop - 1]):
+                self.fold_pending()
+                self._close_due(closed)
+            start = stop
+        if self.pending_records >= self.settings.windows.fold_records:
+            self.fold_pending()
+        self._close_due(closed)
+
+    def _ack_steps(self, times: np.ndarray, start: int, stop: int) -> list[tuple[int, int]]:
+        """Records ``start`` to ``stop`` as runs that each end just before the latest window
+        fed so far moves on: a message is acknowledged once every window it and those before
+        it fed was sent, so cutting there acknowledges each message as soon as reading them
+        one by one would."""
+        windows = np.maximum.accumulate(np.floor(times[start:stop] / self.windower.window_s))
+        cuts = (np.flatnonzero(np.diff(windows) > 0) + 1 + start).tolist()
+        edges = [start, *cuts, stop]
+        return list(itertools.pairwise(edges))
+
+    def _close_due(self, closed: list[WindowStats]) -> None:
+        more = self.windower.close_due()
+        if more:
+            metrics.ALLOWED_LATENESS.set(self.windower.allowed_lateness)
+            closed.extend(more)
+
+    def _first_advancing(self, partition: int, times: np.ndarray) -> int:
+        """Index of the first of ``times`` that moves ``partition``'s watermark into another
+        window (``Windower.would_advance``), or the last index when none does."""
+        folded = self.windower.max_event_time.get(partition)
+        if folded is None:
+            return 0
+        length, lateness = self.windower.window_s, self.windower.allowed_lateness
+        advancing = np.floor((times - lateness) / length) > math.floor((folded - lateness) / length)
+        return int(np.argmax(advancing)) if advancing.any() else len(times) - 1
+
+    def _advances(self, partition: int, newest: float) -> bool:
+        return self.windower.would_advance(partition, newest)
+
+    def _note_read_again(self, partition: int, offset: int, read_until: int, records: int) -> None:
+        if partition not in self._reading_again:
+            self._reading_again.add(partition)
+            logger.warning("partition %d is read again from offset %d (read here up to %d): those records "
+                           "were folded already and are counted as duplicates", partition, offset,
+                           read_until)  # fmt: skip
+        self.redelivered += records
+        metrics.DUPLICATE_RECORDS.inc(records)
 
     def _refuse_future(self, decoded: Decoded, partition: int, source: MessageOrigin, wall: float) -> RowBatch:
         rows = decoded.rows()
@@ -183,7 +309,7 @@ class StageOne:
         oldest: dict[int, int] = {}
         for _, partition, offset, _ in self.pending:
             if offset is not None:
-                oldest.setdefault(partition, offset)
+                oldest.setdefault(partition, int(offset[0]) if isinstance(offset, np.ndarray) else offset)
         return oldest
 
     def bundles(self, partials: list[WindowStats], partitions: int) -> list[tuple[int, bytes]]:

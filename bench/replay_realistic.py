@@ -1,0 +1,73 @@
+"""Replay at realistic density: two models on real arrival traces, six hours, about a dozen
+request logs per segment-window, where judging windows (not reading records) is the work.
+
+    python -m bench.replay_realistic [--seed 7] [--runs 3] [--against /tmp/before]
+
+The workload is the pager-day suite's three busy hours with their three hours of history
+(``pipeline/dev/scenarios.py``: both models of the pager fleet, Azure and Mooncake arrival
+traces through slot-limited engines, background errors and cut answers), written as JSONL
+and replayed as ``servewatch replay`` reads a file, in a fresh process per run. Prints
+records/s, the segment-windows judged and the cost of each (the run's time divided by
+them). ``--against``: another checkout (a ``git worktree`` of an older commit) replayed in
+turn with this one on the same file, and the ratio of their medians (this kind of machine
+drifts by tens of per cent within a minute, so runs are paired).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+import orjson
+
+from bench.replay_ab import HERE, replay_run
+from servewatch.pipeline.dev.scenarios import BY_NAME
+
+WORKLOAD = "pager_three_hours"
+
+
+def write_workload(path: Path, seed: int) -> int:
+    """The workload's request logs as JSONL at ``path``; how many."""
+    count = 0
+    with path.open("wb") as out:
+        for _, batch in BY_NAME[WORKLOAD].build(seed).seconds():
+            out.write(b"".join(orjson.dumps(record) + b"\n" for record in batch))
+            count += len(batch)
+    return count
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--against", type=Path, help="another checkout, replayed in turn with this one")
+    args = parser.parse_args()
+    sides = {"this": HERE} if args.against is None else {"other": args.against.resolve(), "this": HERE}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "requests.jsonl"
+        records = write_workload(path, args.seed)
+        results: dict[str, list[tuple[float, int, int]]] = {name: [] for name in sides}
+        for run in range(args.runs):
+            for name, checkout in sides.items():
+                results[name].append(replay_run(checkout, path))
+                rate, events, windows = results[name][-1]
+                print(f"run {run + 1}: {name:5} {rate:>10,.0f} records/s, {windows:,} segment-windows, {events} events",
+                      file=sys.stderr)  # fmt: skip
+    print(f"{WORKLOAD} (seed {args.seed}): {records:,} request logs over 6 h of event time, two models")
+    for name, runs in results.items():
+        rate = statistics.median(r for r, _, _ in runs)
+        windows = runs[0][2]
+        per_window_ms = records / rate / windows * 1000
+        print(f"{name:5} ({sides[name]}): median {rate:,.0f} records/s; {windows:,} segment-windows, "
+              f"{records / windows:.1f} records each, {per_window_ms:.3f} ms per segment-window  "
+              f"[{', '.join(f'{r:,.0f}' for r, _, _ in runs)}]")  # fmt: skip
+    if args.against is not None:
+        this, other = (statistics.median(r for r, _, _ in results[name]) for name in ("this", "other"))
+        print(f"ratio this/other: {this / other:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""``BatchReader`` on a real broker: offsets commit only up to what was acknowledged; a
+reader that takes over starts there; revoked partitions are handed over, then committed."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+
+from servewatch.pipeline.kafka import ensure_topics, producer
+from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.streams.batch_reader import Ack, BatchReader, Messages, group_admin, group_consumer
+
+pytestmark = pytest.mark.integration
+
+PER_PARTITION = 30
+
+
+async def produce(bootstrap: str, topic: str) -> None:
+    await ensure_topics(bootstrap, 2, names=(topic,))
+    client = producer(bootstrap)
+    await client.start()
+    try:
+        for partition in (0, 1):
+            for n in range(PER_PARTITION):
+                await client.send_and_wait(topic, f'{{"n": {n}}}'.encode(), partition=partition)
+    finally:
+        await client.stop()
+
+
+class Reading:
+    """A reader of ``topic`` in ``group`` that acknowledges what ``acks`` lets it."""
+
+    def __init__(
+        self, bootstrap: str, topic: str, group: str, acks: Callable[[int, int], bool], inherit_from: str | None = None
+    ) -> None:
+        self.seen: list[tuple[int, int]] = []
+        self.handed_over: list[set[int]] = []
+        self.acks = acks
+        settings = Settings(broker=bootstrap, broker_profile="tansu")
+        self.reader = BatchReader(
+            lambda: group_consumer(settings, group), group, topic, self.handle, self.hand_over,
+            inherit_from=inherit_from, admin=lambda: group_admin(settings),
+        )  # fmt: skip
+        self.task: asyncio.Task[None] | None = None
+
+    async def handle(self, partition: int, messages: Messages, ack_of: Callable[[int], Ack]) -> None:
+        for _, offset in messages:
+            self.seen.append((partition, offset))
+            if self.acks(partition, offset):
+                ack_of(offset).ack()
+
+    async def hand_over(self, partitions: set[int]) -> None:
+        self.handed_over.append(partitions)
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.reader.run())
+
+    async def until(self, condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+        async with asyncio.timeout(timeout_s):
+            while not condition():
+                assert self.task is None or not self.task.done() or self.task.result() is None
+                await asyncio.sleep(0.05)
+
+    async def stop(self) -> None:
+        await self.reader.stop()
+        if self.task is not None:
+            await asyncio.wait_for(self.task, 30)
+
+
+async def test_only_acknowledged_offsets_are_committed_and_a_successor_starts_there(broker: Any) -> None:
+    topic, group = f"reader-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    await produce(broker.bootstrap, topic)
+    # The first reader acknowledges partition 0 up to offset 19 only, partition 1 whole.
+    first = Reading(broker.bootstrap, topic, group, lambda partition, offset: partition == 1 or offset < 20)
+    first.start()
+    await first.until(lambda: len(first.seen) == 2 * PER_PARTITION)
+    await first.stop()
+    second = Reading(broker.bootstrap, topic, group, lambda partition, offset: True)
+    second.start()
+    await second.until(lambda: len(second.seen) >= PER_PARTITION - 20)
+    await asyncio.sleep(1.0)  # anything else it would read arrives meanwhile
+    await second.stop()
+    assert sorted(second.seen) == [(0, offset) for offset in range(20, PER_PARTITION)]
+
+
+async def test_revoked_partitions_are_handed_over_before_their_offsets_commit(broker: Any) -> None:
+    topic, group = f"reader-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    await produce(broker.bootstrap, topic)
+    first = Reading(broker.bootstrap, topic, group, lambda partition, offset: True)
+    first.start()
+    await first.until(lambda: len(first.seen) == 2 * PER_PARTITION)
+    second = Reading(broker.bootstrap, topic, group, lambda partition, offset: True)
+    second.start()  # joins: the group rebalances, the first hands its partitions over
+    await first.until(lambda: bool(first.handed_over))
+    await asyncio.sleep(2.0)
+    await second.stop()
+    await first.stop()
+    assert first.handed_over[0] == {0, 1}
+    assert second.seen == []  # everything the first read was committed at the hand-over
+
+
+async def test_a_new_group_starts_where_the_group_it_inherits_from_left_off(broker: Any) -> None:
+    topic, old, new = f"reader-{uuid.uuid4().hex[:8]}", f"old-{uuid.uuid4().hex[:8]}", f"new-{uuid.uuid4().hex[:8]}"
+    await produce(broker.bootstrap, topic)
+    committer = AIOKafkaConsumer(bootstrap_servers=broker.bootstrap, group_id=old, enable_auto_commit=False)
+    await committer.start()
+    try:  # the old group had read partition 0 up to offset 25, partition 1 not at all
+        committer.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
+        await committer.commit({TopicPartition(topic, 0): OffsetAndMetadata(25, "")})
+    finally:
+        await committer.stop()
+    reading = Reading(broker.bootstrap, topic, new, lambda partition, offset: True, inherit_from=old)
+    reading.start()
+    await reading.until(lambda: len(reading.seen) >= PER_PARTITION + 5)
+    await asyncio.sleep(1.0)
+    await reading.stop()
+    assert sorted(reading.seen) == [(0, n) for n in range(25, PER_PARTITION)] + [(1, n) for n in range(PER_PARTITION)]
