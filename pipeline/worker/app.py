@@ -21,6 +21,8 @@ Timers advance quiet partitions' event time and release windows that waited long
 from __future__ import annotations
 
 import logging
+import os
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -113,7 +115,15 @@ def add_agents(app: faust.App, topics: Topics, worker: Worker) -> None:
     # sent on; noack on partials: acknowledged once judged and stored (see the stages).
     @app.task
     async def aggregate_request_batches() -> None:
-        await worker.requests_reader.run()
+        try:
+            await worker.requests_reader.run()
+        except Exception:
+            # A step failed past its own error handling (its partials not on the broker, the
+            # broker gone for longer than the producer retries): its messages are not
+            # acknowledged, and a new process replays them from the commits, where this one
+            # would count them as read already. SIGTERM: a clean stop that commits what was sent.
+            logger.exception("reading the requests topic failed; stopping the worker so that a restart replays it")
+            os.kill(os.getpid(), signal.SIGTERM)
 
     @app.agent(topics.partials)
     async def detect_anomalies(stream: faust.StreamT) -> None:
