@@ -68,6 +68,12 @@ class KafkaSettings(_Group):
         default="servewatch", description="Workers of one app id split the topics' partitions (Faust's app id)."
     )
     topic_partitions: int = Field(default=4, ge=1, description="Partitions of each topic servewatch creates.")
+    batch_reader: bool = Field(
+        default=False,
+        description="Read the requests topic in getmany batches, in a consumer group of its own (<app id>-requests), "
+        "instead of a Faust agent: one-record messages at about the pace of batches. Off by default: with two "
+        "workers on Apache Kafka, a kill -9 of one opens the survivor's incidents twice.",
+    )
     topic_replication: int | None = Field(
         default=None, ge=1,
         description="Replicas of each topic servewatch creates, its tables' changelogs included (default: "

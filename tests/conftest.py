@@ -147,10 +147,10 @@ async def first_matching(bootstrap: str, topic: str, predicate: Callable[[bytes]
 
 
 async def lagging_partitions(
-    bootstrap: str, group: str, spare: int = 0, partitions: int = 4
+    bootstrap: str, group: str, spare: int = 0, partitions: int = 4, batch_reader: bool = False
 ) -> dict[int, tuple[int, int]]:
-    """Partitions of the requests topic whose offset committed by the workers of app id
-    ``group`` is behind their end (less the last ``spare`` messages): (committed, end)."""
+    """Partitions of the requests topic whose committed offset is behind their end (less the
+    last ``spare`` messages): (committed, end)."""
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
     await admin.start()
@@ -158,7 +158,9 @@ async def lagging_partitions(
     try:
         parts = [TopicPartition(topics.REQUESTS, p) for p in range(partitions)]
         ends = await consumer.end_offsets(parts)
-        committed = await admin.list_consumer_group_offsets(topics.requests_group(group), partitions=parts)
+        # A worker reading in batches commits in a consumer group of its own.
+        readers = topics.requests_group(group) if batch_reader else group
+        committed = await admin.list_consumer_group_offsets(readers, partitions=parts)
         lagging = {}
         for tp in parts:
             done = committed[tp].offset if tp in committed else -1

@@ -9,6 +9,7 @@ import orjson
 import pytest
 from prometheus_client import REGISTRY
 
+from servewatch.models.windows.wire import windows_from_wire
 from servewatch.pipeline.dev.simulator import Phase, Workload
 from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.settings import Settings
@@ -41,6 +42,24 @@ def app_and_sinks(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[str, Captu
     for name, sink in sinks.items():
         monkeypatch.setattr(getattr(topics, name), "send", sink)
     return app, sinks
+
+
+async def test_bad_message_is_dead_lettered_and_the_agent_keeps_going(app_and_sinks: Any) -> None:
+    app, sinks = app_and_sinks
+    agent = app.agents["servewatch.pipeline.worker.app.aggregate_request_batches"]
+    good = {"request_id": "ok", "timestamp": 1767225600, "model": "m", "prompt_tokens": 5, "completion_tokens": 1,
+            "e2e_s": 0.5, "finish_reason": "stop", "ttft_s": 0.1}  # fmt: skip
+    async with agent.test_context() as running:
+        await running.put(b"{not json")
+        await running.put(orjson.dumps([good, {**good, "prompt_tokens": -1}]))
+        await running.put(orjson.dumps({**good, "timestamp": 1767225700}))  # moves the watermark on
+    letters = [DeadLetter.model_validate_json(v) for v in sinks["deadletter"].values]
+    assert [(d.reason, d.record_index) for d in letters] == [("invalid_json", None), ("validation", 1)]
+    bundles = [orjson.loads(v) for v in sinks["partials"].values]
+    # The segment's partial, and its replica row (the same record, by instance: ``models.detect.replicas``).
+    partials = [w for b in bundles for w in windows_from_wire(b["windows"])]
+    assert [(w.key.startswith("~replica|"), w.requests) for w in partials] == [(False, 1), (True, 1)]
+    assert any(b["watermarks"] for b in bundles)
 
 
 async def test_partials_in_anomalies_out(app_and_sinks: Any) -> None:

@@ -4,10 +4,12 @@ reader that takes over starts there; revoked partitions are handed over, then co
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
 
+import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
@@ -19,6 +21,7 @@ from servewatch.pipeline.streams.batch_reader import Ack, BatchReader, Messages,
 pytestmark = pytest.mark.integration
 
 PER_PARTITION = 30
+FIELDS = {"model": "m", "prompt_tokens": 800, "completion_tokens": 60, "e2e_s": 1.5, "finish_reason": "stop"}
 
 
 async def produce(bootstrap: str, topic: str) -> None:
@@ -121,3 +124,56 @@ async def test_a_new_group_starts_where_the_group_it_inherits_from_left_off(brok
     await asyncio.sleep(1.0)
     await reading.stop()
     assert sorted(reading.seen) == [(0, n) for n in range(25, PER_PARTITION)] + [(1, n) for n in range(PER_PARTITION)]
+
+
+def test_a_worker_reading_in_batches_judges_one_record_messages_and_commits_them() -> None:
+    """``SERVEWATCH_BATCH_READER``: one-record messages, every record accounted for (judged
+    or late), dead letters for the bad one, every partition committed to its end in the
+    requests group but for the message that holds the last window open."""
+    from servewatch.pipeline import topics
+    from servewatch.pipeline.dev.broker import free_loopback_port
+    from servewatch.pipeline.dev.demo import start_worker, stop_worker
+    from servewatch.pipeline.worker.metrics import served_value
+    from tests.conftest import lagging_partitions, new_broker
+
+    partitions, start = 4, time.time() - 600
+    with new_broker() as broker:
+        asyncio.run(ensure_topics(broker.bootstrap, partitions))
+        group, port = f"servewatch-br-{uuid.uuid4().hex[:8]}", free_loopback_port()
+        worker = start_worker(broker.bootstrap, {"SERVEWATCH_APP_ID": group, "SERVEWATCH_METRICS_PORT": str(port),
+                                                 "SERVEWATCH_BATCH_READER": "true"})  # fmt: skip
+
+        async def send() -> int:
+            client = producer(broker.bootstrap)
+            await client.start()
+            sent = 0
+            try:
+                for n in range(1200):
+                    record = {"request_id": f"r{n}", "timestamp": start + n / 10, **FIELDS}
+                    await client.send_and_wait(topics.REQUESTS, orjson.dumps(record), partition=n % partitions)
+                    sent += 1
+                await client.send_and_wait(topics.REQUESTS, b"{not json", partition=0)
+                for partition in range(partitions):  # closes every window above
+                    later = {"request_id": f"later{partition}", "timestamp": start + 400, **FIELDS}
+                    await client.send_and_wait(topics.REQUESTS, orjson.dumps(later), partition=partition)
+            finally:
+                await client.stop()
+            return sent
+
+        try:
+            sent = asyncio.run(send())
+            deadline = time.monotonic() + 90
+            done = 0.0
+            while time.monotonic() < deadline and done < sent:
+                time.sleep(1)
+                done = sum(served_value(port, f"servewatch_{k}_total") for k in ("judged_records", "late_records"))
+            assert done == sent and served_value(port, "servewatch_records_total") == sent + partitions
+            assert served_value(port, "servewatch_dead_letters_total") == 1
+            deadline = time.monotonic() + 60
+            lagging = asyncio.run(lagging_partitions(broker.bootstrap, group, spare=1, batch_reader=True))
+            while lagging and time.monotonic() < deadline:
+                time.sleep(1)
+                lagging = asyncio.run(lagging_partitions(broker.bootstrap, group, spare=1, batch_reader=True))
+            assert lagging == {}, f"partitions not committed to their end (but the later request): {lagging}"
+        finally:
+            stop_worker(worker)

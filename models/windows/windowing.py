@@ -77,6 +77,11 @@ class Windower:
     max_event_time: dict[int, float] = field(default_factory=dict)  # by partition
     # Watermark floors set by processing time while a partition is silent, by partition.
     idle_floor: dict[int, float] = field(default_factory=dict)
+    # Partitions assigned here and not read yet: each holds every window open until its
+    # first records (or ``release``, once it has stayed silent), as a partition read since
+    # long would. A batch of another partition's records must not close the windows that a
+    # partition taken over from a crashed worker, still behind, has records for.
+    held: set[int] = field(default_factory=set)
     rows_hint: int = 0  # segments in the last window closed: the next one's table starts that big
     lateness: LearnedLateness | None = None  # None: ``allowed_lateness_s``, fixed
     max_future_s: float = math.inf
@@ -106,7 +111,18 @@ class Windower:
     @property
     def watermark(self) -> float:
         """The slowest partition's watermark: every window ending by it is complete here."""
+        if self.held:
+            return -math.inf
         return min((self.watermark_of(p) for p in self.max_event_time), default=-math.inf)
+
+    def hold(self, partitions: set[int]) -> None:
+        """``partitions`` were assigned here: hold the windows open until each is read (see ``held``)."""
+        self.held |= partitions - self.max_event_time.keys()
+
+    def release(self, partitions: set[int]) -> list[WindowStats]:
+        """Held ``partitions`` that stayed silent stop holding the windows; what that closes."""
+        self.held -= partitions
+        return self.close_due()
 
     def advance_idle(self, silent_s: float, partition: int = 0) -> list[WindowStats]:
         """``partition`` has been silent for ``silent_s`` wall seconds: let its event time
@@ -126,6 +142,7 @@ class Windower:
         for partition in partitions:
             self.max_event_time.pop(partition, None)
             self.idle_floor.pop(partition, None)
+            self.held.discard(partition)
 
     def add(self, rows: RowBatch | Sequence[Mapping[str, Any]], partition: int = 0, offset: int | None = None) -> float:
         """Fold a batch of rows in; return the latest window end they touched (-inf for none)."""
@@ -181,6 +198,7 @@ class Windower:
             if self.lateness is not None:
                 self.lateness.observe(disorder_of(times[mine], newest_before))
             self.max_event_time[partition] = max(newest_before, float(times[mine].max()))
+            self.held.discard(partition)
             fed[i] = float((touched[-1] + 1) * self.window_s)
         return fed
 

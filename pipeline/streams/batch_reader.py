@@ -58,6 +58,7 @@ class BatchReader:
 
     ``hand_over(partitions)`` is awaited when partitions are revoked, before their done
     offsets are committed: the owner acknowledges there what it sends on for them.
+    ``take_over(partitions)`` is called when partitions are assigned, before any is read.
     ``max_records``: messages per ``getmany`` (the owner yields to the event loop between
     partitions, so the batch bounds how long it holds it).
     """
@@ -69,6 +70,7 @@ class BatchReader:
         topic: str,
         handle: Callable[[int, Messages, Callable[[int], Ack]], Awaitable[None]],
         hand_over: Callable[[set[int]], Awaitable[None]],
+        take_over: Callable[[set[int]], None] | None = None,
         max_records: int = 5_000,
         poll_ms: int = 200,
         inherit_from: str | None = None,
@@ -80,6 +82,7 @@ class BatchReader:
         self.topic = topic
         self.handle = handle
         self.hand_over = hand_over
+        self.take_over = take_over
         self.max_records = max_records
         self.poll_ms = poll_ms
         # A group whose commits stand for this one's where it has none (the app's Faust
@@ -103,6 +106,8 @@ class BatchReader:
             self._generation[partition] = self._generation.get(partition, 0) + 1
             self._done.pop(partition, None)
             self._committed.pop(partition, None)
+        if self.take_over is not None and partitions:
+            self.take_over(partitions)
 
     async def start(self) -> None:
         try:

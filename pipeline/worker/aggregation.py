@@ -77,6 +77,10 @@ class RequestAggregation:
                 return
         await self.send_and_acknowledge(self.stage_one.flush_idle())
 
+    def take_over(self, partitions: set[int]) -> None:
+        """Requests partitions assigned: they hold the windows open until read (``StageOne.take_over``)."""
+        self.stage_one.take_over(partitions)
+
     async def hand_over(self, partitions: set[int]) -> None:
         """Requests partitions revoked: send what their open windows hold, as if they closed."""
         if partitions:

@@ -1,12 +1,12 @@
 """The worker: settings -> Faust app, its topics, agents and timers. Thin wiring; the work is
 in the stage classes, each testable without a broker:
 
-- ``RequestAggregation`` (requests topic, read in batches by a ``BatchReader`` in a
-  consumer group of its own, ``<app id>-requests``: a Faust agent's cost per message would
-  cap one-record messages at a few thousand a second): decode, validate, dead-letter the
-  bad, fold records into the worker's window tables (shared by its partitions), send closed
-  windows as column bundles to the partials partition of each segment (always the same
-  one), followed by watermarks.
+- ``RequestAggregation`` (requests topic, read by a Faust agent, or with
+  ``SERVEWATCH_BATCH_READER`` in batches by a ``BatchReader`` in a consumer group of its
+  own, ``<app id>-requests``: the agent's cost per message caps one-record messages at a
+  few thousand a second): decode, validate, dead-letter the bad, fold records into the
+  worker's window tables (shared by its partitions), send closed windows as column bundles
+  to the partials partition of each segment (always the same one), followed by watermarks.
 - ``Judging`` (partials and scrapes topics): merge partials per segment window, judge each
   window once, and each engine's interval on its capacity signals; store the detectors'
   state in a changelog-backed table (``DetectorStateStore``); complete the events (engines,
@@ -63,7 +63,7 @@ class Worker:
     publisher: EventPublisher
     evidence_reader: KafkaMessageReader
     probe: BrokerProbe
-    requests_reader: BatchReader
+    requests_reader: BatchReader | None  # None: the requests topic is read by a Faust agent
 
 
 def origin_of(event: Any) -> MessageOrigin:
@@ -105,25 +105,36 @@ def build_worker(app: faust.App, settings: Settings, topics: Topics) -> Worker:
         probe=BrokerProbe(settings.kafka.bootstrap, auth),
         requests_reader=BatchReader(
             lambda: group_consumer(settings, group), group, requests, aggregate,
-            aggregation.hand_over, inherit_from=settings.kafka.app_id, admin=lambda: group_admin(settings),
-        ),
+            aggregation.hand_over, aggregation.take_over, inherit_from=settings.kafka.app_id,
+            admin=lambda: group_admin(settings),
+        ) if settings.kafka.batch_reader else None,
     )  # fmt: skip
 
 
 def add_agents(app: faust.App, topics: Topics, worker: Worker) -> None:
-    # A requests message is acknowledged (its offset committed) only once what it fed was
-    # sent on; noack on partials: acknowledged once judged and stored (see the stages).
-    @app.task
-    async def aggregate_request_batches() -> None:
-        try:
-            await worker.requests_reader.run()
-        except Exception:
-            # A step failed past its own error handling (its partials not on the broker, the
-            # broker gone for longer than the producer retries): its messages are not
-            # acknowledged, and a new process replays them from the commits, where this one
-            # would count them as read already. SIGTERM: a clean stop that commits what was sent.
-            logger.exception("reading the requests topic failed; stopping the worker so that a restart replays it")
-            os.kill(os.getpid(), signal.SIGTERM)
+    # noack on requests and partials: a message is acknowledged (its offset committed) only
+    # once what it fed was sent on and, for partials, judged and stored (see the stages).
+    if worker.requests_reader is not None:
+
+        @app.task
+        async def aggregate_request_batches() -> None:
+            assert worker.requests_reader is not None
+            try:
+                await worker.requests_reader.run()
+            except Exception:
+                # A step failed past its own error handling (its partials not on the broker,
+                # the broker gone for longer than the producer retries): its messages are not
+                # acknowledged, and a new process replays them from the commits, where this one
+                # would count them as read already. SIGTERM: a clean stop that commits what was sent.
+                logger.exception("reading the requests topic failed; stopping the worker so that a restart replays it")
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    else:
+
+        @app.agent(topics.requests)
+        async def aggregate_request_batches(stream: faust.StreamT) -> None:
+            async for event in cast(faust.Stream, stream).noack().events():
+                await worker.aggregation.on_message(event.value, origin_of(event), event)
 
     @app.agent(topics.partials)
     async def detect_anomalies(stream: faust.StreamT) -> None:
@@ -189,7 +200,8 @@ def add_timers(app: faust.App, settings: Settings, worker: Worker) -> None:
 def add_lifecycle(app: faust.App, topics: Topics, worker: Worker) -> None:
     @app.on_before_shutdown.connect
     async def stop_clients(sender: Any, /, *args: Any, signal: Any, **kwargs: Any) -> None:
-        await worker.requests_reader.stop()  # commits what was sent on; the rest is replayed
+        if worker.requests_reader is not None:
+            await worker.requests_reader.stop()  # commits what was sent on; the rest is replayed
         await worker.evidence_reader.stop()
         await worker.probe.close()
 
@@ -207,6 +219,8 @@ def add_lifecycle(app: faust.App, topics: Topics, worker: Worker) -> None:
         def of(topic: faust.TopicT) -> set[int]:
             return {tp.partition for tp in revoked if tp.topic == topic.get_topic_name()}
 
+        if worker.requests_reader is None:  # else its own group's rebalance hands them over
+            await worker.aggregation.hand_over(of(topics.requests))
         await worker.judging.hand_over(of(topics.partials), of(topics.scrapes))
 
 
@@ -215,7 +229,8 @@ def create_app(settings: Settings) -> tuple[faust.App, Topics]:
     topics = declare_topics(app, settings.kafka.topic_partitions)
     worker = build_worker(app, settings, topics)
     # A partition that stops moving is reported and fetched again, the requests reader's too.
-    add_partition_watchdog(app, settings, lambda: worker.requests_reader.consumer)
+    reader = worker.requests_reader
+    add_partition_watchdog(app, settings, None if reader is None else lambda: reader.consumer)
     add_agents(app, topics, worker)
     add_followers(app, settings, topics, worker)
     add_timers(app, settings, worker)

@@ -378,7 +378,9 @@ class StageOne:
         """Whether some partition has been silent long enough for ``flush_idle`` to move it on."""
         now = time.monotonic() if now is None else now
         idle_s = self.settings.windows.idle_flush_s
-        return bool(self.windower.open) and any(now - seen >= idle_s for seen in self.last_seen.values())
+        return bool(self.windower.open or self.windower.held) and any(
+            now - seen >= idle_s for seen in self.last_seen.values()
+        )
 
     def hold_idle(self, now: float | None = None) -> None:
         """The broker is not answering: silence is not idleness. Every partition's silence
@@ -387,12 +389,25 @@ class StageOne:
         for partition in self.last_seen:
             self.last_seen[partition] = now
 
+    def take_over(self, partitions: set[int], now: float | None = None) -> None:
+        """``partitions`` were assigned here: until each is read (or silent for ``idle_flush_s``:
+        nothing waits in it), it holds the windows open (``Windower.hold``). A partition taken
+        over from a crashed worker is behind the others; its records are not late."""
+        now = time.monotonic() if now is None else now
+        self.windower.hold(partitions)
+        for partition in partitions:
+            self.last_seen.setdefault(partition, now)
+
     def flush_idle(self, now: float | None = None) -> list[WindowStats]:
         """Partials that silence completed: partitions quiet for ``idle_flush_s`` advance their
-        event time with the wall clock (see ``Windower.advance_idle``)."""
+        event time with the wall clock (see ``Windower.advance_idle``); a partition assigned
+        and silent as long stops holding the windows."""
         now = time.monotonic() if now is None else now
         self.fold_pending()
-        flushed: list[WindowStats] = self.windower.close_due()
+        idle_s = self.settings.windows.idle_flush_s
+        silent = {p for p in self.windower.held if now - self.last_seen.get(p, now) >= idle_s}
+        flushed: list[WindowStats] = self.windower.release(silent) if silent else []
+        flushed += self.windower.close_due()
         for partition, seen in self.last_seen.items():
             if now - seen >= self.settings.windows.idle_flush_s and self.windower.open:
                 flushed.extend(self.windower.advance_idle(now - seen, partition))
