@@ -242,6 +242,15 @@ class Windower:
         length, lateness = self.window_s, self.allowed_lateness
         return math.floor((newest - lateness) / length) > math.floor((folded - lateness) / length)
 
+    def first_advancing(self, partition: int, times: np.ndarray) -> int:
+        """Index of the first of ``times`` that ``would_advance``, or the last index when none does."""
+        folded = self.max_event_time.get(partition)
+        if folded is None:
+            return 0
+        length, lateness = self.window_s, self.allowed_lateness
+        advancing = np.floor((times - lateness) / length) > math.floor((folded - lateness) / length)
+        return int(np.argmax(advancing)) if advancing.any() else len(times) - 1
+
     @property
     def oldest_open_start(self) -> float:
         """Start of the oldest window still held here (+inf when none): everything before it was sent."""

@@ -212,12 +212,12 @@ class StageOne:
         while start < len(rows):
             # Fold up to and with the first record that moves the watermark into another
             # window, close what that closes, go on: what ``process`` does message by message.
-            stop = start + self._first_advancing(partition, times[start:]) + 1
+            stop = start + self.windower.first_advancing(partition, times[start:]) + 1
             for first, last in self._ack_steps(times, start, stop):
                 token = token_of(int(offsets[last - 1]))
                 self.pending.append((rows.slice(first, last), partition, offsets[first:last], token))
             self.pending_records += stop - start
-            if stop < len(rows) or self._advances(partition, times[stop - 1]):
+            if stop < len(rows) or self.windower.would_advance(partition, float(times[stop - 1])):
                 self.fold_pending()
                 self._close_due(closed)
             start = stop
@@ -240,19 +240,6 @@ class StageOne:
         if more:
             metrics.ALLOWED_LATENESS.set(self.windower.allowed_lateness)
             closed.extend(more)
-
-    def _first_advancing(self, partition: int, times: np.ndarray) -> int:
-        """Index of the first of ``times`` that moves ``partition``'s watermark into another
-        window (``Windower.would_advance``), or the last index when none does."""
-        folded = self.windower.max_event_time.get(partition)
-        if folded is None:
-            return 0
-        length, lateness = self.windower.window_s, self.windower.allowed_lateness
-        advancing = np.floor((times - lateness) / length) > math.floor((folded - lateness) / length)
-        return int(np.argmax(advancing)) if advancing.any() else len(times) - 1
-
-    def _advances(self, partition: int, newest: float) -> bool:
-        return self.windower.would_advance(partition, newest)
 
     def _note_read_again(self, partition: int, offset: int, read_until: int, records: int) -> None:
         if partition not in self._reading_again:
