@@ -3,14 +3,20 @@ incident open resolves it as ``no_data``; segments idle long enough are forgotte
 
 from __future__ import annotations
 
+from collections import deque
+
 import orjson
 import pytest
 
 from servewatch.models.detect.detector import DetectorBank
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.pipeline.dev.simulator import EPOCH, Phase, Workload
+from servewatch.pipeline.messages.origin import MessageOrigin
+from servewatch.pipeline.messages.partitioning import partials_partition
 from servewatch.pipeline.replay.request_logs import Replay
 from servewatch.pipeline.settings import Settings
+from servewatch.pipeline.worker.stage_one import StageOne
+from servewatch.pipeline.worker.stage_two import StageTwo
 from servewatch.schemas.anomaly import AnomalyEvent, Signal, Status
 
 DARK = "qwen3-32b"
@@ -108,3 +114,44 @@ def test_a_models_traffic_survives_a_restart_through_the_state_table() -> None:
     fresh = TrafficWatch(config)  # without the stored state: a young model says nothing for minutes
     fresh.observe(2000.0, 2010.0, {"m": 44, "n": 30})
     assert not [e for i in range(201, 204) for e in fresh.observe(10.0 * i, 10.0 * i + 10, {"n": 30})]
+
+
+def _judged_with_one_partition_behind(hold: tuple[float, float] | None) -> list[AnomalyEvent]:
+    """A cache-off incident judged by the worker's stage 2 over two partials partitions;
+    with ``hold`` (event seconds from the start), partition 1 is not read in that stretch,
+    then catches up at three messages a second while partition 0 goes on live: a partition
+    taken over after a crash, read minutes behind the other."""
+    settings = Settings(topic_partitions=2)
+    one = StageOne(settings)
+    two = StageTwo(settings, via_of=lambda key: partials_partition(key, 2))
+    workload = Workload((Phase("normal", 240), Phase("cache_off", 900, prefix_caching=False), Phase("normal", 300)),
+                        seed=41)  # fmt: skip
+    events: list[AnomalyEvent] = []
+    backlog: deque[bytes] = deque()
+    for offset, (second, batch) in enumerate(workload.seconds()):
+        now = second - EPOCH  # read as it happens
+        _, partials = one.process(orjson.dumps(batch), MessageOrigin("requests", 0, offset), now=now)
+        for via, bundle in one.bundles(partials, 2):
+            if via == 1 and hold is not None and (hold[0] <= now or backlog):
+                backlog.append(bundle)
+            else:
+                events += two.receive(bundle, via=via, now=now)
+        if hold is not None and now >= hold[1]:
+            for _ in range(min(3, len(backlog))):
+                events += two.receive(backlog.popleft(), via=1, now=now)
+    return events
+
+
+def test_a_partials_partition_read_minutes_behind_the_others_closes_no_incident_as_no_data() -> None:
+    """Silence is measured in a segment's own stream: a partition caught up after a crash,
+    minutes behind the other in event time, is not a segment gone quiet. Its open incidents
+    are neither closed as ``no_data`` nor opened a second time: the events are those of the
+    partitions read in step, id for id."""
+    in_step = _judged_with_one_partition_behind(hold=None)
+    behind = _judged_with_one_partition_behind(hold=(300.0, 300.0 + 1.2 * DetectorConfig().no_data_after_s))
+
+    def ids(events: list[AnomalyEvent]) -> set[tuple[str, Status, float, str | None]]:
+        return {(event.fingerprint, event.status, event.window_start, event.transition) for event in events}
+
+    assert not [e for e in behind if e.status is Status.RESOLVED and e.hints and e.hints[0].code == "no_data"]
+    assert any(e.transition == "firing" for e in in_step) and ids(behind) == ids(in_step)

@@ -546,6 +546,11 @@ class DetectorBank:
     restored: int = 0  # segments whose state was restored
     discarded: int = 0  # stored states refused (another version, or corrupt): started fresh
     clock: float = -math.inf  # event time: the latest window end judged
+    #: ``stream_clock(key)``: the event time the stream that carries a segment's windows has
+    #: reached, where streams can run apart (the worker's partials partitions: one read again
+    #: after a crash is minutes behind the others). A segment is silent only in its own
+    #: stream; without it, every segment's is ``clock``.
+    stream_clock: Callable[[str], float] | None = None
     window_s: float = math.inf  # the windows' length (of the last judged)
     traffic: TrafficWatch = field(init=False)  # requests per model per window (models going dark)
     replicas: ReplicaWatch = field(init=False)  # each serving instance against its peers
@@ -718,11 +723,17 @@ class DetectorBank:
     def sweep(self, now: float) -> list[AnomalyEvent]:
         """Open incidents of segments silent for ``no_data_after_s`` resolve as ``no_data``;
         segments silent for ``segment_idle_s`` are dropped (their keys go to ``expired``, for
-        their stored state to go too)."""
+        their stored state to go too). Silent in event time, in their own stream
+        (``stream_clock``)."""
         events: list[AnomalyEvent] = []
         config = self.config
+        quiet_s = min(config.no_data_after_s, config.segment_idle_s)
         for key, segment in list(self.detectors.items()):
             silent_s = now - segment.last_window_end
+            if silent_s >= quiet_s and self.stream_clock is not None:
+                # Few segments get here, so the stream's clock is asked only of them. A stream
+                # behind the others is not silence: its windows are still being judged.
+                silent_s = min(now, self.stream_clock(key)) - segment.last_window_end
             if silent_s >= config.no_data_after_s and segment.active:
                 events += no_data_events(segment, now)
             if silent_s >= config.segment_idle_s:

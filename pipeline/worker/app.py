@@ -20,6 +20,7 @@ Timers advance quiet partitions' event time and release windows that waited long
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -32,6 +33,7 @@ import faust
 from servewatch.pipeline import tuning
 from servewatch.pipeline.kafka import BrokerProbe, KafkaAuth, read_topic
 from servewatch.pipeline.messages.origin import MessageOrigin
+from servewatch.pipeline.messages.partitioning import partials_partition
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.streams.batch_reader import Ack, BatchReader, Messages, group_admin, group_consumer
 from servewatch.pipeline.streams.faust_app import faust_app
@@ -75,7 +77,9 @@ def build_worker(app: faust.App, settings: Settings, topics: Topics) -> Worker:
     assert settings.kafka.bootstrap is not None
     auth = KafkaAuth.from_settings(settings)
     outbox = FaustOutbox(topics)
-    stage_one, stage_two, engines = StageOne(settings), StageTwo(settings), JudgeEngines(settings)
+    partitions = settings.kafka.topic_partitions
+    stage_one, engines = StageOne(settings), JudgeEngines(settings)
+    stage_two = StageTwo(settings, via_of=functools.partial(partials_partition, partitions=partitions))
     metrics.watch_open_windows(stage_one, stage_two)  # the progress line counts what they hold
     # Detector state survives restarts and rebalances in a changelog-backed table keyed by
     # segment. ``use_partitioner``: the producer places each key, by the same partitioner as
@@ -83,14 +87,14 @@ def build_worker(app: faust.App, settings: Settings, topics: Topics) -> Worker:
     # writes may come from timers (no current event) as well as the agent. Keys and values as
     # bytes: the key hashed by the producer is exactly the segment key's bytes.
     table = app.Table(DETECTOR_STATE_TABLE, default=None, key_type=bytes, value_type=bytes,
-                      partitions=settings.kafka.topic_partitions, use_partitioner=True)  # fmt: skip
-    store = DetectorStateStore(table, settings.kafka.topic_partitions)
+                      partitions=partitions, use_partitioner=True)  # fmt: skip
+    store = DetectorStateStore(table, partitions)
     reader = KafkaMessageReader(settings.kafka.bootstrap, topics.requests.get_topic_name(), auth=auth)
     publisher = EventPublisher(
         outbox, engines, reader.read, settings.evidence_budget(), settings.segmenter().key_of_row,
         settings.windows.window_s, settings.changes.change_horizon_windows,
     )  # fmt: skip
-    aggregation = RequestAggregation(stage_one, outbox, publisher, settings.kafka.topic_partitions)
+    aggregation = RequestAggregation(stage_one, outbox, publisher, partitions)
     requests, group = topics.requests.get_topic_name(), requests_group(settings.kafka.app_id)
 
     async def aggregate(partition: int, messages: Messages, ack_of: Callable[[int], Ack]) -> None:

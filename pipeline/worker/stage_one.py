@@ -19,7 +19,6 @@ import orjson
 
 from servewatch.models.windows.batch import RowBatch
 from servewatch.models.windows.lateness import LearnedLateness
-from servewatch.models.windows.segments import routing_key
 from servewatch.models.windows.signal_columns import PrefixMemory
 from servewatch.models.windows.window import WindowStats
 from servewatch.models.windows.windowing import Windower
@@ -27,7 +26,7 @@ from servewatch.models.windows.wire import windows_to_wire
 from servewatch.pipeline.messages.dead_letters import row_letter
 from servewatch.pipeline.messages.decode import Decoded, decode_message, decode_records, one_record_line
 from servewatch.pipeline.messages.origin import MessageOrigin
-from servewatch.pipeline.messages.partitioning import partition_of
+from servewatch.pipeline.messages.partitioning import partials_partition
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker import metrics
 from servewatch.schemas.dead_letter import DeadLetter
@@ -307,14 +306,14 @@ class StageOne:
         message on both ends. At most ``BUNDLE_PARTIALS`` segments per message, so neither
         side ever holds a whole window's worth of encoded partials at once (with thousands of
         segments closing together, that was the worker's memory high-water mark). Partials
-        go to ``partition_of(routing_key(key))``, so a segment (and every replica row of a
+        go to ``partials_partition(key)``, so a segment (and every replica row of a
         model) always lands on the same stage-2 partition; watermarks go to every partition,
         in the last message, after the partials, which is what lets stage 2 know a window is
         complete.
         """
         grouped: dict[int, list[WindowStats]] = {}
         for partial in partials:
-            grouped.setdefault(partition_of(routing_key(partial.key), partitions), []).append(partial)
+            grouped.setdefault(partials_partition(partial.key, partitions), []).append(partial)
         marks = {str(source): mark for source, mark in self.watermarks_to_announce().items()}
         out = []
         for k in range(partitions) if marks else sorted(grouped):

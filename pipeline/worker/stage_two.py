@@ -9,6 +9,7 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,10 @@ logger = logging.getLogger(__name__)
 @dataclass
 class StageTwo:
     settings: Settings
+    # The partials partition (``via``) each segment's windows come through, where there are
+    # several (the worker's, ``partials_partition``): their streams can run apart, and a
+    # segment's silence is measured in its own (``DetectorBank.stream_clock``). A replay has one.
+    via_of: Callable[[str], int] | None = None
     assembler: WindowAssembler = field(init=False)
     bank: DetectorBank = field(init=False)
     # Where recent windows' records are: a firing event's baseline sample is read from there.
@@ -57,6 +62,9 @@ class StageTwo:
             expected_partitions=self.settings.kafka.topic_partitions,
         )
         self.bank = DetectorBank(self.settings.detector_config(), save_every=self.settings.windows.state_every_windows)
+        if self.via_of is not None:
+            released, via_of = self.assembler.released_until, self.via_of
+            self.bank.stream_clock = lambda key: released.get(via_of(key), -math.inf)
 
     def add(self, partial: WindowStats, now: float | None = None, via: int = 0) -> None:
         late, overlapping = self.assembler.late_partials, self.assembler.overlapping_partials
