@@ -69,10 +69,10 @@ class KafkaSettings(_Group):
     )
     topic_partitions: int = Field(default=4, ge=1, description="Partitions of each topic servewatch creates.")
     batch_reader: bool = Field(
-        default=False,
-        description="Read the requests topic in getmany batches, in a consumer group of its own (<app id>-requests), "
-        "instead of a Faust agent: one-record messages at about the pace of batches. Off by default: with two "
-        "workers on Apache Kafka, a kill -9 of one opens the survivor's incidents twice.",
+        default=True,
+        description="Read the requests topic in getmany batches, in a consumer group of its own (<app id>-requests): "
+        "one-record messages at about the pace of batches. false: a Faust agent in the <app id> group reads it, "
+        "paying Faust's cost per message.",
     )
     topic_replication: int | None = Field(
         default=None, ge=1,

@@ -21,6 +21,7 @@ from servewatch.pipeline.dev.broker import EmbeddedBroker
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
 from servewatch.pipeline.dev.demo_sinks import DemoReceiver, start_receiver
 from servewatch.pipeline.kafka import ensure_topics, read_topic
+from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.web.server import create_web_app
 from servewatch.pipeline.web.store import TriageStore
 from servewatch.schemas.feedback import Feedback
@@ -147,10 +148,13 @@ async def first_matching(bootstrap: str, topic: str, predicate: Callable[[bytes]
 
 
 async def lagging_partitions(
-    bootstrap: str, group: str, spare: int = 0, partitions: int = 4, batch_reader: bool = False
+    bootstrap: str, group: str, spare: int = 0, partitions: int = 4, batch_reader: bool | None = None
 ) -> dict[int, tuple[int, int]]:
     """Partitions of the requests topic whose committed offset is behind their end (less the
-    last ``spare`` messages): (committed, end)."""
+    last ``spare`` messages): (committed, end). ``batch_reader``: how the workers read it
+    (default: as ``SERVEWATCH_BATCH_READER`` has them)."""
+    if batch_reader is None:
+        batch_reader = Settings().kafka.batch_reader
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap)
     await admin.start()

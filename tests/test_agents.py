@@ -37,7 +37,8 @@ class Captured:
 
 @pytest.fixture
 def app_and_sinks(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, dict[str, Captured]]:
-    app, topics = create_app(Settings(broker="127.0.0.1:9", topic_partitions=1))
+    # The requests topic read by a Faust agent (the batch reader needs a broker: test_batch_reader_kafka).
+    app, topics = create_app(Settings(broker="127.0.0.1:9", topic_partitions=1, batch_reader=False))
     sinks = {name: Captured() for name in ("partials", "incidents", "anomalies", "deadletter", "series")}
     for name, sink in sinks.items():
         monkeypatch.setattr(getattr(topics, name), "send", sink)

@@ -126,10 +126,12 @@ async def test_a_new_group_starts_where_the_group_it_inherits_from_left_off(brok
     assert sorted(reading.seen) == [(0, n) for n in range(25, PER_PARTITION)] + [(1, n) for n in range(PER_PARTITION)]
 
 
-def test_a_worker_reading_in_batches_judges_one_record_messages_and_commits_them() -> None:
-    """``SERVEWATCH_BATCH_READER``: one-record messages, every record accounted for (judged
-    or late), dead letters for the bad one, every partition committed to its end in the
-    requests group but for the message that holds the last window open."""
+@pytest.mark.parametrize("batch_reader", [True, False], ids=["batch reader", "faust agent"])
+def test_a_worker_judges_one_record_messages_and_commits_them(batch_reader: bool) -> None:
+    """One-record messages, every record accounted for (judged or late), dead letters for the
+    bad one, every partition committed to its end but for the message that holds the last
+    window open: read in batches (in the requests group), and with ``SERVEWATCH_BATCH_READER=false``
+    by a Faust agent (in the app's group)."""
     from servewatch.pipeline import topics
     from servewatch.pipeline.dev.broker import free_loopback_port
     from servewatch.pipeline.dev.demo import start_worker, stop_worker
@@ -141,7 +143,7 @@ def test_a_worker_reading_in_batches_judges_one_record_messages_and_commits_them
         asyncio.run(ensure_topics(broker.bootstrap, partitions))
         group, port = f"servewatch-br-{uuid.uuid4().hex[:8]}", free_loopback_port()
         worker = start_worker(broker.bootstrap, {"SERVEWATCH_APP_ID": group, "SERVEWATCH_METRICS_PORT": str(port),
-                                                 "SERVEWATCH_BATCH_READER": "true"})  # fmt: skip
+                                                 "SERVEWATCH_BATCH_READER": str(batch_reader).lower()})  # fmt: skip
 
         async def send() -> int:
             client = producer(broker.bootstrap)
@@ -170,10 +172,10 @@ def test_a_worker_reading_in_batches_judges_one_record_messages_and_commits_them
             assert done == sent and served_value(port, "servewatch_records_total") == sent + partitions
             assert served_value(port, "servewatch_dead_letters_total") == 1
             deadline = time.monotonic() + 60
-            lagging = asyncio.run(lagging_partitions(broker.bootstrap, group, spare=1, batch_reader=True))
+            lagging = asyncio.run(lagging_partitions(broker.bootstrap, group, spare=1, batch_reader=batch_reader))
             while lagging and time.monotonic() < deadline:
                 time.sleep(1)
-                lagging = asyncio.run(lagging_partitions(broker.bootstrap, group, spare=1, batch_reader=True))
+                lagging = asyncio.run(lagging_partitions(broker.bootstrap, group, spare=1, batch_reader=batch_reader))
             assert lagging == {}, f"partitions not committed to their end (but the later request): {lagging}"
         finally:
             stop_worker(worker)
