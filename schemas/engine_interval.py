@@ -56,6 +56,17 @@ class EngineInterval(BaseModel):
     waiting: float | None = None
     preemptions_per_s: float | None = None
     finished: dict[str, float] = Field(default_factory=dict, description="Requests finished, by finish reason.")
+    finished_prompt_tokens: float | None = Field(
+        default=None,
+        description="Prompt tokens per request of the requests that finished in the interval (vLLM: "
+        "request_prompt_tokens' delta of _sum over delta of _count): the requests the latency histograms "
+        "observed, where the prompt_tokens counter counts prompts at their first token.",
+    )
+    finished_uncached_prompt_tokens: float | None = Field(
+        default=None,
+        description="Of those, the prompt tokens the prefix cache did not serve, per request (vLLM: "
+        "request_prefill_kv_computed_tokens; SGLang: uncached_prompt_tokens_histogram).",
+    )
     cache_config: dict[str, str] = Field(
         default_factory=dict, description="Labels of vllm:cache_config_info, e.g. enable_prefix_caching."
     )

@@ -142,3 +142,27 @@ def test_histogram_quantile_matches_promql_on_edges() -> None:
     assert h.quantile(0.25) == pytest.approx(0.3)  # halfway through (0.1, 0.5]
     assert h.quantile(0.99) == 1.0  # in the open top bucket: its lower bound
     assert Histogram().quantile(0.5) is None
+
+
+def test_prompt_lengths_of_the_finished_requests_come_from_their_histograms() -> None:
+    """vLLM observes a finished request's prompt length and the tokens it computed in prefill
+    (``request_prefill_kv_computed_tokens``) when it finishes, as it does its prefill time:
+    their change over the interval describes the requests the latency histograms hold."""
+    labels = 'engine="0",model_name="llama"'
+    bounds = tuple(float(m * 10**e) for e in range(6) for m in (1, 2, 5))
+
+    def scrape(prompts: list[float], cached: list[float]) -> str:
+        computed = [p - c for p, c in zip(prompts, cached, strict=True)]
+        return vllm_v1([0.05] * len(prompts), prompt=sum(prompts), hits=sum(cached), queries=sum(prompts),
+                       stops=len(prompts)) + "\n".join([
+            histogram("vllm:request_prompt_tokens", labels, prompts, bounds),
+            histogram("vllm:request_prefill_kv_computed_tokens", labels, computed, bounds),
+        ]) + "\n"  # fmt: skip
+
+    first = parse(scrape([100.0] * 4, [0.0] * 4), "a:1", 0.0)
+    second = parse(scrape([100.0] * 4 + [30_000.0, 200.0], [0.0] * 4 + [29_000.0, 0.0]), "a:1", 10.0)
+    [got] = interval(first, second)
+    assert got.finished_prompt_tokens == pytest.approx(15_100.0)
+    assert got.finished_uncached_prompt_tokens == pytest.approx(600.0)
+    [without] = interval(*(parse(vllm_v1([0.05], 10, 0, 10, n), "a:1", float(n)) for n in (1, 2)))
+    assert without.finished_prompt_tokens is None and without.finished_uncached_prompt_tokens is None

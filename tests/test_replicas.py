@@ -4,7 +4,9 @@ stage 1's replica rows to the instance in Slack, PagerDuty and Alertmanager."""
 from __future__ import annotations
 
 import json
+import math
 import re
+from dataclasses import replace
 
 import numpy as np
 import orjson
@@ -237,6 +239,42 @@ def test_from_scrapes_an_interval_of_few_requests_is_judged_with_the_error_few_r
     assert min(e.window_end for e in events) > 5 * 3600
 
 
+def test_from_scrapes_prefill_per_token_is_read_on_the_requests_the_histogram_holds() -> None:
+    """An interval's mean prefill time follows the few long, uncached prompts that finished in
+    it. Divided by the engine's pooled tokens per request, a healthy engine swings by several
+    x from one interval to the next; divided by the uncached tokens of the very requests that
+    finished (``request_prefill_kv_computed_tokens``), it holds still, and a replica prefilling
+    2.5x slower is named on its second interval, as one engine's evidence may be (half the bar
+    per interval)."""
+    rng = np.random.default_rng(5)
+
+    def run(matched: bool) -> tuple[list[AnomalyEvent], list[float]]:
+        peers, events, healthy = EnginePeers(DetectorConfig()), [], []
+        for t in range(0, 3600, 10):
+            for k in range(4):
+                n = 12
+                prompts = np.exp(rng.normal(7.0, 1.3, n))  # heavy-tailed prompt lengths
+                uncached = prompts * (rng.random(n) < 0.4)  # most prompts are served from the cache
+                slow = 2.5 if k == 1 and t >= 3000 else 1.0
+                window = replace(
+                    engine(k, float(t)),
+                    latency={"prefill_time": LatencySummary(count=n, mean_s=float(2e-4 * slow * uncached.mean()))},
+                    uncached_per_finished=float(uncached.mean()) if matched else math.nan,
+                )
+                events += peers.observe(window)
+                if k != 1 and t >= 600:
+                    healthy += [r for s, r in peers.states["m"][f"10.0.0.{k}:8000"].ratio.items()
+                                if s == "prefill_per_token"]  # fmt: skip
+        return events, healthy
+
+    events, healthy = run(matched=True)
+    assert firings(events) == [("10.0.0.1:8000", "prefill_per_token")]
+    assert min(e.window_end for e in events) <= 3000 + 2 * 10 + 1
+    assert max(healthy) < 1.05 and min(healthy) > 1 / 1.05
+    _, pooled = run(matched=False)
+    assert max(pooled) / min(pooled) > 10  # what the same mix did to the old reading
+
+
 def test_from_scrapes_a_restarted_worker_resolves_the_replica_incident_its_predecessor_fired() -> None:
     stored: dict[str, dict[str, object]] = {}
     first = EnginePeers(DetectorConfig(), save_every=30)
@@ -257,13 +295,18 @@ def test_from_scrapes_a_restarted_worker_resolves_the_replica_incident_its_prede
     assert EnginePeers(restore={"~engine-peers|m": {"instances": 3}}.get)._meet("m") == {}  # type: ignore[arg-type]
 
 
-def test_from_scrapes_one_slow_replica_of_four_is_named_alone() -> None:
-    scenario = slow_replica(4, 2.5, "decode")
+@pytest.mark.parametrize("phase", ["decode", "prefill"])
+def test_from_scrapes_one_slow_replica_of_four_is_named_alone(phase: str) -> None:
+    """Named alone, and soon: a request's prefill time is scraped when it finishes, so the
+    prefill case shows a request's length later than the decode case does (minutes, when
+    its prefill per token was read against pooled prompt lengths)."""
+    scenario = slow_replica(4, 2.5, phase)
     workload = scenario.build(7)
     run = run_scrape_scenario(workload)
     injected_at = workload.start + scenario.warmup_s
     causes = [(g.cause, g.window_end > injected_at) for g in run.paging_groups]
     assert causes[0] == (f"replica_outlier {FAULTY_HOST}", True) and all(after for _, after in causes)
+    assert run.paging_groups[0].window_end - injected_at <= 10 * 10.0
 
 
 async def test_the_replica_table_shows_the_scrapes_comparison_beside_the_request_logs(

@@ -4,10 +4,10 @@ A fleet that ships no request logs still scrapes every replica's ``/metrics``: e
 target is an instance. Intervals come one engine at a time and scrapers are not in step,
 so an engine's interval is compared with each peer's latest one that ended within
 ``peer_horizon_s`` of it: its mean inter-token latency and its prefill seconds per prompt
-token the prefix cache did not serve (the prefill histogram's mean over the engine's
-uncached prompt tokens per request: prompt lengths and a cold cache taken out) on the log scale against
-the median of its peers', and its failed requests and preemptions per request against
-their rates.
+token the prefix cache did not serve (the prefill histogram's mean over the uncached prompt
+tokens per request of the same finished requests, ``_uncached_per_request``: prompt lengths
+and a cold cache taken out) on the log scale against the median of its peers', and its
+failed requests and preemptions per request against their rates.
 
 Scrapes carry no per-request spread, and an interval's mean moves with the few requests
 it holds (a 30k-token prompt in one engine's interval and not in its peers'), besides the
@@ -98,18 +98,33 @@ def _log_latencies(window: EngineWindow) -> dict[Signal, tuple[float, float]]:
         # Its tokens come from the requests decoding: those that finished, or the batch running.
         logs[Signal.ITL] = (math.log(itl.mean_s), max(window.requests, window.running or 0.0, 1.0))
     prefill = window.latency.get("prefill_time")
-    # Uncached prompt tokens per request pooled over the engine's recent scrapes where known
-    # (``EngineMemory``): vLLM counts prompt tokens at the first token and observes prefill
-    # time when the request finishes, so one interval's two can be a decode's length apart.
-    per_request, hit = window.prompt_per_request, window.pooled_hit_rate
+    uncached = _uncached_per_request(window)
+    if prefill is not None and prefill.mean_s and prefill.count >= MIN_COUNT and uncached >= 1.0:
+        logs[Signal.PREFILL_PER_TOKEN] = (math.log(prefill.mean_s / uncached), float(prefill.count))
+    return logs
+
+
+def _uncached_per_request(window: EngineWindow) -> float:
+    """Prompt tokens per request the prefix cache did not serve, of the requests whose prefill
+    times the interval's histogram holds, as closely as the engine says.
+
+    Best, the very requests (vLLM's ``request_prefill_kv_computed_tokens``, observed at finish
+    as the prefill time is): an interval's mean prefill time rises and falls with the one long
+    or uncached prompt in it, and so does this mean, so their ratio does not. Next, their
+    prompt lengths (``request_prompt_tokens``) less the engine's recent hit rate. Last, both
+    pooled over the engine's recent scrapes (``EngineMemory``): vLLM counts prompt tokens at
+    the first token and observes prefill time when the request finishes, so one interval's two
+    can be a decode's length apart."""
+    if not math.isnan(window.uncached_per_finished):
+        return window.uncached_per_finished
+    per_request, hit = window.prompt_per_finished, window.pooled_hit_rate
+    if math.isnan(per_request):
+        per_request = window.prompt_per_request
     if math.isnan(per_request):
         per_request = window.prompt_tokens_per_s * window.length / max(window.requests, 1.0)
     if math.isnan(hit):
         hit = 0.0 if math.isnan(window.cache_hit_rate) else window.cache_hit_rate
-    uncached = per_request * (1.0 - hit)
-    if prefill is not None and prefill.mean_s and prefill.count >= MIN_COUNT and uncached >= 1.0:
-        logs[Signal.PREFILL_PER_TOKEN] = (math.log(prefill.mean_s / uncached), float(prefill.count))
-    return logs
+    return per_request * (1.0 - hit)
 
 
 @dataclass

@@ -43,6 +43,10 @@ def engine_key(instance: str, model: str) -> str:
     return f"{instance}|{model}"
 
 
+def _or_nan(value: float | None) -> float:
+    return math.nan if value is None else value
+
+
 @dataclass(frozen=True, slots=True)
 class EngineWindow:
     key: str
@@ -62,6 +66,10 @@ class EngineWindow:
     # Latency histograms over the interval by canonical name (ttft, itl, queue_time,
     # prefill_time, ...): what the engine's own metrics say of its phases, from bucket deltas.
     latency: dict[str, LatencySummary] = field(default_factory=dict)
+    # Prompt tokens per request of the requests that finished in the interval, the ones its
+    # latency histograms observed (NaN where the engine does not say: vLLM's request_prompt_tokens).
+    prompt_per_finished: float = math.nan
+    uncached_per_finished: float = math.nan  # of those, the tokens the prefix cache did not serve
     # What the engine's earlier scrapes add (``EngineMemory``; NaN without them): requests
     # that arrived and that were scheduled in the interval, from the running and waiting
     # gauges at both ends; the slots busy when the queue these requests report formed; and
@@ -103,6 +111,8 @@ class EngineWindow:
             errors=float(interval.finished.get("error", 0.0) + interval.finished.get("abort", 0.0)),
             prefix_caching=interval.cache_config.get("enable_prefix_caching"),
             latency=interval.latency,
+            prompt_per_finished=_or_nan(interval.finished_prompt_tokens),
+            uncached_per_finished=_or_nan(interval.finished_uncached_prompt_tokens),
         )
 
     @property

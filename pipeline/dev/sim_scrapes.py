@@ -51,6 +51,8 @@ ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
                80.0)  # fmt: skip
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                            240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+#: vLLM's buckets of a size per request (``build_1_2_5_buckets`` up to the context length).
+PROMPT_LENGTH_BUCKETS = tuple(float(m * 10**e) for e in range(6) for m in (1, 2, 5))
 #: vLLM pre-creates one ``request_success`` child per reason, so zero-valued series exist.
 FINISHED_REASONS = ("stop", "length", "abort", "error")
 #: Without a ``kv_tokens`` on the model's spec, its engines hold ``max_num_seqs`` contexts of
@@ -172,6 +174,10 @@ class EngineScrapes:
             "vllm:inter_token_latency_seconds": (ITL_BUCKETS, *_histogram(e.end, itl, ITL_BUCKETS, times, steps)),
             **{name: (REQUEST_LATENCY_BUCKETS, *_histogram(e.end, values, REQUEST_LATENCY_BUCKETS, times))
                for name, values in at_finish.items()},
+            "vllm:request_prompt_tokens": (PROMPT_LENGTH_BUCKETS, *_histogram(
+                e.end, e.prompt.astype(np.float64), PROMPT_LENGTH_BUCKETS, times)),
+            "vllm:request_prefill_kv_computed_tokens": (PROMPT_LENGTH_BUCKETS, *_histogram(
+                e.end, (e.prompt - e.cached).astype(np.float64), PROMPT_LENGTH_BUCKETS, times)),
         }  # fmt: skip
         running, waiting, kv = np.zeros(n), np.zeros(n), np.zeros(n)
         # The requests in flight at each scrape: their generated tokens and decode steps so

@@ -38,6 +38,15 @@ HISTOGRAMS: dict[str, tuple[str, int]] = {
     "vllm:request_prefill_time_seconds": ("prefill_time", 0),
     "vllm:request_decode_time_seconds": ("decode_time", 0),
 }
+#: Histograms of a size per finished request (not a latency): only their mean is kept. vLLM
+#: observes them when a request finishes, as it does the latency histograms, so they describe
+#: the same requests (the prompt_tokens counter counts a prompt at its first token instead).
+SIZES: dict[str, tuple[str, int]] = {
+    "vllm:request_prompt_tokens": ("prompt_length", 0),
+    "sglang:prompt_tokens_histogram": ("prompt_length", 0),
+    "vllm:request_prefill_kv_computed_tokens": ("uncached_prompt_length", 0),
+    "sglang:uncached_prompt_tokens_histogram": ("uncached_prompt_length", 0),
+}
 #: Counters, by family name without ``_total``.
 COUNTERS: dict[str, tuple[str, int]] = {
     "vllm:prompt_tokens": ("prompt_tokens", 0),
@@ -69,7 +78,7 @@ CACHE_CONFIG = "vllm:cache_config_info"
 #: Other labels (tensor/pipeline ranks) repeat one engine's figures: the largest is kept.
 ENGINE_LABELS = ("engine", "dp_rank")
 QUANTILES = (("p50_s", 0.5), ("p90_s", 0.9), ("p99_s", 0.99))
-_TABLES = {"histogram": HISTOGRAMS, "counter": COUNTERS, "gauge": GAUGES}
+_TABLES = {"histogram": HISTOGRAMS, "size": SIZES, "counter": COUNTERS, "gauge": GAUGES}
 
 
 @dataclass
@@ -131,6 +140,7 @@ class ModelFigures:
     engine: str
     counters: dict[str, float] = field(default_factory=dict)
     histograms: dict[str, Histogram] = field(default_factory=dict)
+    sizes: dict[str, Histogram] = field(default_factory=dict)
     gauges: dict[str, float] = field(default_factory=dict)
     finished: dict[str, float] = field(default_factory=dict)
 
@@ -171,16 +181,17 @@ def parse(text: str, instance: str, timestamp: float) -> Snapshot:
                 figures.finished["abort"] = figures.finished.get("abort", 0.0) + sample.value
                 continue
             canonical, preference = _TABLES[kind][name]
+            histograms = figures.sizes if kind == "size" else figures.histograms
             held = chosen.setdefault((model, canonical), preference)
             if preference > held:
                 continue  # an older name of what a newer one already gave
             if preference < held:  # a newer name after an older one: start over
                 chosen[(model, canonical)] = preference
-                figures.histograms.pop(canonical, None)
+                histograms.pop(canonical, None)
                 figures.counters.pop(canonical, None)
                 gauge_parts.pop((model, canonical), None)
-            if kind == "histogram":
-                figures.histograms.setdefault(canonical, Histogram()).add(sample)
+            if kind in ("histogram", "size"):
+                histograms.setdefault(canonical, Histogram()).add(sample)
             elif kind == "counter":
                 figures.counters[canonical] = figures.counters.get(canonical, 0.0) + sample.value
             else:
@@ -227,6 +238,11 @@ def _model_interval(
         change, restarted = histogram.minus(before.histograms.get(name, Histogram()))
         histograms_reset |= restarted
         latency[name] = change.summary()
+    sizes = {}
+    for name, histogram in now.sizes.items():
+        change, restarted = histogram.minus(before.sizes.get(name, Histogram()))
+        histograms_reset |= restarted
+        sizes[name] = change.total / change.count if change.count > 0 else None
     per_s = {name: value / seconds for name, value in counters.items()}
     return EngineInterval(
         instance=later.instance,
@@ -244,6 +260,8 @@ def _model_interval(
         waiting=now.gauges.get("waiting"),
         preemptions_per_s=per_s.get("preemptions"),
         finished=finished,
+        finished_prompt_tokens=sizes.get("prompt_length"),
+        finished_uncached_prompt_tokens=sizes.get("uncached_prompt_length"),
         cache_config=later.cache_config,
     )
 
