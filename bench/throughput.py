@@ -1,7 +1,7 @@
 """Throughput: the servewatch worker against a raw aiokafka consumer, side by side in one run.
 
     python -m bench.throughput [--records 200000] [--batch 500] [--single 200000] [--repeat 5] [--kafka apache]
-    SERVEWATCH_BATCH_READER=true python -m bench.throughput     # the worker reading requests in batches
+    SERVEWATCH_BATCH_READER=false python -m bench.throughput    # requests read by a Faust agent instead
 
 For each message shape (batched JSON arrays, then one record per message) it starts a fresh
 broker (the embedded one; ``--kafka apache``: an Apache Kafka node, from the jars Maven
@@ -101,7 +101,6 @@ def worker_rate(bootstrap: str, expected: int) -> tuple[float, int, float]:
         "SERVEWATCH_APP_ID": f"bench-{uuid.uuid4().hex[:6]}",
         "SERVEWATCH_LOG_LEVEL": "WARNING",
         "SERVEWATCH_TOPIC_PARTITIONS": str(PARTITIONS),
-        "SERVEWATCH_BATCH_READER": os.environ.get("SERVEWATCH_BATCH_READER", "false"),
     }
     worker = start_worker(bootstrap, env)
     try:
