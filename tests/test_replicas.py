@@ -15,6 +15,7 @@ import pytest
 from servewatch.models.detect.detector import DetectorBank
 from servewatch.models.detect.engine_peers import MIN_COUNT, EnginePeers
 from servewatch.models.detect.grouping import IncidentGrouper
+from servewatch.models.detect.peer_incidents import tail_spread
 from servewatch.models.detect.replicas import ReplicaWatch
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.engine_window import EngineWindow
@@ -77,6 +78,36 @@ def test_a_slow_replica_among_sixteen_is_named_and_a_fleet_wide_shift_is_not() -
     assert firings(events) == [("10.0.0.5:8000", "itl")]
     assert "10.0.0.5:8000" in events[0].hints[0].message and events[0].hints[0].code == "replica_outlier"
     assert watch.view("m")["10.0.0.5:8000"]["itl"] > 1.3
+
+
+def test_a_named_replica_does_not_widen_the_spread_its_peers_are_judged_with() -> None:
+    """One replica of four 2.5x slower is a quarter of the differences: kept in the spread,
+    it becomes the spread's 90th percentile (three times the healthy one here) and hides
+    the next replica to go bad for minutes. Named, its differences are left out, in the
+    request logs' comparison and in the scrapes'; a second replica 1.6x slower is named
+    within a few windows of its start."""
+    watch = ReplicaWatch(DetectorConfig(), warmup_requests=0)
+    run(watch, 60, lambda w: fleet(4))
+    healthy = watch.calibration["m|itl"].inflation()
+    events = run(watch, 90, lambda w: fleet(4, {1: 2.5}), first=60)
+    assert watch.calibration["m|itl"].inflation() == pytest.approx(healthy, rel=0.2)
+    events += run(watch, 60, lambda w: fleet(4, {1: 2.5, 3: 1.6}), first=150)
+    assert firings(events) == [("10.0.0.1:8000", "itl"), ("10.0.0.3:8000", "itl")]
+    second = next(e for e in events if e.segment["instance"] == "10.0.0.3:8000")
+    assert second.window_end <= (150 + 6) * 10.0
+
+    peers, found = EnginePeers(DetectorConfig()), []
+    rng = np.random.default_rng(9)
+    for t in range(0, 3600, 10):
+        if t == 1200:
+            spread = tail_spread(peers.spread["m"][Signal.ITL])
+        if t == 2400:
+            assert tail_spread(peers.spread["m"][Signal.ITL]) == pytest.approx(spread, rel=0.2)
+        for k in range(4):
+            slow = 2.5 if k == 1 and t >= 1200 else 1.6 if k == 3 and t >= 2400 else 1.0
+            found += peers.observe(engine(k, float(t), itl=0.02 * slow * float(rng.lognormal(0.0, 0.1))))
+    assert firings(found) == [("10.0.0.1:8000", "itl"), ("10.0.0.3:8000", "itl")]
+    assert next(e for e in found if e.segment["instance"] == "10.0.0.3:8000").window_end <= 2400 + 6 * 10
 
 
 def test_two_replicas_say_they_differ_not_which_one_is_faulty() -> None:

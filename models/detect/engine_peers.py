@@ -15,8 +15,9 @@ small differences replicas always have. So the spread is *learned*, per request 
 robustly: each difference is put on the scale of one request (times the square root of
 ``1/n + (pi/2)/n_peers``, the requests behind the engine's mean and its peers' median), and
 the spread is the 90th percentile of the model's engines' recent ones over the normal
-curve's (1.645): a percentile, so that a minority of bad replicas moves it little, and the
-90th rather than the median, as ``models.detect.replicas.Calibration`` reads its own, because
+curve's (1.645): a percentile, so that a minority of bad replicas moves it little (and an
+engine an incident names adds nothing to it: ``InstanceState.names``), and the 90th rather
+than the median, as ``models.detect.replicas.Calibration`` reads its own, because
 intervals' differences have heavy tails (one interval of long prompts is prefilled slower per
 token than the pooled prompt lengths say). An interval of 8 requests is then judged with the
 error 8 requests have, not the error of a busy interval's 60; never below
@@ -235,7 +236,8 @@ class EnginePeers:
                 seen = spread.setdefault(signal, deque(maxlen=SPREAD_MEMORY))
                 known = len(seen) >= SPREAD_SEEN  # judged once the fleet's usual spread is
                 error = max(tail_spread(seen) * scale, MIN_STANDARD_ERROR) if known else math.inf
-                seen.append(abs(diff) / scale)
+                if not state.names(signal):  # how far healthy engines stray, not a named one
+                    seen.append(abs(diff) / scale)
                 if known:
                     steps[signal] = ((diff - shift) * 2 * shift / error**2, math.exp(diff))
             for signal in MIN_PEER_RATE:

@@ -62,6 +62,14 @@ class InstanceState:
     def firing(self) -> bool:
         return any(tracker.firing for tracker in self.trackers.values())
 
+    def names(self, signal: Signal) -> bool:
+        """Whether an incident of ``signal`` names this instance now: its differences from its
+        peers are the fault's, and kept out of the spread the healthy ones are judged with (a
+        percentile moves little for a minority of bad replicas, but one of four is a quarter
+        of the differences, and it would widen the spread until its own evidence faded)."""
+        tracker = self.trackers.get(signal.value)
+        return tracker is not None and tracker.firing
+
     def state(self) -> dict[str, Any]:
         return {"served": self.served, "last_seen": self.last_seen, "cusum": self.cusum, "ratio": self.ratio,
                 "trackers": {name: tracker.state() for name, tracker in self.trackers.items()}}  # fmt: skip

@@ -231,6 +231,7 @@ class ReplicaWatch:
                     calibration,
                     blocks,
                     self.config.critical * LN10,
+                    frozenset(name for name, state in instances.items() if state.names(signal)),
                 )
                 for name, step in steps.items():
                     findings[name][signal] = step
@@ -269,6 +270,7 @@ def _split(key: str) -> tuple[str, str, str | None]:
 def _latency_steps(
     segments: dict[str, dict[str, WindowStats]], ready: set[str], phase: str, min_ratio: float,
     learned: dict[str, float], calibration: Calibration, blocks: dict[str, list[float]], critical_llr: float,
+    named: frozenset[str] = frozenset(),
 ) -> dict[str, tuple[float, float]]:  # fmt: skip
     """Per instance of ``ready``: (CUSUM increment, ratio to its peers) of one latency phase.
 
@@ -329,7 +331,7 @@ def _latency_steps(
         found = step(block)
         if block[0] >= MIN_BLOCK_REQUESTS or found[0] >= critical_llr:
             del blocks[instance]
-            if block[2] > 0:
+            if block[2] > 0 and instance not in named:  # how far healthy ones stray (``InstanceState.names``)
                 calibration.note([abs(block[1]) / math.sqrt(block[2])])
             steps[instance] = found
     if inflation is None:
@@ -346,7 +348,8 @@ class Calibration:
     Requests of one window are not independent draws (a burst queues several together, a few
     mostly cached prompts have extreme seconds per uncached token), so the modelled standard
     error can be several times too small on real traffic; a percentile rather than a mean
-    square, so that a minority of bad replicas moves it little."""
+    square, so that a minority of bad replicas moves it little, and without the instances an
+    incident names (``InstanceState.names``), which would otherwise become that percentile."""
 
     seen: deque[float] = field(default_factory=lambda: deque(maxlen=CALIBRATION_MEMORY))
 
