@@ -276,7 +276,8 @@ def _latency_steps(
 
     The spread of a request's log latency is the window's own, shrunk towards the segment's
     ``learned`` one (kept in place, by segment and phase): a window of a few requests says
-    little about it, and a tight one would make a single slow request a certainty."""
+    little about it, and a tight one would make a single slow request a certainty. Instances
+    in ``named`` are compared as the others, but their comparisons teach ``calibration`` nothing."""
     n_at, log_at, log2_at = (COLUMN_OF[f"{phase}{part}"] for part in ("_n", "_log", "_log2"))
     sums: dict[str, list[float]] = {}  # instance -> [weight, weighted diff, weighted variance]
     for segment_key, rows in segments.items():
