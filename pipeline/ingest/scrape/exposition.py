@@ -127,10 +127,14 @@ class Histogram:
             lower, below = upper, cumulative
         return lower
 
+    @property
+    def mean(self) -> float | None:
+        """``_sum`` over ``_count``; None when empty."""
+        return self.total / self.count if self.count > 0 else None
+
     def summary(self) -> LatencySummary:
         quantiles = {name: self.quantile(q) for name, q in QUANTILES}
-        mean = self.total / self.count if self.count > 0 else None
-        return LatencySummary(count=self.count, mean_s=mean, **quantiles)
+        return LatencySummary(count=self.count, mean_s=self.mean, **quantiles)
 
 
 @dataclass
@@ -216,6 +220,15 @@ def interval(earlier: Snapshot, later: Snapshot) -> list[EngineInterval]:
     ]
 
 
+def _histogram_deltas(now: dict[str, Histogram], before: dict[str, Histogram]) -> tuple[dict[str, Histogram], bool]:
+    """Each histogram's change; True when one restarted (``Histogram.minus``)."""
+    out, reset = {}, False
+    for name, histogram in now.items():
+        out[name], restarted = histogram.minus(before.get(name, Histogram()))
+        reset |= restarted
+    return out, reset
+
+
 def _deltas(now: dict[str, float], before: dict[str, float]) -> tuple[dict[str, float], bool]:
     """Counter changes; a counter that went down restarted, and counts from zero."""
     out, reset = {}, False
@@ -233,16 +246,10 @@ def _model_interval(
     seconds = later.timestamp - earlier.timestamp
     counters, counters_reset = _deltas(now.counters, before.counters)
     finished, finished_reset = _deltas(now.finished, before.finished)
-    latency, histograms_reset = {}, False
-    for name, histogram in now.histograms.items():
-        change, restarted = histogram.minus(before.histograms.get(name, Histogram()))
-        histograms_reset |= restarted
-        latency[name] = change.summary()
-    sizes = {}
-    for name, histogram in now.sizes.items():
-        change, restarted = histogram.minus(before.sizes.get(name, Histogram()))
-        histograms_reset |= restarted
-        sizes[name] = change.total / change.count if change.count > 0 else None
+    latencies, latency_reset = _histogram_deltas(now.histograms, before.histograms)
+    sizes, sizes_reset = _histogram_deltas(now.sizes, before.sizes)
+    histograms_reset = latency_reset or sizes_reset
+    latency = {name: change.summary() for name, change in latencies.items()}
     per_s = {name: value / seconds for name, value in counters.items()}
     return EngineInterval(
         instance=later.instance,
@@ -260,8 +267,8 @@ def _model_interval(
         waiting=now.gauges.get("waiting"),
         preemptions_per_s=per_s.get("preemptions"),
         finished=finished,
-        finished_prompt_tokens=sizes.get("prompt_length"),
-        finished_uncached_prompt_tokens=sizes.get("uncached_prompt_length"),
+        finished_prompt_tokens=sizes.get("prompt_length", Histogram()).mean,
+        finished_uncached_prompt_tokens=sizes.get("uncached_prompt_length", Histogram()).mean,
         cache_config=later.cache_config,
     )
 
