@@ -5,13 +5,15 @@ comparison. Traffic from the trace-driven fleet simulation (real arrival traces)
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from servewatch.models.compare import ChangeVerifier
+from servewatch.models.compare import ChangeVerifier, strata
 from servewatch.models.compare.rollback import RollbackCondition, check
+from servewatch.models.compare.strata import TrafficLog
 from servewatch.models.compare.watch import ChangeWatch
 from servewatch.pipeline.dev.serving_sim import PAGER_CHAT_MODEL, PAGER_CODE_MODEL, ModelSpec, SimPhase, TraceWorkload
 from servewatch.schemas.change_marker import ChangeMarker
@@ -121,3 +123,26 @@ def test_a_rollback_never_fires_on_an_inconclusive_comparison() -> None:
 
     slower = fault(PAGER_CHAT_MODEL, 2, ttft_factor=1.5)
     assert verdicts(slower)["ttft_p95"] == "regressed"
+
+
+def test_a_live_watch_labels_each_prefix_as_the_comparison_of_the_whole_does() -> None:
+    """Requests are logged as they finish; their prefixes reached the cache as they arrived.
+    A short answer logged before a long one that arrived ahead of it with the same prefix
+    still found that prefix cached. The live log labels every request as ``label`` does
+    with the whole stream at hand, these included."""
+    log = TrafficLog(lifetime_s=600.0)
+    long_first = {"timestamp": 1060.0, "e2e_s": 60.0, "completion_tokens": 2000, "prefix_hash": "sys"}
+    short_after = {"timestamp": 1020.0, "e2e_s": 10.0, "completion_tokens": 100, "prefix_hash": "sys"}
+    logged = [log.add(row) for row in (short_after, long_first)]  # in the order they finished
+    assert [log.labels()[at] for at in logged] == [strata.SEEN, strata.UNKNOWN]  # the first of "sys" is unknown
+
+    before, after = slices(PAGER_CODE_MODEL, 3)
+    rows = sorted(before + after, key=lambda row: row["timestamp"])
+    log = TrafficLog()
+    positions = [log.add(row) for row in rows]
+    (whole,) = strata.label([rows])
+    live = log.labels()
+    assert [int(live[at]) for at in positions] == [row[strata.PREFIX] for row in whole]
+    arrivals = [strata.arrival_of(row) for row in rows]
+    overtaken = sum(later < earlier for earlier, later in itertools.pairwise(arrivals))
+    assert overtaken > 100  # the case is in the traffic: many requests finish after one that arrived later

@@ -41,6 +41,8 @@ import numpy as np
 
 #: Fields a labelled row carries (beyond its request log's).
 LOAD, PREFIX = "usual_in_flight", "prefix_seen"
+#: Where a live watch's sampled row sits in its ``TrafficLog`` (replaced by the labels).
+POSITION = "traffic_position"
 #: The prefix labels (``UNKNOWN`` rows are left out).
 UNKNOWN, NEW, SEEN, UNREPORTED = -1, 0, 1, 2
 #: How long a prefix plausibly stays in an engine's cache after it was last used: a prefix
@@ -136,24 +138,37 @@ def span_starts(arrivals: np.ndarray, period: np.ndarray, gap_s: float) -> np.nd
     return starts[np.searchsorted(starts, arrivals, side="right") - 1]
 
 
-def prefix_labels(
-    arrivals: np.ndarray, hashes: Sequence[str | None], lifetime_s: float, starts: np.ndarray
-) -> np.ndarray:
-    """Per request, ``SEEN``/``NEW``/``UNREPORTED``/``UNKNOWN`` (see the module's docstring);
-    ``starts``: where each request's stretch of data begins (``span_starts``)."""
+def prefix_labels(arrivals: np.ndarray, prefixes: np.ndarray, lifetime_s: float, starts: np.ndarray) -> np.ndarray:
+    """Per request, ``SEEN``/``NEW``/``UNREPORTED``/``UNKNOWN`` (see the module's docstring).
+
+    ``prefixes``: each request's prompt prefix as an integer id (``prefix_ids``; below 0:
+    no hash logged); ``starts``: where each request's stretch of data begins
+    (``span_starts``). A request is ``SEEN`` when the request with its prefix that arrived
+    last before it (in arrival order, whatever order they finished in) did so within
+    ``lifetime_s``.
+    """
     labels = np.full(len(arrivals), UNREPORTED, dtype=np.int8)
-    last_seen: dict[str, float] = {}
-    for i in np.argsort(arrivals, kind="stable"):
-        digest, at = hashes[i], float(arrivals[i])
-        if digest is None:
-            continue
-        previous = last_seen.get(digest)
-        if previous is not None and at - previous <= lifetime_s:
-            labels[i] = SEEN
-        else:
-            labels[i] = NEW if at - starts[i] >= lifetime_s else UNKNOWN
-        last_seen[digest] = at
+    reported = np.flatnonzero(prefixes >= 0)
+    if not len(reported):
+        return labels
+    # By prefix, then arrival (stable: requests arriving together keep their order), so
+    # each request's predecessor with its prefix is the one just before it.
+    order = reported[np.lexsort((arrivals[reported], prefixes[reported]))]
+    at = arrivals[order]
+    seen = np.zeros(len(order), dtype=bool)
+    seen[1:] = (prefixes[order][1:] == prefixes[order][:-1]) & (at[1:] - at[:-1] <= lifetime_s)
+    labels[order] = np.where(seen, SEEN, np.where(at - starts[order] >= lifetime_s, NEW, UNKNOWN))
     return labels
+
+
+def prefix_ids(hashes: Sequence[Any]) -> np.ndarray:
+    """Each row's ``prefix_hash`` as an integer id (-1 where it is not a string)."""
+    ids: dict[str, int] = {}
+    return np.fromiter(
+        (ids.setdefault(digest, len(ids)) if isinstance(digest, str) else -1 for digest in hashes),
+        dtype=np.int64,
+        count=len(hashes),
+    )
 
 
 def _lookback(durations: np.ndarray) -> float:
@@ -180,8 +195,7 @@ def label(
     lookback = _lookback(durations)
     starts = span_starts(arrivals, which, max(lookback, 1.0)) if len(arrivals) else arrivals
     loads = np.where(arrivals - lookback >= starts, in_flight(arrivals, durations, arrivals), np.nan)
-    hashes = [row.get("prefix_hash") if isinstance(row.get("prefix_hash"), str) else None
-              for row, ok in zip(rows, known, strict=True) if ok]  # fmt: skip
+    hashes = prefix_ids([row.get("prefix_hash") for row, ok in zip(rows, known, strict=True) if ok])
     prefixes = prefix_labels(arrivals, hashes, lifetime_s, starts)
     load_of, prefix_of = np.full(len(rows), np.nan), np.full(len(rows), UNKNOWN, dtype=np.int8)
     load_of[known], prefix_of[known] = loads, prefixes
@@ -200,51 +214,62 @@ def is_labelled(rows: Sequence[Mapping[str, Any]]) -> bool:
 
 class TrafficLog:
     """The labels of a live stream's requests, taken from every request while a watch keeps
-    only a sample of them: each request's arrival and output tokens (8 bytes a request, for
-    the load) and the first and last arrival of each prompt prefix (for ``PREFIX``).
-
-    Requests come in finish order, so a request that arrived earlier may be logged later. A
-    request counts as ``SEEN`` when a request with its prefix arrived before it and the last
-    one known did so within ``lifetime_s`` (or after it: the prefix is in use around it).
-    At most ``max_prefixes`` prefixes are kept; beyond that the oldest half is forgotten.
+    only a sample of them: each request's arrival, output tokens and prompt prefix (16 bytes
+    a request). ``add`` returns where a request sits in the log; the labels are worked out
+    when a comparison asks for them (``labelled``), from every request counted by then, so
+    a request logged before one that arrived ahead of it with its prefix (a long answer
+    finishes late) is labelled as ``label`` would: requests come in finish order, their
+    prefixes reached the cache in arrival order. At most ``max_prefixes`` distinct
+    prefixes are told apart; beyond that the oldest half is forgotten (their next request
+    counts as a new prefix).
 
     >>> log = TrafficLog(lifetime_s=30.0)
     >>> rows = [{"timestamp": t + 1.0, "e2e_s": 1.0, "completion_tokens": 1, "prefix_hash": "p"}
     ...         for t in (5.0, 12.0, 50.0, 90.0)]
     >>> [log.add(row) for row in rows]
-    [-1, 1, 0, 0]
-    >>> log.loads(np.array([5.0, 12.5, 50.5]), UsualPace(ttft_s=1.0, itl_s=0.0)).tolist()
-    [nan, 1.0, 1.0]
+    [0, 1, 2, 3]
+    >>> log.labels().tolist(), log.loads(np.array([5.0, 12.5, 50.5]), UsualPace(ttft_s=1.0, itl_s=0.0)).tolist()
+    ([-1, 1, 0, 0], [nan, 1.0, 1.0])
     """
 
     def __init__(self, lifetime_s: float = PREFIX_LIFETIME_S, max_prefixes: int = 200_000) -> None:
         self.lifetime_s, self.max_prefixes = lifetime_s, max_prefixes
-        self._arrivals, self._outputs = array("d"), array("f")
+        self._arrivals, self._outputs, self._prefixes = array("d"), array("f"), array("q")
         self._earliest = math.inf
-        self._prefixes: dict[str, tuple[float, float]] = {}  # hash -> (first, last arrival)
+        self._prefix_ids: dict[str, int] = {}
+        self._next_id = 0
+
+    def __len__(self) -> int:
+        return len(self._arrivals)
 
     def add(self, row: Mapping[str, Any]) -> int:
-        """Count ``row``'s arrival; returns its ``PREFIX`` label."""
+        """Count ``row``'s arrival; returns its position in the log (-1: its arrival is unknown)."""
         at = arrival_of(row)
         if not math.isfinite(at):
-            return UNKNOWN
+            return -1
         self._earliest = min(self._earliest, at)
         self._arrivals.append(at)
         self._outputs.append(_output_tokens(row))
-        digest = row.get("prefix_hash")
+        self._prefixes.append(self._prefix_id(row.get("prefix_hash")))
+        return len(self._arrivals) - 1
+
+    def _prefix_id(self, digest: Any) -> int:
         if not isinstance(digest, str):
-            return UNREPORTED
-        known = self._prefixes.get(digest)
-        if known is None:
-            self._prefixes[digest] = (at, at)
-            if len(self._prefixes) > self.max_prefixes:
-                for stale in list(self._prefixes)[: self.max_prefixes // 2]:
-                    del self._prefixes[stale]
-        else:
-            self._prefixes[digest] = (min(known[0], at), max(known[1], at))
-        if known is not None and known[0] < at and (known[1] >= at or at - known[1] <= self.lifetime_s):
-            return SEEN
-        return NEW if at - self._earliest >= self.lifetime_s else UNKNOWN
+            return -1
+        known = self._prefix_ids.get(digest)
+        if known is not None:
+            return known
+        if len(self._prefix_ids) >= self.max_prefixes:
+            for stale in list(self._prefix_ids)[: self.max_prefixes // 2]:
+                del self._prefix_ids[stale]
+        self._prefix_ids[digest], self._next_id = self._next_id, self._next_id + 1
+        return self._next_id - 1
+
+    def labels(self) -> np.ndarray:
+        """``PREFIX`` of every request counted, by position."""
+        arrivals = np.frombuffer(self._arrivals, dtype=np.float64)
+        starts = np.full(len(arrivals), self._earliest)
+        return prefix_labels(arrivals, np.frombuffer(self._prefixes, dtype=np.int64), self.lifetime_s, starts)
 
     def loads(self, at: np.ndarray, pace: UsualPace) -> np.ndarray:
         """The load at each arrival time of ``at`` from every request counted (NaN: unknown)."""
@@ -256,11 +281,16 @@ class TrafficLog:
     def labelled(
         self, before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]
     ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        """Both periods' rows (each with its ``PREFIX`` from ``add``) with their load, at the
-        pace of the period before."""
+        """Both periods' rows, each with ``POSITION`` (from ``add``) in place of its labels,
+        with their ``PREFIX`` and their load at the pace of the period before."""
         rows = [*before, *after]
         loads = self.loads(np.array([arrival_of(row) for row in rows], dtype=np.float64), UsualPace.of(before))
-        out = [
-            {**row, LOAD: None if math.isnan(load) else load} for row, load in zip(rows, loads.tolist(), strict=True)
-        ]
+        labels = self.labels().tolist()
+        out = []
+        for row, load in zip(rows, loads.tolist(), strict=True):
+            labelled = {name: value for name, value in row.items() if name != POSITION}
+            at = row.get(POSITION, -1)
+            labelled[PREFIX] = labels[at] if at >= 0 else UNKNOWN
+            labelled[LOAD] = None if math.isnan(load) else load
+            out.append(labelled)
         return out[: len(before)], out[len(before) :]

@@ -11,7 +11,7 @@ resolves when the condition stops holding or a later change of the model superse
 Memory is bounded: each period keeps a uniform reservoir of ``max_requests`` slim rows (the
 fields the signals and the evidence read, content cut to an excerpt). What the comparison
 holds fixed (each request's load and whether its prefix was seen before, ``strata``) is
-taken from every request, not the sample: a ``TrafficLog`` keeps 12 bytes a request.
+taken from every request, not the sample: a ``TrafficLog`` keeps 16 bytes a request.
 
 >>> from servewatch.schemas.change_marker import ChangeMarker
 >>> marker = ChangeMarker(id="c1", at=1000.0, model="m", description="lower max_tokens")
@@ -41,7 +41,7 @@ from typing import Any
 
 from servewatch.models.compare.report import ChangeVerifier
 from servewatch.models.compare.rollback import RollbackCondition, check, describe_change, evidence
-from servewatch.models.compare.strata import PREFIX, TrafficLog
+from servewatch.models.compare.strata import POSITION, TrafficLog
 from servewatch.models.detect.events import incident_event
 from servewatch.models.detect.lifecycle import Transition
 from servewatch.models.explain.wording import event_id
@@ -190,10 +190,10 @@ class ChangeWatch:
                 continue
             if not self._seen.add(str(row.get("request_id")), float(stamp), self.watermark):
                 continue
-            prefix = self._traffic.add(row)
+            position = self._traffic.add(row)
             if stamp < self.start:
                 continue
-            (self._after if stamp >= marker.at else self._before).offer({**self._slim(row), PREFIX: prefix})
+            (self._after if stamp >= marker.at else self._before).offer({**self._slim(row), POSITION: position})
             taken += 1
         return taken
 
