@@ -16,6 +16,7 @@ from servewatch.models.compare.rollback import RollbackCondition, check
 from servewatch.models.compare.strata import TrafficLog
 from servewatch.models.compare.watch import ChangeWatch
 from servewatch.pipeline.dev.serving_sim import PAGER_CHAT_MODEL, PAGER_CODE_MODEL, ModelSpec, SimPhase, TraceWorkload
+from servewatch.pipeline.dev.traffic_cycles import cycle_phases
 from servewatch.schemas.change_marker import ChangeMarker
 from servewatch.schemas.change_report import ChangeReport
 
@@ -146,3 +147,39 @@ def test_a_live_watch_labels_each_prefix_as_the_comparison_of_the_whole_does() -
     arrivals = [strata.arrival_of(row) for row in rows]
     overtaken = sum(later < earlier for earlier, later in itertools.pairwise(arrivals))
     assert overtaken > 100  # the case is in the traffic: many requests finish after one that arrived later
+
+
+def _hours_of_a_day(cache_off_from_s: float | None = None) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Hour 2 and hour 3 of a simulated day of the Mooncake-trace model (its daily cycle, its
+    own prompts: how much of each a cached prefix covers varies from hour to hour)."""
+    phases, elapsed = [], 0.0
+    for phase in cycle_phases(86_400.0):
+        if elapsed >= 4 * 3600.0:
+            break
+        off = cache_off_from_s is not None and elapsed >= cache_off_from_s
+        phases.append(replace(phase, prefix_caching=False) if off else phase)
+        elapsed += phase.duration_s
+    workload = TraceWorkload(phases=tuple(phases), models=(PAGER_CHAT_MODEL,), seed=1)
+    first = workload.start + 2 * 3600.0
+    rows = [row for row in workload.records() if first <= row["timestamp"] < first + 7200.0]
+    return [row for row in rows if row["timestamp"] < first + 3600.0], [
+        row for row in rows if row["timestamp"] >= first + 3600.0
+    ]
+
+
+def test_ttft_that_follows_what_the_prompts_offered_the_cache_is_no_regression() -> None:
+    """Two adjacent hours of one unchanged service: the second hour's prompts share shorter
+    cached prefixes, so more of each is prefilled and TTFT p50 reads 1.4x. The cache's hit
+    rate did not move, so the uncached tokens are the traffic's, and at the first hour's
+    sensitivity to them TTFT has no verdict left. With the cache switched off for the second
+    hour the same tokens are the fault's doing: the cache regresses and so does TTFT."""
+    (report,) = ChangeVerifier(seed=1).compare(*_hours_of_a_day())
+    by_signal = {row.signal: row for row in report.signals}
+    assert by_signal["cache_hit_rate"].verdict == "no change"
+    ttft = by_signal["ttft_p50"]
+    assert ttft.change is not None and ttft.change > 1.3 and ttft.verdict == "inconclusive", ttft
+    assert ttft.reason is not None and "prefix cache did not serve" in ttft.reason
+    assert not judged(report)
+
+    (off,) = ChangeVerifier(seed=1).compare(*_hours_of_a_day(cache_off_from_s=3 * 3600.0))
+    assert verdicts(off)["cache_hit_rate"] == "regressed" and verdicts(off)["ttft_p50"] == "regressed"

@@ -34,7 +34,7 @@ from servewatch.models.compare.mix import (
     side,
     statistic,
 )
-from servewatch.models.compare.signals import SIGNALS, SignalSpec, default_segment_of, extractors
+from servewatch.models.compare.signals import CACHE_SIGNAL, SIGNALS, SignalSpec, default_segment_of, extractors
 from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS
 from servewatch.schemas.change_report import ChangeReport, Period, SignalChange, TrafficMix, Verdict
 from servewatch.schemas.request_log import RequestLog
@@ -204,8 +204,16 @@ class ChangeVerifier:
         tested = [spec for spec in self.signals if carried[spec.name]]
         confidence = 1.0 - (1.0 - self.confidence) / len(tested) if self.simultaneous and tested else self.confidence
         sizes = segmentations.sizes()
-        rows = [self._signal(spec, before, after, valid[spec.name], sizes, rng, confidence, traffic)
-                for spec in tested]  # fmt: skip
+        # The cache first: whether its hit rate moved decides what a prefill latency's change
+        # may be put down to (``_explained_by_traffic``).
+        judged: dict[str, SignalChange] = {}
+        for spec in sorted(tested, key=lambda spec: spec.name != CACHE_SIGNAL):
+            cache = judged.get(CACHE_SIGNAL)
+            cache_moved = cache is not None and cache.verdict in ("regressed", "improved")
+            judged[spec.name] = self._signal(
+                spec, before, after, valid[spec.name], sizes, rng, confidence, traffic, cache_moved
+            )
+        rows = [judged[spec.name] for spec in tested]
         return ChangeReport(
             model=model,
             before=_period(before),
@@ -268,9 +276,11 @@ class ChangeVerifier:
         rng: np.random.Generator,
         confidence: float,
         traffic: TrafficMix,
+        cache_moved: bool = False,
     ) -> SignalChange:
         """The signal's row: ``insufficient data`` when a side has too few requests,
-        ``inconclusive`` when too few of them have a counterpart on the other side."""
+        ``inconclusive`` when too few of them have a counterpart on the other side;
+        ``cache_moved``: the cache's hit rate got a verdict (see ``_explained_by_traffic``)."""
         # Shares (errors, truncations, cache hits) are held to what requests ask and could hit;
         # latencies to the load they met too. A lower max_tokens lightens the load: holding
         # the truncations it causes to the load would call them inconclusive.
@@ -324,7 +334,7 @@ class ChangeVerifier:
             verdict, reason = "inconclusive", empty.reason
         elif verdict in ("regressed", "improved") and self.hold_traffic:
             reason = self._explained_by_traffic(spec, verdict, before, after, valid, mix, strata_name,
-                                                (b, change, low, high), traffic)  # fmt: skip
+                                                (b, change, low, high), traffic, cache_moved)  # fmt: skip
             verdict = "inconclusive" if reason else verdict
         return empty.model_copy(
             update={
@@ -350,6 +360,7 @@ class ChangeVerifier:
     def _explained_by_traffic(
         self, spec: SignalSpec, verdict: Verdict, before: Columns, after: Columns, valid: tuple[np.ndarray, np.ndarray],
         mix: Mix, which: str, estimate: tuple[float, float, float, float], traffic: TrafficMix,
+        cache_moved: bool = False,
     ) -> str | None:  # fmt: skip
         """Why a verdict is not earned, if the traffic could have made it (``adjust``).
 
@@ -358,8 +369,13 @@ class ChangeVerifier:
         (a half-octave of load, an octave of prompt), and, for latencies when the arrival rates
         differ beyond ``LOAD_RATIO``, the whole difference in rate (a closed-loop tester's
         requests in flight, and a batching engine's decode speed, follow the rate more than
-        the strata can hold). If what is left of the change is no verdict, it is inconclusive.
-        A change *against* the traffic (slower at a lower rate) is never explained away.
+        the strata can hold). For a latency that includes prefill, while the cache's hit rate
+        has no verdict (``cache_moved`` false), a third: the prompt tokens the cache did not
+        serve, whose difference is then what the prompts offered the cache (with a shared
+        prefix of another length, say), not the cache's doing; once the hit rate moved, they
+        are how the change reaches the latency, and explain nothing away. If what is left of
+        the change is no verdict, it is inconclusive. A change *against* the traffic (slower
+        at a lower rate) is never explained away.
         """
         b, change, low, high = estimate
         response = before.values[spec.numerator][valid[0]]
@@ -379,6 +395,14 @@ class ChangeVerifier:
             (strata_of[0], covariates[0], response), (strata_of[1], covariates[1]), mix, spec.quantile
         )
         shifts = [(effect.shift, "the load in flight and the prompt lengths left within comparable strata")]
+        if spec.prefill and not cache_moved:
+            uncached = [
+                np.log1p(data.values["uncached"][ok])[:, None] for data, ok in ((before, valid[0]), (after, valid[1]))
+            ]
+            by_cache = explained_shift(
+                (strata_of[0], uncached[0], response), (strata_of[1], uncached[1]), mix, spec.quantile
+            )
+            shifts.append((by_cache.shift, "the prompt tokens the prefix cache did not serve (its hit rate unchanged)"))
         load = load_differs(traffic)
         if load and not spec.points and traffic.rate_before and traffic.rate_after:
             shifts.append((float(effect.slopes[0]) * math.log(traffic.rate_after / traffic.rate_before), load))

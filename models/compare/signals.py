@@ -28,6 +28,14 @@ def _tokens_per_s(row: Mapping[str, Any]) -> float:
     return math.nan
 
 
+def _uncached(row: Mapping[str, Any]) -> float:
+    """Prompt tokens the prefix cache did not serve (NaN where the log has no cached count)."""
+    prompt, cached = row.get("prompt_tokens"), row.get("cached_tokens")
+    if isinstance(prompt, int) and isinstance(cached, int):
+        return float(max(prompt - cached, 0))
+    return math.nan
+
+
 def _is_error(row: Mapping[str, Any]) -> float:
     status = row.get("status_code")
     return float(row.get("finish_reason") == "error" or (isinstance(status, int) and status >= 500))
@@ -50,6 +58,7 @@ def extractors(markers: Sequence[str] = DEFAULT_REASONING_MARKERS) -> dict[str, 
         "tokens_per_s": _tokens_per_s,
         "prompt": number("prompt_tokens"),
         "cached": number("cached_tokens"),
+        "uncached": _uncached,
         "length": lambda row: float(row.get("finish_reason") == "length"),
         "leak": leak,
         "error": _is_error,
@@ -70,6 +79,9 @@ class SignalSpec:
     between output bands, and stratifying on it would hide the truncations it causes.
     ``only_eligible``: only requests whose prompt prefix was seen shortly before (the cache
     could hit on nothing else), where the logs carry prefix hashes.
+    ``prefill``: includes the prompt's prefill, so it moves with the prompt tokens the prefix
+    cache did not serve; while the cache's hit rate holds, a difference in those is the
+    traffic's (what its prompts offered the cache), and is weighed as the load is.
     """
 
     name: str
@@ -81,15 +93,19 @@ class SignalSpec:
     only_ok: bool = False
     by_output: bool = False
     only_eligible: bool = False
+    prefill: bool = False
 
+
+#: The signal whose verdict says whether the prefix cache itself changed.
+CACHE_SIGNAL = "cache_hit_rate"
 
 SIGNALS: tuple[SignalSpec, ...] = (
-    SignalSpec("ttft_p50", "ttft", quantile=0.5, only_ok=True),
-    SignalSpec("ttft_p95", "ttft", quantile=0.95, only_ok=True),
-    SignalSpec("e2e_p95", "e2e", quantile=0.95, only_ok=True, by_output=True),
+    SignalSpec("ttft_p50", "ttft", quantile=0.5, only_ok=True, prefill=True),
+    SignalSpec("ttft_p95", "ttft", quantile=0.95, only_ok=True, prefill=True),
+    SignalSpec("e2e_p95", "e2e", quantile=0.95, only_ok=True, by_output=True, prefill=True),
     SignalSpec("itl_p50", "itl", quantile=0.5, only_ok=True),
     SignalSpec("tokens_per_s_p50", "tokens_per_s", quantile=0.5, lower_is_better=False, only_ok=True, by_output=True),
-    SignalSpec("cache_hit_rate", "cached", "prompt", points=True, lower_is_better=False, only_eligible=True),
+    SignalSpec(CACHE_SIGNAL, "cached", "prompt", points=True, lower_is_better=False, only_eligible=True),
     SignalSpec("truncation_share", "length", points=True),
     SignalSpec("leak_share", "leak", points=True),
     SignalSpec("error_share", "error", points=True),
