@@ -326,6 +326,33 @@ def test_from_scrapes_a_restarted_worker_resolves_the_replica_incident_its_prede
     assert EnginePeers(restore={"~engine-peers|m": {"instances": 3}}.get)._meet("m") == {}  # type: ignore[arg-type]
 
 
+def _out_of_step(change_at: float, slowed: set[int]) -> list[AnomalyEvent]:
+    """Four engines scraped every 10 s, 2.5 s apart; from ``change_at`` the engines of
+    ``slowed`` decode 2.5x slower (an interval spanning the change shows it in part)."""
+    peers, events = EnginePeers(DetectorConfig()), []
+    rng = np.random.default_rng(5)
+    for t in range(0, 1200, 10):
+        for k in range(4):
+            end = t + 2.5 * k
+            after = min(max((end - change_at) / 10.0, 0.0), 1.0) if k in slowed else 0.0
+            itl = 0.02 * float(rng.lognormal(0.0, 0.05)) * (1 + 1.5 * after)
+            events += peers.observe(replace(engine(k, float(t), itl=itl), start=end - 10.0, end=end))
+    return events
+
+
+def test_from_scrapes_one_interval_pages_alone_only_against_the_peers_over_the_same_time() -> None:
+    """Engines are scraped out of step: when every engine slows down at once, the first
+    interval to span the change meets peers whose latest intervals end before it. Judged
+    again against the peers' intervals over its own span, it is no outlier, and nothing
+    pages. One engine slowing down alone differs as much over the same span: its first
+    interval that is wholly slow pages alone, not the one after it."""
+    assert firings(_out_of_step(1005.0, {0, 1, 2, 3})) == []
+    events = _out_of_step(1005.0, {2})
+    assert firings(events) == [("10.0.0.2:8000", "itl")]
+    first = min(e.window_end for e in events if e.transition == "firing")
+    assert first == 1015.0  # its interval 1005-1015, the first after the change
+
+
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
 def test_from_scrapes_one_slow_replica_of_four_is_named_alone(phase: str) -> None:
     """Named alone, and soon: a request's prefill time is scraped when it finishes, so the

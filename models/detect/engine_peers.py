@@ -24,6 +24,14 @@ error 8 requests have, not the error of a busy interval's 60; never below
 ``MIN_STANDARD_ERROR``. Until enough were seen, nothing is judged.
 Evidence then accumulates as in ``models.detect.replicas`` (``models.detect.peer_incidents``).
 
+One interval pages alone only with critical evidence over the same stretch of time. Judged
+on arrival, an interval meets its peers' latest, which end up to a scrape period earlier:
+a fleet-wide change is in it and not yet in theirs. So a critical difference is held
+(``_Held``) until every peer it was compared with has an interval ending after it (or the
+engine's own next interval comes), and judged again against each peer's intervals weighted
+by how much of its span they cover (``_over``). What is still critical pages alone; what is
+not counts as any other interval, half the bar at most.
+
 >>> from servewatch.models.windows.engine_window import EngineWindow
 >>> from servewatch.schemas.engine_interval import LatencySummary
 >>> peers = EnginePeers(DetectorConfig())
@@ -50,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from servewatch.models.detect.peer_incidents import (
+    LN10,
     InstanceState,
     PeerIncidents,
     count_step,
@@ -84,10 +93,41 @@ COUNT_ALTERNATIVE = 10.0
 
 @dataclass(slots=True)
 class _Latest:
+    start: float
     end: float
     logs: dict[Signal, tuple[float, float]]  # signal -> (log of the interval's mean seconds, requests behind it)
     requests: float
     counts: dict[Signal, float]  # errors and preemptions in the interval
+    before: _Latest | None = None  # the engine's interval before this one (its own ``before`` dropped)
+
+
+@dataclass(slots=True)
+class _Held:
+    """An engine's interval whose difference from its peers was critical for ``logs``' signals,
+    waiting for each of ``peers`` to report an interval ending after it."""
+
+    start: float
+    end: float
+    logs: dict[Signal, tuple[float, float]]
+    peers: frozenset[str]
+    load: dict[str, float]
+
+
+def _over(peer: _Latest, signal: Signal, start: float, end: float) -> tuple[float, float] | None:
+    """A peer's log mean of ``signal`` over ``start`` to ``end``: its intervals there weighted
+    by how much of the span each covers, with the requests behind that share of each."""
+    weight = log_sum = requests = 0.0
+    for interval in (peer.before, peer):
+        if interval is None or signal not in interval.logs:
+            continue
+        covered = min(interval.end, end) - max(interval.start, start)
+        if covered > 0:
+            log, n = interval.logs[signal]
+            weight, log_sum = weight + covered, log_sum + covered * log
+            requests += n * covered / max(interval.end - interval.start, 1e-9)
+    if weight <= 0:
+        return peer.logs.get(signal)
+    return log_sum / weight, max(requests, 1.0)
 
 
 def _log_latencies(window: EngineWindow) -> dict[Signal, tuple[float, float]]:
@@ -154,6 +194,9 @@ class EnginePeers:
     restore: Callable[[str], dict[str, Any] | None] | None = None
     save_every: int = 30  # intervals of a model between its stored states (and at once after an event)
     _unsaved: dict[str, int] = field(default_factory=dict)  # model -> intervals judged since stored (-1: an event)
+    # model -> instance -> its interval held for a second look (not stored: a restart judges
+    # the next interval as usual, and a fault that holds pages on two)
+    held: dict[str, dict[str, _Held]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.incidents = PeerIncidents(self.config, WORDS, "at the same time", critical_alone=False)
@@ -184,6 +227,7 @@ class EnginePeers:
         self.states.clear()
         self.spread.clear()
         self._unsaved.clear()
+        self.held.clear()
 
     def _meet(self, model: str) -> dict[str, InstanceState]:
         """A model's engines as stored, or none known (another version's state: fresh)."""
@@ -203,10 +247,14 @@ class EnginePeers:
         logs = _log_latencies(window)
         engines = self.latest.setdefault(model, {})
         counts = {Signal.ERROR_RATE: window.errors, Signal.PREEMPTIONS: float(window.preempted)}
-        engines[instance] = _Latest(window.end, logs, window.requests, counts)
+        previous = engines.get(instance)
+        if previous is not None:
+            previous.before = None
+        engines[instance] = _Latest(window.start, window.end, logs, window.requests, counts, previous)
         instances = self.states.get(model)
         if instances is None:
             instances = self._meet(model)
+        events = self._look_again(model, instance)
         state = instances.setdefault(instance, InstanceState())
         state.served += 1  # intervals, for the warm-up
         state.last_seen = window.end
@@ -224,22 +272,11 @@ class EnginePeers:
         state.peers = len(peers)
         steps: dict[Signal, tuple[float, float]] = {}
         if peers and state.served >= self.warmup_intervals:
-            spread = self.spread.setdefault(model, {})
-            shift = math.log(self.min_ratio)
             for signal, (own, n) in logs.items():
                 theirs = [latest.logs[signal] for latest in peers.values() if signal in latest.logs]
-                if not theirs:
-                    continue
-                diff = own - statistics.median(log for log, _ in theirs)
-                # The median of the peers' means is about as noisy as a mean of pi/2 fewer requests.
-                scale = math.sqrt(1.0 / n + (math.pi / 2) / sum(k for _, k in theirs))
-                seen = spread.setdefault(signal, deque(maxlen=SPREAD_MEMORY))
-                known = len(seen) >= SPREAD_SEEN  # judged once the fleet's usual spread is
-                error = max(tail_spread(seen) * scale, MIN_STANDARD_ERROR) if known else math.inf
-                if not state.names(signal):  # how far healthy engines stray, not a named one
-                    seen.append(abs(diff) / scale)
-                if known:
-                    steps[signal] = ((diff - shift) * 2 * shift / error**2, math.exp(diff))
+                step = self._difference(model, state, signal, own, n, theirs, learn=True)
+                if step is not None:
+                    steps[signal] = step
             for signal in MIN_PEER_RATE:
                 steps.update(_count_step(signal, window.requests, counts[signal], peers))
         load = {"requests": window.requests, "requests_per_s": window.requests / max(window.length, 1e-9)}
@@ -247,8 +284,15 @@ class EnginePeers:
             load["kv_cache_usage"] = window.kv_cache_usage
         if window.waiting is not None:
             load["waiting"] = window.waiting
-        events = []
+        critical = self.config.critical * LN10
+        hold = {
+            signal: logs[signal] for signal, (increment, _) in steps.items() if signal in logs and increment >= critical
+        }
+        if hold:
+            self.held.setdefault(model, {})[instance] = _Held(window.start, window.end, hold, frozenset(peers), load)
         for signal in WORDS:
+            if signal in hold:
+                continue  # judged again once the peers' intervals over the same time are in
             event = self.incidents.step(
                 model, instance, state, signal, steps.get(signal), (window.start, window.end), True, load
             )
@@ -259,6 +303,54 @@ class EnginePeers:
             span = (window.start, window.end)
             self.series.append(ratio_point(self.incidents, self.min_ratio, model, instance, state, steps, span, load,
                                            source="scrapes"))  # fmt: skip
+        return events
+
+    def _difference(
+        self, model: str, state: InstanceState, signal: Signal, own: float, n: float,
+        theirs: list[tuple[float, float]], learn: bool,
+    ) -> tuple[float, float] | None:  # fmt: skip
+        """(CUSUM increment, ratio) of an engine's log mean ``own`` of ``n`` requests against
+        the median of its peers' ``theirs``; with ``learn``, the difference joins the
+        model's spread (unless an incident names the engine). None until the spread is known."""
+        if not theirs:
+            return None
+        diff = own - statistics.median(log for log, _ in theirs)
+        # The median of the peers' means is about as noisy as a mean of pi/2 fewer requests.
+        scale = math.sqrt(1.0 / n + (math.pi / 2) / sum(k for _, k in theirs))
+        seen = self.spread.setdefault(model, {}).setdefault(signal, deque(maxlen=SPREAD_MEMORY))
+        known = len(seen) >= SPREAD_SEEN  # judged once the fleet's usual spread is
+        error = max(tail_spread(seen) * scale, MIN_STANDARD_ERROR) if known else math.inf
+        if learn and not state.names(signal):  # how far healthy engines stray, not a named one
+            seen.append(abs(diff) / scale)
+        if not known:
+            return None
+        shift = math.log(self.min_ratio)
+        return (diff - shift) * 2 * shift / error**2, math.exp(diff)
+
+    def _look_again(self, model: str, reported: str) -> list[AnomalyEvent]:
+        """Held intervals of ``model`` whose peers have all reported past them, or whose engine
+        (``reported``) sent its next one: judged against the peers over the same time."""
+        held, engines = self.held.get(model), self.latest.get(model, {})
+        if not held:
+            return []
+        events = []
+        for instance, interval in list(held.items()):
+            covered = all(name not in engines or engines[name].end >= interval.end for name in interval.peers)
+            if instance != reported and not covered:
+                continue
+            del held[instance]
+            state = self.states[model].get(instance)
+            if state is None:
+                continue
+            for signal, (own, n) in interval.logs.items():
+                over = [_over(engines[name], signal, interval.start, interval.end) for name in interval.peers
+                        if name in engines]  # fmt: skip
+                theirs = [figure for figure in over if figure is not None]
+                step = self._difference(model, state, signal, own, n, theirs, learn=False)
+                span = (interval.start, interval.end)
+                event = self.incidents.step(model, instance, state, signal, step, span, True, interval.load, alone=True)
+                if event is not None:
+                    events.append(event)
         return events
 
 

@@ -120,17 +120,20 @@ class PeerIncidents:
     config: DetectorConfig
     words: dict[Signal, str]
     basis: str
-    #: Whether one window with critical evidence may page alone. Not for scrapes: engines are
-    #: scraped out of step, so a fleet-wide change shows in one engine's interval before its
-    #: peers' next ones, for an interval.
+    #: Whether one window with critical evidence may page alone (``step``'s ``alone`` decides
+    #: where given). The scrapes' comparison decides per interval: engines are scraped out
+    #: of step, so only a difference that holds against the peers' intervals over the same
+    #: time may (``models.detect.engine_peers``).
     critical_alone: bool = True
 
     def step(
         self, model: str, instance: str, state: InstanceState, signal: Signal, step: tuple[float, float] | None,
-        window: tuple[float, float], present: bool, load: dict[str, float],
+        window: tuple[float, float], present: bool, load: dict[str, float], alone: bool | None = None,
     ) -> AnomalyEvent | None:  # fmt: skip
         """Feed one window's ``(increment, ratio)`` (None: not compared in it; ``present``:
-        the instance served in it at all). Returns the event of a lifecycle step, if any."""
+        the instance served in it at all; ``alone``: whether this window may page alone with
+        critical evidence, ``critical_alone`` if None). Returns the event of a lifecycle
+        step, if any."""
         name = signal.value
         bar = self.config.threshold * LN10
         level = state.cusum.get(name, 0.0)
@@ -138,7 +141,7 @@ class PeerIncidents:
             increment, ratio = step
             # As a segment's lifecycle: a window pages alone only with critical evidence; else
             # it is worth half the bar at most (one heavy-tailed window must not page).
-            if increment < self.config.critical * LN10 or not self.critical_alone:
+            if increment < self.config.critical * LN10 or not (self.critical_alone if alone is None else alone):
                 increment = min(increment, bar / 2)
             level = min(max(0.0, level + increment), 3 * bar)
             state.ratio[name] = round(ratio, 3)
