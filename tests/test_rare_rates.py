@@ -177,3 +177,17 @@ def test_a_hit_rate_collapse_pages_once_a_handful_of_requests_missed() -> None:
     detector, config = _engine_hit_rate_detector(0.4, 6, seed=4)
     pages = [detector.judge(Reading(0.0, 6, {"trials": 6}), config).pages for _ in range(3)]
     assert pages == [False, True, True]  # 2.4 requests' worth short, then 4.8
+
+
+def test_a_hit_rate_collapse_with_critical_evidence_fires_in_one_window_a_quiet_one_never() -> None:
+    """As for latency, one window fires its incident alone only with critical evidence, and a
+    share also needs its handful of requests' worth short: the cache switched off on an engine
+    serving 40 requests a window fires at once; six requests with no hit are short by one
+    request's worth and page nothing, however surprising on the logit scale."""
+    detector, config = _engine_hit_rate_detector(0.4, 40, seed=5)
+    collapse = detector.judge(Reading(0.0, 40, {"trials": 40}), config)
+    assert collapse.score >= config.critical and collapse.pages and collapse.sustained
+
+    quiet, config = _engine_hit_rate_detector(0.2, 6, seed=3)
+    verdict = quiet.judge(Reading(0.0, 6, {"trials": 6}), config)
+    assert not verdict.pages and not verdict.sustained

@@ -231,7 +231,9 @@ class SignalDetector:
         # fell short by a handful of requests' worth (``MIN_BAD_TO_PAGE``), not on one window of
         # six requests, none of which hit a cache that serves one in five (a quarter of the time).
         pages = surprising and (self.firing or self.shortfall >= MIN_BAD_TO_PAGE)
-        return Verdict(score, expected, pages, False, model.expected, learnable=not surprising)
+        # As for latency: one window fires the incident alone only with critical evidence.
+        sustained = pages and score >= config.critical
+        return Verdict(score, expected, pages, False, model.expected, learnable=not surprising, sustained=sustained)
 
     def for_lifecycle(self, verdict: Verdict, config: DetectorConfig) -> tuple[bool, str]:
         """(anomalous, severity) of a window as the incident lifecycle takes it.
