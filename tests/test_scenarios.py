@@ -69,7 +69,9 @@ def test_cache_off_says_why() -> None:
     ttft = [e for e in r.pages if e.signal is Signal.TTFT]
     assert ttft[0].hints[0].code == "prefix_cache_ineffective"
     cache = [e for e in r.pages if e.signal is Signal.CACHE_HIT_RATE]
-    assert cache[0].observed < 0.1 < cache[0].expected
+    assert all(e.observed < e.expected for e in cache)
+    # The first window holds requests served before the switch too; the next ones none cached.
+    assert min(e.observed for e in cache) < 0.1 < cache[0].expected
 
 
 def test_only_long_prompt_segments_page_when_only_long_prompts_slow_down() -> None:
