@@ -396,8 +396,10 @@ class ChangeVerifier:
         )
         shifts = [(effect.shift, "the load in flight and the prompt lengths left within comparable strata")]
         if spec.prefill and not cache_moved:
+            # The prompt tokens the cache did not serve (NaN where no cached count was logged).
             uncached = [
-                np.log1p(data.values["uncached"][ok])[:, None] for data, ok in ((before, valid[0]), (after, valid[1]))
+                np.log1p(np.maximum(data.values["prompt"][ok] - data.values["cached"][ok], 0.0))[:, None]
+                for data, ok in ((before, valid[0]), (after, valid[1]))
             ]
             by_cache = explained_shift(
                 (strata_of[0], uncached[0], response), (strata_of[1], uncached[1]), mix, spec.quantile

@@ -28,14 +28,6 @@ def _tokens_per_s(row: Mapping[str, Any]) -> float:
     return math.nan
 
 
-def _uncached(row: Mapping[str, Any]) -> float:
-    """Prompt tokens the prefix cache did not serve (NaN where the log has no cached count)."""
-    prompt, cached = row.get("prompt_tokens"), row.get("cached_tokens")
-    if isinstance(prompt, int) and isinstance(cached, int):
-        return float(max(prompt - cached, 0))
-    return math.nan
-
-
 def _is_error(row: Mapping[str, Any]) -> float:
     status = row.get("status_code")
     return float(row.get("finish_reason") == "error" or (isinstance(status, int) and status >= 500))
@@ -58,7 +50,6 @@ def extractors(markers: Sequence[str] = DEFAULT_REASONING_MARKERS) -> dict[str, 
         "tokens_per_s": _tokens_per_s,
         "prompt": number("prompt_tokens"),
         "cached": number("cached_tokens"),
-        "uncached": _uncached,
         "length": lambda row: float(row.get("finish_reason") == "length"),
         "leak": leak,
         "error": _is_error,

@@ -154,9 +154,9 @@ def prefix_labels(arrivals: np.ndarray, prefixes: np.ndarray, lifetime_s: float,
     # By prefix, then arrival (stable: requests arriving together keep their order), so
     # each request's predecessor with its prefix is the one just before it.
     order = reported[np.lexsort((arrivals[reported], prefixes[reported]))]
-    at = arrivals[order]
+    at, prefix = arrivals[order], prefixes[order]
     seen = np.zeros(len(order), dtype=bool)
-    seen[1:] = (prefixes[order][1:] == prefixes[order][:-1]) & (at[1:] - at[:-1] <= lifetime_s)
+    seen[1:] = (prefix[1:] == prefix[:-1]) & (at[1:] - at[:-1] <= lifetime_s)
     labels[order] = np.where(seen, SEEN, np.where(at - starts[order] >= lifetime_s, NEW, UNKNOWN))
     return labels
 
@@ -238,9 +238,6 @@ class TrafficLog:
         self._earliest = math.inf
         self._prefix_ids: dict[str, int] = {}
         self._next_id = 0
-
-    def __len__(self) -> int:
-        return len(self._arrivals)
 
     def add(self, row: Mapping[str, Any]) -> int:
         """Count ``row``'s arrival; returns its position in the log (-1: its arrival is unknown)."""

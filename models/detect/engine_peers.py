@@ -342,12 +342,12 @@ class EnginePeers:
             state = self.states[model].get(instance)
             if state is None:
                 continue
+            span = (interval.start, interval.end)
             for signal, (own, n) in interval.logs.items():
                 over = [_over(engines[name], signal, interval.start, interval.end) for name in interval.peers
                         if name in engines]  # fmt: skip
                 theirs = [figure for figure in over if figure is not None]
                 step = self._difference(model, state, signal, own, n, theirs, learn=False)
-                span = (interval.start, interval.end)
                 event = self.incidents.step(model, instance, state, signal, step, span, True, interval.load, alone=True)
                 if event is not None:
                     events.append(event)
