@@ -2,7 +2,9 @@
 
 Written to ``servewatch.notifications`` for every outcome, so who was told what, and what
 was kept quiet by a silence, can be read back later (``servewatch tail`` reads anomalies;
-this topic answers "did the page go out?").
+this topic answers "did the page go out?"). At least once: a notifier that crashes after
+booking an outcome publishes it again when it restarts, so read them by ``idempotency_key``
+and ``outcome``.
 """
 
 from __future__ import annotations

@@ -71,13 +71,18 @@ def events() -> list[AnomalyEvent]:
 
 
 class Rig:
-    def __init__(self, sinks: list[ScriptedSink], table: dict[str, bytes], config: NotifyConfig = CONFIG) -> None:
+    def __init__(
+        self, sinks: list[ScriptedSink], table: dict[str, bytes], config: NotifyConfig = CONFIG, *, reports: bool = True
+    ) -> None:
+        """``reports=False``: the notifications topic refuses every record (a process about to die)."""
         self.table = table
         self.deliveries: list[Delivery] = []
         self.letters: list[DeadLetter] = []
         self.clock = Clock()
 
         async def publish(delivery: Delivery) -> None:
+            if not reports:
+                raise ConnectionError("the broker is gone")
             self.deliveries.append(delivery)
 
         async def letter(dead: DeadLetter) -> None:
@@ -164,3 +169,20 @@ async def test_a_restarted_notifier_with_the_same_table_sends_nothing_twice() ->
     await again.run_until_idle(ticks=5)
     assert [[status for _, status, _ in s.accepted] for s in second] == [["resolved"], ["resolved"]]
     assert [seq for _, _, seq in second[0].accepted] == [2]
+
+
+async def test_an_outcome_booked_but_not_yet_reported_is_reported_after_a_restart_and_not_sent_again() -> None:
+    table: dict[str, bytes] = {}
+    first = [ScriptedSink("flaky"), ScriptedSink("steady")]
+    dying = Rig(first, table, reports=False)  # sends and books, then dies before its reports are out
+    await feed(dying.notifier, events()[:1])
+    await dying.run_until_idle(ticks=5)
+    assert [len(s.accepted) for s in first] == [1, 1] and dying.deliveries == []
+    second = [ScriptedSink("flaky"), ScriptedSink("steady")]
+    again = Rig(second, table)
+    await feed(again.notifier, events()[:1])  # Faust replays what was not committed
+    await again.run_until_idle(ticks=3)
+    assert [s.accepted for s in second] == [[], []]
+    assert sorted((d.sink, d.status.value, d.outcome) for d in again.deliveries) == [
+        ("flaky", "firing", "sent"), ("steady", "firing", "sent")]  # fmt: skip
+    assert b'"unreported":[]' in table["m"]

@@ -72,12 +72,16 @@ def add_notifier(app: faust.App, topics: Topics, settings: Settings, config: Not
                       keys=lambda: [key.decode() for key in list(table.keys())], flush=writes.delivered)  # fmt: skip
     client = httpx.AsyncClient(headers={"User-Agent": "servewatch-notify"}, follow_redirects=False)
 
+    # Both wait for the broker's acknowledgement (Faust's ``send`` only buffers): the notifier
+    # drops a report from its stored state once this returns, and the anomaly agent's offset
+    # must not be committed ahead of the dead letter of what it read.
     async def publish_delivery(delivery: Delivery) -> None:
-        await topics.notifications.send(key=delivery.group.encode(), value=delivery.model_dump_json().encode())
+        key, value = delivery.group.encode(), delivery.model_dump_json().encode()
+        await (await topics.notifications.send(key=key, value=value))
 
     async def dead_letter(letter: DeadLetter) -> None:
         logger.warning("dead letter (%s): %s", letter.reason, letter.error)
-        await topics.deadletter.send(key=None, value=letter.model_dump_json().encode())
+        await (await topics.deadletter.send(key=None, value=letter.model_dump_json().encode()))
 
     notifier = Notifier(
         config, [build_sink(sink, config, client) for sink in config.enabled_sinks], storage,

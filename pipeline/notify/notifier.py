@@ -68,6 +68,7 @@ class Notifier:
         self._saved: dict[str, bytes] = {}
         self._in_flight: set[tuple[str, str]] = set()
         self._writing = asyncio.Lock()
+        self._reporting = asyncio.Lock()
         by_name = {sink.name: sink for sink in sinks}
         self.runners = {
             cfg.name: SinkRunner(by_name[cfg.name], config.retry_of(cfg), cfg.min_interval, self._booked)
@@ -103,12 +104,16 @@ class Notifier:
             state = self.state(model)
             for item in due(state, self.config, self.silences, now, frozenset(self._in_flight)):
                 if item.kind == "silenced":
-                    await self._silenced(item, now)
+                    NOTIFICATIONS.labels(item.sink.name, "silenced").inc()
+                    silence = item.silence.id if item.silence else None
+                    logger.info("sink %s: %s silenced by %s", item.sink.name, item.note.idempotency_key, silence)
+                    state.unreported.append(self._delivery(item, "silenced", now, silence=silence))
                 else:
                     self._in_flight.add((item.sink.name, item.note.key))
                     self.runners[item.sink.name].submit(item)
                     handed += 1
             await self._store(state)
+            await self._report(model)  # this tick's silences, and what a crash left unreported
         return handed
 
     @property
@@ -135,29 +140,36 @@ class Notifier:
                     self._saved.pop(state.model, None)  # not on the broker: the next _store writes it again
                     raise
 
-    async def _silenced(self, item: Planned, now: float) -> None:
-        NOTIFICATIONS.labels(item.sink.name, "silenced").inc()
-        silence = item.silence.id if item.silence else None
-        logger.info("sink %s: %s silenced by %s", item.sink.name, item.note.idempotency_key, silence)
-        await self._publish_delivery(self._delivery(item, "silenced", now, silence=silence))
-
     async def _booked(self, item: Planned, result: Result) -> None:
-        """A runner's outcome: book it in the state (stored at once), report it, dead-letter failures."""
+        """A runner's outcome: booked in the state together with its report (stored at once),
+        then reported, and dead-lettered when it failed."""
         now = self.clock()
         self._in_flight.discard((item.sink.name, item.note.key))
         state = self.state(item.model)
         settle(state, item, result.outcome, now, result.memo)
+        state.unreported.append(self._delivery(item, result.outcome, now, result.attempts, result.detail))
         await self._store(state)
-        await self._publish_delivery(self._delivery(item, result.outcome, now, result.attempts, result.detail))
-        if result.outcome != "sent":
-            await self._dead_letter(
-                DeadLetter(
-                    reason=f"notify_{result.outcome}", error=f"sink {item.sink.name}: {result.detail}",
-                    raw=orjson.dumps({"sink": item.sink.name, "group": item.note.key, "status": item.note.status,
-                                      "seq": item.note.seq}).decode(),
-                    received_at=now,
-                )
-            )  # fmt: skip
+        await self._report(item.model)
+
+    async def _report(self, model: str) -> None:
+        """Publish the model's unreported outcomes (each on the broker before the next), then
+        drop them from its stored state. A crash in between publishes them again after the
+        restart: a report, like Kafka, is at least once; a notification stays exactly once."""
+        async with self._reporting:
+            pending = list(self.state(model).unreported)
+            if not pending:
+                return
+            try:
+                for delivery in pending:
+                    await self._publish_delivery(delivery)
+                    if delivery.outcome in ("rejected", "abandoned"):
+                        await self._dead_letter(_letter(delivery))
+            except Exception as exc:  # kept in the state: the next tick publishes them again
+                logger.warning("notifier: %d outcomes for %s not reported yet (%r)", len(pending), model, exc)
+                return
+            state = self.state(model)
+            state.unreported = [d for d in state.unreported if d not in pending]
+            await self._store(state)
 
     def _delivery(
         self, item: Planned, outcome: str, now: float, attempts: int = 0, detail: str = "", silence: str | None = None
@@ -167,3 +179,13 @@ class Notifier:
             status=item.note.status, seq=item.note.seq, idempotency_key=item.note.idempotency_key,
             outcome=outcome, at=now, attempts=attempts, silence=silence, detail=detail,  # type: ignore[arg-type]
         )  # fmt: skip
+
+
+def _letter(delivery: Delivery) -> DeadLetter:
+    """The dead letter of a notification its sink refused or never took."""
+    return DeadLetter(
+        reason=f"notify_{delivery.outcome}", error=f"sink {delivery.sink}: {delivery.detail}",
+        raw=orjson.dumps({"sink": delivery.sink, "group": delivery.group, "status": delivery.status,
+                          "seq": delivery.seq}).decode(),
+        received_at=delivery.at,
+    )  # fmt: skip

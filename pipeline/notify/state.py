@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 from servewatch.models.detect.grouping import cause_of, group_title
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
 from servewatch.schemas.anomaly import AnomalyEvent, Status
+from servewatch.schemas.delivery import Delivery
 from servewatch.schemas.incident_group import GroupMember, IncidentGroup
 
 #: Record ids remembered per group (replays reach back a few commits, never hundreds).
@@ -57,6 +58,10 @@ class ModelState(BaseModel):
     model: str
     groups: dict[str, GroupState] = Field(default_factory=dict)
     done: dict[str, float] = Field(default_factory=dict)  # group key -> when it was finished
+    #: Outcomes booked here and not yet on the notifications topic: stored with the booking,
+    #: published after it, dropped once the broker has them (an outbox), so a crash between
+    #: the two republishes them rather than losing them.
+    unreported: list[Delivery] = Field(default_factory=list)
 
     def apply(self, record: AnomalyEvent | IncidentGroup) -> bool:
         """Fold one anomaly-topic record in; ``False`` when it changed nothing (a replay)."""
