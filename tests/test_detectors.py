@@ -6,7 +6,8 @@ import json
 
 import orjson
 
-from servewatch.models.detect.detector import DetectorBank, DetectorConfig, SegmentDetectors
+from servewatch.models.detect.bank import DetectorBank
+from servewatch.models.detect.detector import DetectorConfig, SegmentDetectors
 from servewatch.models.detect.lifecycle import IncidentTracker, Transition
 from servewatch.models.stats.rates import BetaBinomialRate
 from servewatch.models.windows.window import WindowStats

@@ -14,7 +14,8 @@ import json
 import numpy as np
 import pytest
 
-from servewatch.models.detect.detector import DetectorBank, DetectorConfig, SegmentDetectors
+from servewatch.models.detect.bank import DetectorBank
+from servewatch.models.detect.detector import DetectorConfig, SegmentDetectors
 from servewatch.models.detect.signal_detector import SignalDetector
 from servewatch.models.detect.signals import BY_SIGNAL, SPEC_SETS, Reading
 from servewatch.models.stats.rates import JEFFREYS_BAD, BetaBinomialRate

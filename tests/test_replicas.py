@@ -12,7 +12,7 @@ import numpy as np
 import orjson
 import pytest
 
-from servewatch.models.detect.detector import DetectorBank
+from servewatch.models.detect.bank import DetectorBank
 from servewatch.models.detect.engine_peers import MIN_COUNT, EnginePeers
 from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.models.detect.peer_incidents import tail_spread

@@ -8,7 +8,7 @@ from collections import deque
 import orjson
 import pytest
 
-from servewatch.models.detect.detector import DetectorBank
+from servewatch.models.detect.bank import DetectorBank
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.pipeline.dev.simulator import EPOCH, Phase, Workload
 from servewatch.pipeline.messages.origin import MessageOrigin

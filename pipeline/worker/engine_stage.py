@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import orjson
 from pydantic import ValidationError
 
-from servewatch.models.detect.detector import DetectorBank
+from servewatch.models.detect.bank import DetectorBank
 from servewatch.models.detect.engine_peers import EnginePeers
 from servewatch.models.detect.headroom import HeadroomWatch
 from servewatch.models.detect.signals import ENGINE_SPECS

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from servewatch.models.detect.detector import DetectorBank
+from servewatch.models.detect.bank import DetectorBank
 from servewatch.models.explain.evidence_sample import RecentSources
 from servewatch.models.windows.segments import is_replica_key
 from servewatch.models.windows.window import WindowStats
