@@ -326,6 +326,29 @@ def test_from_scrapes_a_restarted_worker_resolves_the_replica_incident_its_prede
     assert EnginePeers(restore={"~engine-peers|m": {"instances": 3}}.get)._meet("m") == {}  # type: ignore[arg-type]
 
 
+def test_from_scrapes_a_worker_killed_while_an_interval_is_held_pages_it_after_the_restart() -> None:
+    """One engine's single slow interval is held until its peers report over the same time;
+    the worker is killed before they do. Its successor restores the hold from the table,
+    waits for the peers, and pages the interval as the worker would have."""
+
+    def play(kill_at_hold: bool) -> list[AnomalyEvent]:
+        stored: dict[str, dict[str, object]] = {}
+        peers, events = EnginePeers(DetectorConfig(), save_every=30), []
+        for t in range(0, 1200, 10):
+            for k in range(4):
+                events += peers.observe(engine(k, float(t), itl=0.06 if (k, t) == (2, 1000) else 0.02))
+                stored.update(orjson.loads(orjson.dumps(peers.states_to_save())))  # as the table holds them
+                if kill_at_hold and (k, t) == (2, 1000):
+                    assert stored["~engine-peers|m"]["held"]  # type: ignore[index]
+                    peers = EnginePeers(DetectorConfig(), save_every=30, restore=stored.get)  # type: ignore[arg-type]
+        return events
+
+    uninterrupted = play(kill_at_hold=False)
+    assert firings(uninterrupted) == [("10.0.0.2:8000", "itl")]
+    restarted = play(kill_at_hold=True)
+    assert [(e.window_end, e.transition) for e in restarted] == [(e.window_end, e.transition) for e in uninterrupted]
+
+
 def _out_of_step(change_at: float, slowed: set[int]) -> list[AnomalyEvent]:
     """Four engines scraped every 10 s, 2.5 s apart; from ``change_at`` the engines of
     ``slowed`` decode 2.5x slower (an interval spanning the change shows it in part)."""

@@ -112,6 +112,16 @@ class _Held:
     peers: frozenset[str]
     load: dict[str, float]
 
+    def state(self) -> dict[str, Any]:
+        return {"start": self.start, "end": self.end, "logs": {s.value: list(v) for s, v in self.logs.items()},
+                "peers": sorted(self.peers), "load": self.load}  # fmt: skip
+
+    @classmethod
+    def from_state(cls, saved: dict[str, Any]) -> _Held:
+        logs = {Signal(signal): (float(log), float(n)) for signal, (log, n) in saved["logs"].items()}
+        load = {str(k): float(v) for k, v in saved["load"].items()}
+        return cls(float(saved["start"]), float(saved["end"]), logs, frozenset(map(str, saved["peers"])), load)
+
 
 def _over(peer: _Latest, signal: Signal, start: float, end: float) -> tuple[float, float] | None:
     """A peer's log mean of ``signal`` over ``start`` to ``end``: its intervals there weighted
@@ -175,7 +185,9 @@ class EnginePeers:
     ``restore(key)`` returns a model's stored state (``states_to_save``) the first time its
     engines are met: each engine's CUSUMs and open incidents, and the model's learned spread.
     So a restarted worker resolves the incidents its predecessor fired, and judges at once.
-    The peers' latest intervals are not stored: they come again within an interval.
+    The peers' latest intervals are not stored: they come again within an interval. An
+    interval held for a second look is (at once): a kill between the hold and that look
+    would otherwise lose a fault that shows in one interval.
     """
 
     config: DetectorConfig = field(default_factory=DetectorConfig)
@@ -194,8 +206,7 @@ class EnginePeers:
     restore: Callable[[str], dict[str, Any] | None] | None = None
     save_every: int = 30  # intervals of a model between its stored states (and at once after an event)
     _unsaved: dict[str, int] = field(default_factory=dict)  # model -> intervals judged since stored (-1: an event)
-    # model -> instance -> its interval held for a second look (not stored: a restart judges
-    # the next interval as usual, and a fault that holds pages on two)
+    # model -> instance -> its interval held for a second look (stored with the model)
     held: dict[str, dict[str, _Held]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -217,7 +228,8 @@ class EnginePeers:
                 spread = {
                     signal.value: [round(d, 5) for d in seen] for signal, seen in self.spread.get(model, {}).items()
                 }
-                due.append((self.key(model), {"instances": instances, "spread": spread}))
+                held = {name: interval.state() for name, interval in self.held.get(model, {}).items()}
+                due.append((self.key(model), {"instances": instances, "spread": spread, "held": held}))
         return due
 
     def forget(self) -> None:
@@ -232,13 +244,17 @@ class EnginePeers:
     def _meet(self, model: str) -> dict[str, InstanceState]:
         """A model's engines as stored, or none known (another version's state: fresh)."""
 
-        def spread(stored: dict[str, Any]) -> None:
+        def rest(stored: dict[str, Any]) -> None:
             self.spread[model] = {
                 Signal(signal): deque(map(float, seen), maxlen=SPREAD_MEMORY)
                 for signal, seen in stored["spread"].items()
             }
+            # Absent in a state stored before holds were: nothing held.
+            held = {str(name): _Held.from_state(saved) for name, saved in stored.get("held", {}).items()}
+            if held:
+                self.held[model] = held
 
-        instances = self.states[model] = restored_instances(self.restore, self.key(model), self.config, spread)
+        instances = self.states[model] = restored_instances(self.restore, self.key(model), self.config, rest)
         self._unsaved[model] = 0
         return instances
 
@@ -290,6 +306,7 @@ class EnginePeers:
         }
         if hold:
             self.held.setdefault(model, {})[instance] = _Held(window.start, window.end, hold, frozenset(peers), load)
+            self._unsaved[model] = -1  # stored at once, as an event would be
         for signal in WORDS:
             if signal in hold:
                 continue  # judged again once the peers' intervals over the same time are in
@@ -329,14 +346,19 @@ class EnginePeers:
 
     def _look_again(self, model: str, reported: str) -> list[AnomalyEvent]:
         """Held intervals of ``model`` whose peers have all reported past them, or whose engine
-        (``reported``) sent its next one: judged against the peers over the same time."""
+        (``reported``) sent its next one: judged against the peers over the same time. Peers
+        not heard from (gone, or not yet heard by a restarted worker, which restored the hold)
+        are waited for up to ``peer_horizon_s`` of the model's time, as a peer is compared."""
         held, engines = self.held.get(model), self.latest.get(model, {})
         if not held:
             return []
+        newest = max(latest.end for latest in engines.values())
         events = []
         for instance, interval in list(held.items()):
-            covered = all(name not in engines or engines[name].end >= interval.end for name in interval.peers)
-            if instance != reported and not covered:
+            heard = [name for name in interval.peers if name in engines]
+            covered = all(engines[name].end >= interval.end for name in heard)
+            waited = newest - interval.end > self.peer_horizon_s
+            if not waited and not (heard and (covered or instance == reported)):
                 continue
             del held[instance]
             state = self.states[model].get(instance)
