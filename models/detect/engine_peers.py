@@ -366,8 +366,7 @@ class EnginePeers:
                 continue
             span = (interval.start, interval.end)
             for signal, (own, n) in interval.logs.items():
-                over = [_over(engines[name], signal, interval.start, interval.end) for name in interval.peers
-                        if name in engines]  # fmt: skip
+                over = [_over(engines[name], signal, interval.start, interval.end) for name in heard]
                 theirs = [figure for figure in over if figure is not None]
                 step = self._difference(model, state, signal, own, n, theirs, learn=False)
                 event = self.incidents.step(model, instance, state, signal, step, span, True, interval.load, alone=True)

@@ -113,7 +113,8 @@ class Notifier:
                     self.runners[item.sink.name].submit(item)
                     handed += 1
             await self._store(state)
-            await self._report(model)  # this tick's silences, and what a crash left unreported
+            if state.unreported:  # this tick's silences, and what a crash left unreported
+                await self._report(model)
         return handed
 
     @property
