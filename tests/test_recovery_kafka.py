@@ -101,6 +101,7 @@ def test_kill_9_of_one_of_two_workers_loses_and_doubles_no_incident() -> None:
             assert lagging == {}, f"the survivor did not take every partition to its end: {lagging}"
             events = asyncio.run(_events_until_resolved(broker.bootstrap, timeout_s=60))
             restored = served_value(survivor, "servewatch_restored_segments")
+            assert workers[1 - victim].poll() is None, "the survivor exited (a crash: its log is above)"
         finally:
             for worker in workers:
                 stop_worker(worker)

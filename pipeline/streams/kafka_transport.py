@@ -6,7 +6,8 @@ connection reset under load) is sent again and written twice: the worker's parti
 incident events and its tables' changelog records all go through this producer. With
 ``enable_idempotence`` the broker drops the retry by its producer id and sequence number,
 so a retried batch is written once, in order. Tansu refuses the ``InitProducerId`` request
-idempotence needs, so its profile keeps the plain producer (``tansu_transport``).
+idempotence needs, so its profile keeps the plain producer (``tansu_transport``). Both
+build a consumer whose seeks run on the client's own thread (``thread_consumer``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from typing import Any
 
 import faust.transport.drivers
 from faust.transport.drivers import aiokafka as driver
+
+from servewatch.pipeline.streams import thread_consumer
 
 SCHEME = "kafka-idempotent"
 
@@ -27,6 +30,7 @@ class _Producer(driver.Producer):
 
 
 class Transport(driver.Transport):
+    Consumer = thread_consumer.Consumer
     Producer = _Producer
 
 

@@ -16,6 +16,8 @@ from typing import Any
 import faust.transport.drivers
 from faust.transport.drivers import aiokafka as driver
 
+from servewatch.pipeline.streams import thread_consumer
+
 SCHEME = "tansu"
 FETCH_MAX_WAIT_MS = 100
 
@@ -28,7 +30,7 @@ class _ConsumerThread(driver.AIOKafkaConsumerThread):
         return consumer
 
 
-class _Consumer(driver.Consumer):
+class _Consumer(thread_consumer.Consumer):
     def _new_consumer_thread(self) -> driver.AIOKafkaConsumerThread:
         return _ConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
