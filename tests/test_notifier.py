@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 from prometheus_client import REGISTRY
 
 from servewatch.models.detect.grouping import IncidentGrouper
+from servewatch.pipeline.notify import state as state_module
 from servewatch.pipeline.notify.config import NotifyConfig, parse_config
 from servewatch.pipeline.notify.notification import Notification
 from servewatch.pipeline.notify.notifier import Notifier, Storage
 from servewatch.pipeline.notify.sinks.base import RejectedError, RetryableError
+from servewatch.pipeline.notify.state import ModelState
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 from servewatch.schemas.dead_letter import DeadLetter
 from servewatch.schemas.delivery import Delivery
@@ -186,3 +189,21 @@ async def test_an_outcome_booked_but_not_yet_reported_is_reported_after_a_restar
     assert sorted((d.sink, d.status.value, d.outcome) for d in again.deliveries) == [
         ("flaky", "firing", "sent"), ("steady", "firing", "sent")]  # fmt: skip
     assert b'"unreported":[]' in table["m"]
+
+
+async def test_outcomes_a_refusing_notifications_topic_leaves_unreported_are_bounded_and_the_dropped_counted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(state_module, "MAX_UNREPORTED", 3)
+    dropped_before = REGISTRY.get_sample_value("servewatch_notify_reports_dropped_total") or 0.0
+    table: dict[str, bytes] = {}
+    sinks = [ScriptedSink("flaky"), ScriptedSink("steady")]
+    rig = Rig(sinks, table, reports=False)
+    for record in events():  # firing, then resolved, to two sinks: four outcomes
+        await feed(rig.notifier, [record])
+        await rig.run_until_idle(ticks=5)
+    assert [len(s.accepted) for s in sinks] == [2, 2]
+    state = ModelState.model_validate_json(table["m"])
+    assert [(d.sink, d.status.value) for d in state.unreported] == [
+        ("steady", "firing"), ("flaky", "resolved"), ("steady", "resolved")]  # fmt: skip
+    assert (REGISTRY.get_sample_value("servewatch_notify_reports_dropped_total") or 0.0) - dropped_before == 1

@@ -34,6 +34,11 @@ NOTIFICATIONS = Counter(
     "failed (rejected by the receiver or abandoned after give_up_after) and silenced.",
     ["sink", "outcome"],
 )
+REPORTS_DROPPED = Counter(
+    "servewatch_notify_reports_dropped",
+    "Delivery records never published: the oldest of a model's outcomes beyond what its state keeps "
+    "unreported while the notifications topic refuses records.",
+)
 QUEUED = Gauge("servewatch_notify_queued", "Notifications waiting for their sink, in flight included.", ["sink"])
 #: Enough of an unexpected failure's message to say what broke.
 _DETAIL_CHARS = 500

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import orjson
 
 from servewatch.pipeline.notify.config import NotifyConfig
-from servewatch.pipeline.notify.delivery import NOTIFICATIONS, Result, SinkRunner
+from servewatch.pipeline.notify.delivery import NOTIFICATIONS, REPORTS_DROPPED, Result, SinkRunner
 from servewatch.pipeline.notify.plan import Planned, due, settle
 from servewatch.pipeline.notify.silences import SilenceBook
 from servewatch.pipeline.notify.sinks.base import Sink
@@ -107,7 +107,7 @@ class Notifier:
                     NOTIFICATIONS.labels(item.sink.name, "silenced").inc()
                     silence = item.silence.id if item.silence else None
                     logger.info("sink %s: %s silenced by %s", item.sink.name, item.note.idempotency_key, silence)
-                    state.unreported.append(self._delivery(item, "silenced", now, silence=silence))
+                    self._report_later(state, self._delivery(item, "silenced", now, silence=silence))
                 else:
                     self._in_flight.add((item.sink.name, item.note.key))
                     self.runners[item.sink.name].submit(item)
@@ -148,9 +148,18 @@ class Notifier:
         self._in_flight.discard((item.sink.name, item.note.key))
         state = self.state(item.model)
         settle(state, item, result.outcome, now, result.memo)
-        state.unreported.append(self._delivery(item, result.outcome, now, result.attempts, result.detail))
+        self._report_later(state, self._delivery(item, result.outcome, now, result.attempts, result.detail))
         await self._store(state)
         await self._report(item.model)
+
+    @staticmethod
+    def _report_later(state: ModelState, delivery: Delivery) -> None:
+        dropped = state.report_later(delivery)
+        if dropped:
+            REPORTS_DROPPED.inc(dropped)
+            logger.error("notifier: %d outcome(s) of %s dropped unreported: %d more wait for the notifications "
+                         "topic, which refuses records (servewatch_notify_reports_dropped_total)",
+                         dropped, state.model, len(state.unreported))  # fmt: skip
 
     async def _report(self, model: str) -> None:
         """Publish the model's unreported outcomes (each on the broker before the next), then

@@ -24,6 +24,10 @@ _EVIDENCE_KEPT = 6
 #: Finished groups remembered, so a replayed record cannot bring one back (and page again).
 _DONE_KEPT = 5000
 _DONE_FOR_S = 7 * 86400.0
+#: Outcomes kept unreported per model at most. A notifications topic that refuses records
+#: for hours (deleted, an ACL) must not grow the stored state past what its changelog takes
+#: (a few hundred bytes each, the whole state in one record): beyond it the oldest go, said.
+MAX_UNREPORTED = 1000
 
 
 class SinkProgress(BaseModel):
@@ -62,6 +66,14 @@ class ModelState(BaseModel):
     #: published after it, dropped once the broker has them (an outbox), so a crash between
     #: the two republishes them rather than losing them.
     unreported: list[Delivery] = Field(default_factory=list)
+
+    def report_later(self, delivery: Delivery) -> int:
+        """Keep ``delivery`` until it is on the notifications topic; returns how many of the
+        oldest unreported outcomes were dropped to stay within ``MAX_UNREPORTED``."""
+        self.unreported.append(delivery)
+        over = max(len(self.unreported) - MAX_UNREPORTED, 0)
+        del self.unreported[:over]
+        return over
 
     def apply(self, record: AnomalyEvent | IncidentGroup) -> bool:
         """Fold one anomaly-topic record in; ``False`` when it changed nothing (a replay)."""

@@ -5,8 +5,9 @@ reaches it through ``call_thread``, except for ``Consumer.seek``: it calls the c
 ``seek`` straight from the app's thread. That seek drops the partition's prefetched
 records from the client's fetcher while the client's thread may be walking them in
 ``fetched_records``; the walk then raises ``KeyError`` on a partition it listed a moment
-before, Faust's Fetcher service crashes, and the worker reads nothing more while it still
-looks alive. Seen on Apache Kafka, on a worker taking over a killed peer's partitions: the
+before, Faust's Fetcher service crashes, and the worker exits. The same seek also completes
+a future of the client's event loop from another thread, which asyncio does not support.
+Seen on Apache Kafka, on a worker taking over a killed peer's partitions: the
 seek guard seeks partitions nobody had committed on (``seek_guard``), and the partition
 watchdog rewinds stalled ones, both with ``Consumer.seek``.
 
