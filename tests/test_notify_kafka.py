@@ -245,7 +245,7 @@ async def test_every_group_reaches_every_sink_exactly_once_through_faults_silenc
     slack = [orjson.dumps(r.body).decode() for r in receiver.received if r.kind.startswith("slack")]
     assert slack and not [text for text in slack if "<!channel>" in text]
 
-    deliveries = [Delivery.model_validate_json(raw) async for raw in _read_until_quiet(bootstrap)]
+    deliveries = await _deliveries(bootstrap, lambda read: any(d.model == MODELS[2] for d in read))
     silenced = {(d.sink, d.model) for d in deliveries if d.outcome == "silenced"}
     assert {model for _, model in silenced} == {MODELS[2]}
     assert not [d for d in deliveries if d.outcome == "sent" and d.model == MODELS[2]]
@@ -273,11 +273,32 @@ async def recorded(bootstrap: str, wanted: set[tuple[str, str, str]], timeout_s:
         raise AssertionError(f"no 'sent' Delivery record within {timeout_s:.0f} s for {missing}") from None
 
 
-async def _read_until_quiet(bootstrap: str, quiet_s: float = 2.0):  # type: ignore[no-untyped-def]
-    reader = read_topic(bootstrap, topics.NOTIFICATIONS).__aiter__()
-    while True:
-        try:
-            yield await asyncio.wait_for(reader.__anext__(), quiet_s)
-        except TimeoutError:
-            await reader.aclose()
-            return
+async def _deliveries(
+    bootstrap: str, enough: Callable[[list[Delivery]], bool], timeout_s: float = 60.0, quiet_s: float = 2.0
+) -> list[Delivery]:
+    """The notifications topic's records: read until ``enough`` holds of them (``timeout_s``
+    bounds a hang only), then until none comes for ``quiet_s``, so that a record after them
+    (one that should not be there) is read too. Quiet is not waited for from the start: a
+    reader slow to start would take its own start-up for the end of the topic."""
+    read: list[Delivery] = []
+
+    async def scan() -> None:
+        async for raw in read_topic(bootstrap, topics.NOTIFICATIONS):
+            read.append(Delivery.model_validate_json(raw))
+
+    scanning = asyncio.create_task(scan())
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not enough(read):
+            assert time.monotonic() < deadline, f"not enough Delivery records within {timeout_s:.0f} s: {read}"
+            if scanning.done():
+                scanning.result()  # the reader failed: its error, not a timeout
+            await asyncio.sleep(0.2)
+        seen = -1
+        while seen != len(read):
+            seen = len(read)
+            await asyncio.sleep(quiet_s)
+        return list(read)
+    finally:
+        scanning.cancel()
+        await asyncio.gather(scanning, return_exceptions=True)
