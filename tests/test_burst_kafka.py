@@ -18,16 +18,13 @@ from pathlib import Path
 import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient
 
 from servewatch.pipeline import topics
 from servewatch.pipeline.dev.broker import free_loopback_port
 from servewatch.pipeline.dev.demo import start_worker, stop_worker
 from servewatch.pipeline.kafka import ensure_topics, producer
-from servewatch.pipeline.settings import Settings
-from servewatch.pipeline.topics import requests_group
 from servewatch.pipeline.worker.metrics import served_value
-from tests.conftest import new_broker
+from tests.conftest import lagging_partitions, new_broker
 
 pytestmark = pytest.mark.integration
 
@@ -84,19 +81,6 @@ async def _end_offsets(bootstrap: str) -> int:
         await consumer.stop()
 
 
-async def _unread(bootstrap: str, group: str) -> int:
-    """Messages of the requests topic ``group`` has not committed."""
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        parts = [TopicPartition(topics.REQUESTS, p) for p in range(PARTITIONS)]
-        committed = await admin.list_consumer_group_offsets(group, partitions=parts)
-        done = sum(max(committed[tp].offset, 0) for tp in parts if tp in committed)
-    finally:
-        await admin.close()
-    return await _end_offsets(bootstrap) - done
-
-
 def _rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -120,8 +104,6 @@ def test_a_10x_burst_builds_lag_that_drains_with_bounded_memory() -> None:
                 time.sleep(0.3)
             time.sleep(3)  # its partitions assigned
             sent = [0, 0]  # records, messages
-            # A worker reading in batches commits in a consumer group of its own.
-            readers = requests_group(app_id) if Settings().kafka.batch_reader else app_id
             lags: list[int] = []  # the worker's unread messages as it resumed
 
             async def freeze_for_the_burst(second: int) -> None:
@@ -130,7 +112,8 @@ def test_a_10x_burst_builds_lag_that_drains_with_bounded_memory() -> None:
                 elif second == BURST.stop:
                     # Committed offsets trail what was read by a commit interval: the lag is
                     # at least the burst's messages, all sent while the worker was frozen.
-                    lags.append(await _unread(broker.bootstrap, readers))
+                    lagging = await lagging_partitions(broker.bootstrap, app_id, partitions=PARTITIONS)
+                    lags.append(sum(end - max(done, 0) for done, end in lagging.values()))
                     os.kill(worker.pid, signal.SIGCONT)
 
             thread = threading.Thread(

@@ -245,7 +245,8 @@ async def test_every_group_reaches_every_sink_exactly_once_through_faults_silenc
     slack = [orjson.dumps(r.body).decode() for r in receiver.received if r.kind.startswith("slack")]
     assert slack and not [text for text in slack if "<!channel>" in text]
 
-    deliveries = await _deliveries(bootstrap, lambda read: any(d.model == MODELS[2] for d in read))
+    deliveries: list[Delivery] = []
+    await read_deliveries(bootstrap, deliveries, lambda read: any(d.model == MODELS[2] for d in read), 60.0)
     silenced = {(d.sink, d.model) for d in deliveries if d.outcome == "silenced"}
     assert {model for _, model in silenced} == {MODELS[2]}
     assert not [d for d in deliveries if d.outcome == "sent" and d.model == MODELS[2]]
@@ -256,31 +257,26 @@ async def recorded(bootstrap: str, wanted: set[tuple[str, str, str]], timeout_s:
     only once it is booked in its state table, which is the promise a restart keeps. (A kill
     between a receiver's answer and that booking, a few milliseconds, resends one message.)"""
 
-    have: set[tuple[str, str, str]] = set()
+    def sent(read: list[Delivery]) -> set[tuple[str, str, str]]:
+        return {(d.sink, d.model, d.status.value) for d in read if d.outcome == "sent"}
 
-    async def scan() -> None:
-        async for raw in read_topic(bootstrap, topics.NOTIFICATIONS):
-            delivery = Delivery.model_validate_json(raw)
-            if delivery.outcome == "sent":
-                have.add((delivery.sink, delivery.model, delivery.status.value))
-            if wanted <= have:
-                return
-
+    read: list[Delivery] = []
     try:
-        await asyncio.wait_for(scan(), timeout_s)
+        await read_deliveries(bootstrap, read, lambda so_far: wanted <= sent(so_far), timeout_s, quiet_s=0.0)
     except TimeoutError:
-        missing = sorted(wanted - have)
+        missing = sorted(wanted - sent(read))
         raise AssertionError(f"no 'sent' Delivery record within {timeout_s:.0f} s for {missing}") from None
 
 
-async def _deliveries(
-    bootstrap: str, enough: Callable[[list[Delivery]], bool], timeout_s: float = 60.0, quiet_s: float = 2.0
-) -> list[Delivery]:
-    """The notifications topic's records: read until ``enough`` holds of them (``timeout_s``
-    bounds a hang only), then until none comes for ``quiet_s``, so that a record after them
-    (one that should not be there) is read too. Quiet is not waited for from the start: a
-    reader slow to start would take its own start-up for the end of the topic."""
-    read: list[Delivery] = []
+async def read_deliveries(
+    bootstrap: str, read: list[Delivery], enough: Callable[[list[Delivery]], bool], timeout_s: float,
+    quiet_s: float = 2.0,
+) -> None:  # fmt: skip
+    """Append the notifications topic's records to ``read`` until ``enough(read)`` holds
+    (``TimeoutError`` after ``timeout_s``: a hang bound only), then until none comes for
+    ``quiet_s``, so that a record after them (one that should not be there) is read too.
+    Quiet is not waited for from the start: a reader slow to start would take its own
+    start-up for the end of the topic."""
 
     async def scan() -> None:
         async for raw in read_topic(bootstrap, topics.NOTIFICATIONS):
@@ -290,15 +286,15 @@ async def _deliveries(
     try:
         deadline = time.monotonic() + timeout_s
         while not enough(read):
-            assert time.monotonic() < deadline, f"not enough Delivery records within {timeout_s:.0f} s: {read}"
             if scanning.done():
                 scanning.result()  # the reader failed: its error, not a timeout
+            if time.monotonic() >= deadline:
+                raise TimeoutError
             await asyncio.sleep(0.2)
         seen = -1
         while seen != len(read):
             seen = len(read)
             await asyncio.sleep(quiet_s)
-        return list(read)
     finally:
         scanning.cancel()
         await asyncio.gather(scanning, return_exceptions=True)
