@@ -121,6 +121,27 @@ def test_assembler_waits_for_every_expected_partition() -> None:
     assert [w.start for w in a.due(now=12.5)] == [T0 + 10]  # max_wait releases whatever is missing
 
 
+def test_a_restarted_silence_keeps_waiting_for_sources_the_broker_held_back() -> None:
+    """Two sources went quiet together for 40 s (the broker did not answer). Measured through
+    that, both count as idle, and the first partial of a window after it is released alone."""
+
+    def after_the_pause(restart: bool) -> list[int]:
+        a = WindowAssembler(max_wait_s=30)
+        for source in (0, 1):
+            a.heartbeat(source=source, watermark=T0 + 5, now=0.0)
+        if restart:
+            a.restart_silence(now=40.0)
+        a.add(WindowStats(key="k", start=T0, length=10, requests=3, sources=[(0, 0, 2)]), now=40.0)
+        released = [int(w.requests) for w in a.due(now=40.5)]
+        for source in (0, 1):
+            a.add(WindowStats(key="k", start=T0, length=10, requests=4, sources=[(source, 3, 6)]), now=41.0)
+            a.heartbeat(source=source, watermark=T0 + 20, now=41.0)
+        return released + [int(w.requests) for w in a.due(now=41.0)] + [a.late_partials]
+
+    assert after_the_pause(restart=False) == [3, 2]  # released alone; the rest late
+    assert after_the_pause(restart=True) == [11, 0]  # the sources' partials came, merged
+
+
 def test_shuffled_delivery_loses_no_partial() -> None:
     """Two stages over 4 partitions with bundles delivered in random interleavings, as Kafka may."""
     settings = Settings(topic_partitions=4)

@@ -411,6 +411,17 @@ class WindowAssembler:
         else:
             self.overlapping_partials += 1
 
+    def restart_silence(self, now: float) -> None:
+        """Every wait starts over at ``now``: each source's silence and each pending window's
+        age. For a silence that says nothing about the sources (the broker did not answer):
+        measured through it, the sources would count as idle and their windows be released
+        without the partials the broker held back, which would then be late."""
+        self.progress = {slot: (watermark, now) for slot, (watermark, _) in self.progress.items()}
+        self._by_age = [(now, slot) for _, slot in self._by_age if slot in self.pending]
+        heapq.heapify(self._by_age)
+        for pending in self.pending.values():
+            pending.first_seen = now
+
     def _slowest(self, via: int, now: float) -> float:
         # Sources silent for max_wait_s no longer hold windows back (they went idle).
         active = [w for (k, _), (w, heard) in self.progress.items() if k == via and now - heard < self.max_wait_s]

@@ -30,7 +30,6 @@ class RequestAggregation:
         self.outbox = outbox
         self.publisher = publisher
         self.partitions = partitions  # of the partials topic
-        self._broker_silent = False
 
     async def on_message(self, raw: bytes | None, origin: MessageOrigin, token: Any) -> None:
         """One requests message; ``token`` is acknowledged once what it fed is sent on. A bug
@@ -62,19 +61,11 @@ class RequestAggregation:
         await self.send_and_acknowledge(partials)
 
     async def flush_idle(self, broker_answers: Callable[[], Awaitable[bool]]) -> None:
-        """Advance quiet partitions' event time and send the windows that closes. While the
-        broker does not answer, a quiet partition is held, not taken as idle."""
-        if self.stage_one.quiet():
-            answers = await broker_answers()
-            if answers == self._broker_silent:  # the broker's state changed: say so once
-                self._broker_silent = not answers
-                if answers:
-                    logger.warning("the broker answers again: quiet partitions are idle again")
-                else:
-                    logger.warning("the broker does not answer: quiet partitions are held, not taken as idle")
-            if not answers:
-                self.stage_one.hold_idle()
-                return
+        """Advance quiet partitions' event time and send the windows that closes. Silence is
+        idleness only while the broker answers (``BrokerWatch``): asked when partitions go
+        quiet, a broker that does not answer leaves them held."""
+        if self.stage_one.quiet() and not await broker_answers():
+            return
         await self.send_and_acknowledge(self.stage_one.flush_idle())
 
     def take_over(self, partitions: set[int]) -> None:

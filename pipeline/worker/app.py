@@ -41,6 +41,7 @@ from servewatch.pipeline.streams.partition_watchdog import add_partition_watchdo
 from servewatch.pipeline.topics import DETECTOR_STATE_TABLE, Topics, declare_topics, requests_group
 from servewatch.pipeline.worker import metrics
 from servewatch.pipeline.worker.aggregation import RequestAggregation
+from servewatch.pipeline.worker.broker_watch import BrokerWatch
 from servewatch.pipeline.worker.engine_stage import JudgeEngines
 from servewatch.pipeline.worker.evidence import KafkaMessageReader
 from servewatch.pipeline.worker.followers import follow, take_change_markers, take_feedback
@@ -65,6 +66,7 @@ class Worker:
     publisher: EventPublisher
     evidence_reader: KafkaMessageReader
     probe: BrokerProbe
+    broker: BrokerWatch  # whether silence is idleness: asked through ``probe``, told by messages
     requests_reader: BatchReader | None  # None: the requests topic is read by a Faust agent
 
 
@@ -97,7 +99,16 @@ def build_worker(app: faust.App, settings: Settings, topics: Topics) -> Worker:
     aggregation = RequestAggregation(stage_one, outbox, publisher, partitions)
     requests, group = topics.requests.get_topic_name(), requests_group(settings.kafka.app_id)
 
+    probe = BrokerProbe(settings.kafka.bootstrap, auth)
+
+    def restart_waits() -> None:
+        stage_one.hold_idle()
+        stage_two.restart_waits()
+
+    broker = BrokerWatch(probe.answers, restart_waits)
+
     async def aggregate(partition: int, messages: Messages, ack_of: Callable[[int], Ack]) -> None:
+        broker.heard()
         await aggregation.on_batch(requests, partition, messages, ack_of)
 
     return Worker(
@@ -106,7 +117,8 @@ def build_worker(app: faust.App, settings: Settings, topics: Topics) -> Worker:
         grouping=IncidentGrouping(outbox, publisher),
         publisher=publisher,
         evidence_reader=reader,
-        probe=BrokerProbe(settings.kafka.bootstrap, auth),
+        probe=probe,
+        broker=broker,
         requests_reader=BatchReader(
             lambda: group_consumer(settings, group), group, requests, aggregate,
             aggregation.hand_over, aggregation.take_over, inherit_from=settings.kafka.app_id,
@@ -138,11 +150,13 @@ def add_agents(app: faust.App, topics: Topics, worker: Worker) -> None:
         @app.agent(topics.requests)
         async def aggregate_request_batches(stream: faust.StreamT) -> None:
             async for event in cast(faust.Stream, stream).noack().events():
+                worker.broker.heard()
                 await worker.aggregation.on_message(event.value, origin_of(event), event)
 
     @app.agent(topics.partials)
     async def detect_anomalies(stream: faust.StreamT) -> None:
         async for event in cast(faust.Stream, stream).noack().events():
+            worker.broker.heard()
             await worker.judging.on_partials(event.value, event.message.partition, event)
 
     @app.agent(topics.scrapes)
@@ -177,7 +191,7 @@ def add_followers(app: faust.App, settings: Settings, topics: Topics, worker: Wo
 def add_timers(app: faust.App, settings: Settings, worker: Worker) -> None:
     @app.timer(0.5)
     async def flush_quiet_partitions() -> None:
-        await worker.aggregation.flush_idle(worker.probe.answers)
+        await worker.aggregation.flush_idle(worker.broker.answers)
 
     @app.timer(0.25)
     async def release_due_windows() -> None:

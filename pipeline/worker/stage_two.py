@@ -101,6 +101,11 @@ class StageTwo:
                        source_partition=first[0], source_offset=first[1], received_at=time.time())
         )  # fmt: skip
 
+    def restart_waits(self, now: float | None = None) -> None:
+        """The broker did not answer: the silence of the partials' sources is not idleness, and
+        the windows waiting for them wait again in full (``WindowAssembler.restart_silence``)."""
+        self.assembler.restart_silence(time.monotonic() if now is None else now)
+
     def heartbeat(self, source: int, watermark: float, via: int, now: float | None = None) -> None:
         self.assembler.heartbeat(source, watermark, time.monotonic() if now is None else now, via)
 
