@@ -188,7 +188,10 @@ class WindowSettings(_Group):
         "open during one are merged, not counted late.",
     )
     idle_flush_s: float = Field(
-        default=2.0, gt=0, description="Wall seconds of silence after which a partition's event time follows the clock."
+        default=2.0,
+        gt=0,
+        description="Wall seconds of silence after which a partition's event time follows the clock (with nothing "
+        "left to read there; a partition with unread records is waited for up to assembler_max_wait_s).",
     )
     fold_records: int = Field(
         default=4000,

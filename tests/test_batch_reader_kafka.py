@@ -179,3 +179,39 @@ def test_a_worker_judges_one_record_messages_and_commits_them(batch_reader: bool
             assert lagging == {}, f"partitions not committed to their end (but the later request): {lagging}"
         finally:
             stop_worker(worker)
+
+
+async def test_a_partition_is_unread_while_the_broker_holds_records_past_its_position(broker: Any) -> None:
+    """What ``StageOne.flush_idle`` is told: silence on a partition whose records have not
+    been read is a slow read, not an idle partition."""
+    topic, group = f"reader-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    await produce(broker.bootstrap, topic)
+    reading = Reading(broker.bootstrap, topic, group, lambda partition, offset: True)
+    reader = reading.reader
+    await reader.start()  # in the group, fetching; nothing handed to the owner yet
+    try:
+        assert reader.consumer is not None
+        consumer = reader.consumer
+        async with asyncio.timeout(60):
+            while len(consumer.assignment()) < 2:
+                await asyncio.sleep(0.05)
+        assert await reader.unread() == {0, 1}  # not fetched yet, or fetched and not read
+
+        read = 0
+        async with asyncio.timeout(60):
+            while read < 2 * PER_PARTITION:
+                read += sum(map(len, (await consumer.getmany(timeout_ms=200)).values()))
+            while await reader.unread():  # the next fetch's end offsets come in the background
+                await asyncio.sleep(0.05)
+
+        client = producer(broker.bootstrap)
+        await client.start()
+        try:
+            await client.send_and_wait(topic, b'{"n": 30}', partition=1)
+        finally:
+            await client.stop()
+        async with asyncio.timeout(60):
+            while await reader.unread() != {1}:
+                await asyncio.sleep(0.05)
+    finally:
+        await reader.stop()

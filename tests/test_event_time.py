@@ -199,6 +199,27 @@ def test_a_message_read_again_after_its_window_was_sent_is_a_duplicate_not_a_sec
     assert one.redelivered == 20 and one.safe_to_ack() == ["m0 again", "m1"]
 
 
+def test_a_partition_taken_over_holds_the_windows_while_its_records_are_unread() -> None:
+    """Partition 1 taken over from a crashed worker, its backlog not fetched yet: silent, but
+    the consumer knows records wait there. Taken for idle after ``idle_flush_s``, the window
+    would go without them and they would be late; it is held for ``assembler_max_wait_s``."""
+    config = Settings(window_s=10, allowed_lateness_s=0, max_lateness_s=0, topic_partitions=2)
+
+    def sent_at(now: float, unread: set[int]) -> int:
+        one = StageOne(config)
+        one.take_over({0, 1}, now=0.0)
+        one.process(orjson.dumps([log(f"a{i}", T0 + i / 10) for i in range(20)]), MessageOrigin("requests", 0, 0),
+                    now=0.0, token="m0")  # fmt: skip
+        one.process(orjson.dumps([log("b", T0 + 15)]), MessageOrigin("requests", 0, 1), now=now, token="m1")
+        return sum(int(p.requests) for p in one.flush_idle(now=now, unread=unread) if not is_replica_key(p.key))
+
+    idle_s, max_wait_s = config.windows.idle_flush_s, config.windows.assembler_max_wait_s
+    assert sent_at(idle_s, unread=set()) == 20  # nothing left to read: partition 1 is idle
+    assert sent_at(idle_s, unread={1}) == 0  # records wait there: the window waits for them
+    assert sent_at(max_wait_s - 1, unread={1}) == 0
+    assert sent_at(max_wait_s, unread={1}) == 20  # a read stuck that long: judged without it
+
+
 def test_partials_read_again_when_their_partition_comes_back_are_replays_not_judged_twice() -> None:
     """A partials partition revoked and handed back to the same worker at its committed offset
     (the group lost while the broker was frozen): the windows it released are known still, so

@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 
 #: One partition's messages in offset order, as (value, offset).
 Messages = Sequence[tuple[bytes | None, int]]
+#: How long ``unread`` waits for a partition's position (one being reset has none yet).
+POSITION_WAIT_S = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +135,24 @@ class BatchReader:
                                   self._acks(tp.partition))  # fmt: skip
                 await asyncio.sleep(0)  # heartbeats and timers between partitions
             await self.commit()
+
+    async def unread(self) -> set[int]:
+        """Assigned partitions with records not yet read: the end offset of the latest fetch is
+        past the position, or either is not known yet (assigned, not fetched). A partition
+        silent because its records have not come is not idle (``StageOne.flush_idle``)."""
+        consumer = self.consumer
+        if consumer is None:
+            return set()
+        waiting = set()
+        for tp in consumer.assignment():
+            try:
+                end = consumer.highwater(tp)
+                position = await asyncio.wait_for(consumer.position(tp), POSITION_WAIT_S)
+            except (TimeoutError, IllegalStateError, AssertionError):  # being reset, or revoked meanwhile
+                end = position = None
+            if end is None or position is None or position < end:
+                waiting.add(tp.partition)
+        return waiting
 
     def _acks(self, partition: int) -> Callable[[int], Ack]:
         generation = self._generation.get(partition, 0)

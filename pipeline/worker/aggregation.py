@@ -60,13 +60,20 @@ class RequestAggregation:
         await self.publisher.publish_dead_letters(letters)
         await self.send_and_acknowledge(partials)
 
-    async def flush_idle(self, broker_answers: Callable[[], Awaitable[bool]]) -> None:
+    async def flush_idle(
+        self, broker_answers: Callable[[], Awaitable[bool]], unread: Callable[[], Awaitable[set[int]]] | None = None
+    ) -> None:
         """Advance quiet partitions' event time and send the windows that closes. Silence is
-        idleness only while the broker answers (``BrokerWatch``): asked when partitions go
-        quiet, a broker that does not answer leaves them held."""
-        if self.stage_one.quiet() and not await broker_answers():
-            return
-        await self.send_and_acknowledge(self.stage_one.flush_idle())
+        idleness only while the broker answers (``BrokerWatch``) and where nothing is left to
+        read (``unread``, the partitions whose end is past the consumer's position): asked
+        when partitions go quiet."""
+        waiting: set[int] = set()
+        if self.stage_one.quiet():
+            if not await broker_answers():
+                return
+            if unread is not None:
+                waiting = await unread()
+        await self.send_and_acknowledge(self.stage_one.flush_idle(unread=waiting))
 
     def take_over(self, partitions: set[int]) -> None:
         """Requests partitions assigned: they hold the windows open until read (``StageOne.take_over``)."""

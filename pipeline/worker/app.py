@@ -191,7 +191,8 @@ def add_followers(app: faust.App, settings: Settings, topics: Topics, worker: Wo
 def add_timers(app: faust.App, settings: Settings, worker: Worker) -> None:
     @app.timer(0.5)
     async def flush_quiet_partitions() -> None:
-        await worker.aggregation.flush_idle(worker.broker.answers)
+        reader = worker.requests_reader
+        await worker.aggregation.flush_idle(worker.broker.answers, None if reader is None else reader.unread)
 
     @app.timer(0.25)
     async def release_due_windows() -> None:

@@ -10,7 +10,7 @@ import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -376,26 +376,35 @@ class StageOne:
             self.last_seen[partition] = now
 
     def take_over(self, partitions: set[int], now: float | None = None) -> None:
-        """``partitions`` were assigned here: until each is read (or silent for ``idle_flush_s``:
-        nothing waits in it), it holds the windows open (``Windower.hold``). A partition taken
-        over from a crashed worker is behind the others; its records are not late."""
+        """``partitions`` were assigned here: until each is read (or silent for ``idle_flush_s``
+        with nothing left to read), it holds the windows open (``Windower.hold``). A partition
+        taken over from a crashed worker is behind the others; its records are not late."""
         now = time.monotonic() if now is None else now
         self.windower.hold(partitions)
         for partition in partitions:
             self.last_seen.setdefault(partition, now)
 
-    def flush_idle(self, now: float | None = None) -> list[WindowStats]:
+    def flush_idle(self, now: float | None = None, unread: Set[int] = frozenset()) -> list[WindowStats]:
         """Partials that silence completed: partitions quiet for ``idle_flush_s`` advance their
         event time with the wall clock (see ``Windower.advance_idle``); a partition assigned
-        and silent as long stops holding the windows."""
+        and silent as long stops holding the windows.
+
+        A partition in ``unread`` still has records to read (the consumer knows its end is
+        past its position): its silence is a slow read, not idleness, and it holds the
+        windows for up to ``assembler_max_wait_s``, as stage 2 waits for a silent source."""
         now = time.monotonic() if now is None else now
         self.fold_pending()
-        idle_s = self.settings.windows.idle_flush_s
-        silent = {p for p in self.windower.held if now - self.last_seen.get(p, now) >= idle_s}
+        windows = self.settings.windows
+
+        def idle(partition: int) -> bool:
+            silent_s = now - self.last_seen.get(partition, now)
+            return silent_s >= (windows.assembler_max_wait_s if partition in unread else windows.idle_flush_s)
+
+        silent = {p for p in self.windower.held if idle(p)}
         flushed: list[WindowStats] = self.windower.release(silent) if silent else []
         flushed += self.windower.close_due()
         for partition, seen in self.last_seen.items():
-            if now - seen >= self.settings.windows.idle_flush_s and self.windower.open:
+            if idle(partition) and self.windower.open:
                 flushed.extend(self.windower.advance_idle(now - seen, partition))
         return flushed
 
