@@ -148,7 +148,7 @@ class BatchReader:
             try:
                 end = consumer.highwater(tp)
                 position = await asyncio.wait_for(consumer.position(tp), POSITION_WAIT_S)
-            except (TimeoutError, IllegalStateError, AssertionError):  # being reset, or revoked meanwhile
+            except (TimeoutError, KafkaError, AssertionError, ConsumerStoppedError):  # being reset, revoked, stopped
                 end = position = None
             if end is None or position is None or position < end:
                 waiting.add(tp.partition)
