@@ -1,7 +1,7 @@
 """Replay at realistic density: two models on real arrival traces, six hours, about a dozen
 request logs per segment-window, where judging windows (not reading records) is the work.
 
-    python -m bench.replay_realistic [--seed 7] [--runs 3] [--against /tmp/before]
+    python -m bench.replay_realistic [--seed 7] [--runs 3] [--against /tmp/before] [--floor]
 
 The workload is the pager-day suite's three busy hours with their three hours of history
 (``pipeline/dev/scenarios.py``: both models of the pager fleet, Azure and Mooncake arrival
@@ -10,15 +10,21 @@ and replayed as ``servewatch replay`` reads a file, in a fresh process per run. 
 records/s, the segment-windows judged and the cost of each (the run's time divided by
 them). ``--against``: another checkout (a ``git worktree`` of an older commit) replayed in
 turn with this one on the same file, and the ratio of their medians (this kind of machine
-drifts by tens of per cent within a minute, so runs are paired).
+drifts by tens of per cent within a minute, so runs are paired). ``--floor``: this checkout
+replayed in turn with its detectors switched off (windows made, merged and released, none
+judged), the most any faster judging could give: what is left is reading, segmenting and
+windowing.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import orjson
@@ -27,6 +33,30 @@ from bench.replay_ab import HERE, replay_run
 from servewatch.pipeline.dev.scenarios import BY_NAME
 
 WORKLOAD = "pager_three_hours"
+
+#: A replay of this checkout whose detector bank judges nothing (run from its root).
+FLOOR_CHILD = """
+import sys, time
+from servewatch.models.detect.bank import DetectorBank
+from servewatch.pipeline.replay.request_logs import REPLAY_CHUNK_LINES, JsonlChunks, Replay
+from servewatch.pipeline.tuning import tune_process
+DetectorBank.observe_all = lambda self, windows, final=False: []
+tune_process()
+chunks = JsonlChunks(sys.argv[1], REPLAY_CHUNK_LINES)
+engine = Replay(reread=chunks.reread)
+started = time.perf_counter()
+events = sum(1 for _ in engine.run(chunks))
+print(engine.stats.records / (time.perf_counter() - started), events, 0)
+"""
+
+
+def floor_run(path: Path) -> tuple[float, int, int]:
+    """One replay of ``path`` by this checkout without judging: records/s, 0, 0."""
+    done = subprocess.run([sys.executable, "-c", FLOOR_CHILD, str(path)], capture_output=True, text=True, cwd=HERE)
+    if done.returncode:
+        raise SystemExit(f"replay without detectors failed:\n{done.stderr[-2000:]}")
+    rate, events, windows = done.stdout.split()
+    return float(rate), int(events), int(windows)
 
 
 def write_workload(path: Path, seed: int) -> int:
@@ -44,21 +74,31 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--against", type=Path, help="another checkout, replayed in turn with this one")
+    parser.add_argument("--floor", action="store_true", help="also replay this checkout without judging, in turn")
     args = parser.parse_args()
     sides = {"this": HERE} if args.against is None else {"other": args.against.resolve(), "this": HERE}
+    runners: dict[str, Callable[[Path], tuple[float, int, int]]] = {name: partial(replay_run, checkout)
+                                                                     for name, checkout in sides.items()}  # fmt: skip
+    if args.floor:
+        runners["floor"] = floor_run
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "requests.jsonl"
         records = write_workload(path, args.seed)
-        results: dict[str, list[tuple[float, int, int]]] = {name: [] for name in sides}
+        results: dict[str, list[tuple[float, int, int]]] = {name: [] for name in runners}
         for run in range(args.runs):
-            for name, checkout in sides.items():
-                results[name].append(replay_run(checkout, path))
+            for name, runner in runners.items():
+                results[name].append(runner(path))
                 rate, events, windows = results[name][-1]
                 print(f"run {run + 1}: {name:5} {rate:>10,.0f} records/s, {windows:,} segment-windows, {events} events",
                       file=sys.stderr)  # fmt: skip
     print(f"{WORKLOAD} (seed {args.seed}): {records:,} request logs over 6 h of event time, two models")
     for name, runs in results.items():
         rate = statistics.median(r for r, _, _ in runs)
+        if name == "floor":
+            share = 1 - statistics.median(r for r, _, _ in results["this"]) / rate
+            print(f"floor (this, nothing judged): median {rate:,.0f} records/s; judging takes {share:.0%} of the "
+                  f"replay's time  [{', '.join(f'{r:,.0f}' for r, _, _ in runs)}]")  # fmt: skip
+            continue
         windows = runs[0][2]
         per_window_ms = records / rate / windows * 1000
         print(f"{name:5} ({sides[name]}): median {rate:,.0f} records/s; {windows:,} segment-windows, "
