@@ -50,9 +50,10 @@ print(engine.stats.records / (time.perf_counter() - started), events, engine.sta
 """
 
 
-def replay_run(checkout: Path, path: Path) -> tuple[float, int, int]:
-    """One replay of ``path`` in a fresh process of ``checkout``: records/s, events, segment-windows judged."""
-    done = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True, cwd=checkout)
+def replay_run(checkout: Path, path: Path, child: str = CHILD) -> tuple[float, int, int]:
+    """One replay of ``path`` in a fresh process of ``checkout`` (``child``'s code): records/s,
+    events, segment-windows judged."""
+    done = subprocess.run([sys.executable, "-c", child, str(path)], capture_output=True, text=True, cwd=checkout)
     if done.returncode:
         raise SystemExit(f"replay in {checkout} failed:\n{done.stderr[-2000:]}")
     rate, events, windows = done.stdout.split()

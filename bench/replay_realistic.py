@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
 import tempfile
 from collections.abc import Callable
@@ -29,34 +28,19 @@ from pathlib import Path
 
 import orjson
 
-from bench.replay_ab import HERE, replay_run
+from bench.replay_ab import CHILD, HERE, replay_run
 from servewatch.pipeline.dev.scenarios import BY_NAME
 
 WORKLOAD = "pager_three_hours"
 
-#: A replay of this checkout whose detector bank judges nothing (run from its root).
-FLOOR_CHILD = """
-import sys, time
+#: The replay of ``bench.replay_ab``, its detector bank judging nothing (this checkout only).
+FLOOR_CHILD = (
+    """
 from servewatch.models.detect.bank import DetectorBank
-from servewatch.pipeline.replay.request_logs import REPLAY_CHUNK_LINES, JsonlChunks, Replay
-from servewatch.pipeline.tuning import tune_process
 DetectorBank.observe_all = lambda self, windows, final=False: []
-tune_process()
-chunks = JsonlChunks(sys.argv[1], REPLAY_CHUNK_LINES)
-engine = Replay(reread=chunks.reread)
-started = time.perf_counter()
-events = sum(1 for _ in engine.run(chunks))
-print(engine.stats.records / (time.perf_counter() - started), events, 0)
 """
-
-
-def floor_run(path: Path) -> tuple[float, int, int]:
-    """One replay of ``path`` by this checkout without judging: records/s, 0, 0."""
-    done = subprocess.run([sys.executable, "-c", FLOOR_CHILD, str(path)], capture_output=True, text=True, cwd=HERE)
-    if done.returncode:
-        raise SystemExit(f"replay without detectors failed:\n{done.stderr[-2000:]}")
-    rate, events, windows = done.stdout.split()
-    return float(rate), int(events), int(windows)
+    + CHILD
+)
 
 
 def write_workload(path: Path, seed: int) -> int:
@@ -80,7 +64,7 @@ def main() -> None:
     runners: dict[str, Callable[[Path], tuple[float, int, int]]] = {name: partial(replay_run, checkout)
                                                                      for name, checkout in sides.items()}  # fmt: skip
     if args.floor:
-        runners["floor"] = floor_run
+        runners["floor"] = partial(replay_run, HERE, child=FLOOR_CHILD)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "requests.jsonl"
         records = write_workload(path, args.seed)
