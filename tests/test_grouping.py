@@ -124,3 +124,17 @@ def test_a_slower_decode_on_engines_that_are_usually_full_is_not_the_load_story(
     )
     _, told = IncidentGrouper().add(slow)
     assert told[0].pages and told[0].cause == "decode_slowdown"
+
+
+@pytest.mark.parametrize(("arrivals_per_s", "pages"), [(2.4, True), (24.0, False)], ids=["2.4/s", "24/s"])
+def test_a_blip_of_arrivals_that_counting_luck_explains_is_not_the_load_story(
+    arrivals_per_s: float, pages: bool
+) -> None:
+    """Prefill slower per token while arrivals read 1.4x usual: at 24 requests a window where
+    17 are usual, one window in twenty does that by luck, and the slowdown pages as its own
+    cause; at 240 where 171 are usual it is a surge, and the slowdown is part of its story."""
+    slow = event("a", "chat", hint="prefill_bound", signal=Signal.PREFILL_PER_TOKEN).model_copy(
+        update={"load": {"demand_vs_usual": 1.43, "arrivals_vs_usual": 1.4, "model_arrivals_per_s": arrivals_per_s}}
+    )
+    _, told = IncidentGrouper().add(slow)
+    assert told[0].pages is pages and told[0].explained_by_load is not pages

@@ -54,11 +54,15 @@ steps up (a member's periodic updates move nothing), ``resolved`` with its last 
 from __future__ import annotations
 
 import hashlib
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from scipy.special import pdtrc
+
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
-from servewatch.models.detect.signal_detector import QUEUE_SHARE
+from servewatch.models.detect.signal_detector import QUEUE_SHARE, DetectorConfig
 from servewatch.models.explain.hints import MOMENTARY_BUSY, QUEUE_SIGNALS
 from servewatch.models.explain.wording import event_id
 from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status
@@ -90,6 +94,10 @@ LOAD_PLAUSIBLE = frozenset(
 #: Demand (arrivals against the model's usual) from which a rise of a queue-sensitive signal is
 #: read as the load's doing: the capacity model's surge ratio (``models.stats.capacity``).
 DEMAND_SURGE = 1.3
+#: How unlikely (-log10 of the chance) a window's arrivals must be under the model's usual
+#: demand to count as a surge: 1 in 100, the bar at which the detector calls a window unusual
+#: on its own (``DetectorConfig.threshold`` / 2).
+SURGE_SURPRISE = DetectorConfig().threshold / 2
 #: Signals timed in seconds that include the wait for a slot: the queue's seconds are a share of them.
 _QUEUE_TIMED = QUEUE_SIGNALS - {Signal.WAITING_REQUESTS}
 #: The key under which a model's load group is kept open (one per model at a time).
@@ -115,11 +123,7 @@ def under_load(event: AnomalyEvent) -> bool:
     load = event.load
     if load.get("saturated", 0.0) > 0:
         return True
-    # Demand read two ways must both be well above usual: the latency model's index (arrivals
-    # and their prompt tokens against the segment's reference) swings with a few long prompts
-    # in one window; the capacity model's arrivals against their usual rate do not.
-    readings = [load[name] for name in ("demand_vs_usual", "arrivals_vs_usual") if load.get(name, 0.0) > 0]
-    if readings and min(readings) >= DEMAND_SURGE:
+    if demand_surged(load, event.window_end - event.window_start):
         return True
     # Engines flat out explain a rise only where a queue makes a good part of it (as
     # ``SignalDetector._saturated`` asks): an engine that is usually near full is flat out at
@@ -129,6 +133,34 @@ def under_load(event: AnomalyEvent) -> bool:
         event.signal in _QUEUE_TIMED and queue >= QUEUE_SHARE * event.observed
     )
     return queued and queue > 0 and load.get("running_vs_most", 0.0) >= MOMENTARY_BUSY
+
+
+def demand_surged(load: Mapping[str, float], window_s: float) -> bool:
+    """Whether a window's demand was well above its model's usual, read two ways that must
+    agree: the latency model's index (arrivals and their prompt tokens against the segment's
+    reference) swings with a few long prompts in one window; the capacity model's arrivals
+    against their usual rate do not. And the arrivals must be more than the luck of counting:
+    a model that usually gets 17 requests a window gets 24 or more about one window in
+    twenty, a ratio of 1.4 that means nothing, while 200 where 140 are usual is a surge. So
+    the count must be one that usual demand (a Poisson count at its usual mean) reaches less
+    often than ``SURGE_SURPRISE``. Without the count (older events), the ratios decide.
+
+    >>> surge = {"demand_vs_usual": 1.45, "arrivals_vs_usual": 1.4}
+    >>> [demand_surged({**surge, "model_arrivals_per_s": rate}, 10.0) for rate in (2.4, 20.0)]
+    [False, True]
+    >>> demand_surged(surge, 10.0)
+    True
+    """
+    readings = [load[name] for name in ("demand_vs_usual", "arrivals_vs_usual") if load.get(name, 0.0) > 0]
+    if not readings or min(readings) < DEMAND_SURGE:
+        return False
+    arrivals, ratio = load.get("model_arrivals_per_s", 0.0) * window_s, load.get("arrivals_vs_usual", 0.0)
+    if arrivals <= 0 or ratio <= 0:
+        return True
+    usual = arrivals / ratio
+    # P(N >= arrivals) for N ~ Poisson(usual): pdtrc(k, m) is P(N > k).
+    chance = float(pdtrc(math.ceil(arrivals) - 1, usual))
+    return chance <= 10.0**-SURGE_SURPRISE
 
 
 def load_story(event: AnomalyEvent) -> bool:
