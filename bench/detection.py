@@ -142,11 +142,11 @@ def main() -> None:
             mine = [e for e in r.pages if e.signal in scenario.must_page and e.window_end > r.injected_at]
             starts = {DETECTORS[0]: [min(e.window_start for e in mine)] if mine else []}
             starts.update(judged_by_baselines(r, seed))
-            # A group counts for the fault when it pages in it with one of the signals that must page.
+            # A group counts for the fault when it pages in it with one of the signals that must
+            # page among its signals as that window closed.
             starts[DETECTORS[3]] = [
-                page.event.window_start for page in r.group_pages
-                if page.in_fault and set(page.record.signals) & scenario.must_page
-            ]  # fmt: skip
+                page.event.window_start for page in r.group_pages if page.in_fault and page.signals & scenario.must_page
+            ]
             if args.scrapes and (scenario in PAGER_SCENARIOS or scenario is PAGER_WEEK):
                 seen = scrape_outcome(scenario, seed)
                 after = "-" if seen.caught_after is None else f"{seen.caught_after:.1f}"

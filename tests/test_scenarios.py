@@ -286,3 +286,18 @@ def test_the_pager_day_faults_share_the_normal_runs_traffic() -> None:
     for r in failed:
         assert start - 1e-3 <= arrival(r) < end
         assert 1000 <= r["prompt_tokens"] < 3000  # inside the <4k band, away from its edge
+
+
+def test_a_group_page_carries_every_signal_of_its_first_paging_window() -> None:
+    """Incidents of one window join a group one at a time: the page is the group as that window
+    closed, whichever member happened to open it (the bench asks it for the fault's signal)."""
+    scenario = dataclasses.replace(PAGER_BY_NAME["pager_three_hours"], judged_from_s=0.0)
+    warning = Severity.WARNING
+    events = [
+        _incident("g", Signal.PREFILL_TIME, "prefill_bound", warning, 300.0),
+        _incident("h", Signal.PREFILL_PER_TOKEN, "prefill_bound", warning, 300.0),  # the same window
+        _incident("i", Signal.TTFT, "prefill_bound", warning, 310.0),  # joins a window later
+    ]
+    (page,) = ScenarioResult(scenario, events, 90.0, 95.0, 10_000.0, 0, 1.0).group_pages
+    assert page.record.signals == [Signal.PREFILL_TIME]
+    assert page.signals == {Signal.PREFILL_TIME, Signal.PREFILL_PER_TOKEN}

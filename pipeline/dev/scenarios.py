@@ -36,7 +36,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import orjson
@@ -378,6 +378,9 @@ class GroupPage:
     record: IncidentGroup  # the group record that paged
     event: AnomalyEvent  # the incident event that made the group page
     in_fault: bool  # started paging in the injected fault (or its aftermath)
+    #: The group's signals as the window it started paging in closed: incidents of one window
+    #: join a group one at a time, and the first to page need not be the one a fault is named by.
+    signals: frozenset[Signal] = frozenset()
 
 
 @dataclass
@@ -435,9 +438,11 @@ class ScenarioResult:
         windows after the generated traffic (the drain) are left out, as in ``pages``, and so
         are groups that started paging in the detector's history (``judged_from``)."""
         grouper, paged, pages = IncidentGrouper(), set(), []
+        signals: dict[tuple[str, float], set[Signal]] = {}  # (group, window end) -> its signals then
         for event in self.events:
             event, told = grouper.add(event)
             for record in told:
+                signals.setdefault((record.group, record.window_end), set()).update(record.signals)
                 if record.status is Status.RESOLVED or record.severity is Severity.INFO or record.group in paged:
                     continue
                 if record.window_end > self.stream_end:
@@ -445,7 +450,7 @@ class ScenarioResult:
                 paged.add(record.group)
                 if record.window_end > self.judged_from:
                     pages.append(GroupPage(record, event, self._in_fault(event)))
-        return pages
+        return [replace(page, signals=frozenset(signals[page.record.group, page.record.window_end])) for page in pages]
 
     @property
     def false_group_pages(self) -> list[GroupPage]:
