@@ -65,13 +65,14 @@ def test_a_lone_wild_window_followed_by_calm_counts_as_the_tails() -> None:
     assert model.predict_one(demand(1.0)).nu < nu_before  # heavier tails than it thought
 
 
-def judged(factors: list[tuple[float, dict[str, float]]]) -> list[Verdict]:
-    """Verdicts of a trained TTFT detector on windows at ``factor`` times the usual TTFT, at
-    the usual demand (plus ``extra`` inputs), each learned or noted as the worker does."""
+def judged(factors: list[tuple[float, dict[str, float]]], signal: Signal = Signal.TTFT) -> list[Verdict]:
+    """Verdicts of a trained TTFT detector (judging ``signal``) on windows at ``factor`` times
+    the usual TTFT, at the usual demand (plus ``extra`` inputs), each learned or noted as the
+    worker does."""
     config = DetectorConfig()
     model = trained()
     usual = model.predict_one(demand(1.0)).expected
-    detector = SignalDetector(BY_SIGNAL[Signal.TTFT], model, tracker=config.tracker())
+    detector = SignalDetector(BY_SIGNAL[signal], model, tracker=config.tracker())
     verdicts = []
     for factor, extra in factors:
         reading = Reading(value=usual * factor, x={**demand(1.0), **extra}, n=50)
@@ -108,3 +109,19 @@ def test_a_window_load_explained_leaves_no_pair_behind() -> None:
     burst, after = judged([(2.0, {"saturated": 1.0}), (1.45, {})])
     assert burst.explained and not burst.pages
     assert not after.pages
+
+
+def test_at_the_usual_demand_an_unusual_window_and_a_paging_one_fire_at_once() -> None:
+    # A fault's first window is mostly requests served partly before it: 1.45x, unusual (1 in
+    # 100) but short of paging; the next, 2x, pages. At the usual demand no burst explains the
+    # pair, and the incident fires on it rather than wait for a third window.
+    first, second = judged([(1.45, {}), (2.0, {})])
+    assert not first.pages and first.score >= DetectorConfig().threshold / 2
+    assert second.pages and second.sustained
+    # Above the usual demand a burst's rise comes first as such a window: the pair waits.
+    busier = demand(1.18)
+    _, burst = judged([(1.45 * 1.05, busier), (2.0 * 1.05, busier)])
+    assert burst.pages and not burst.sustained
+    # Nor does a gauge's: an engine's state at a scrape holds no requests reached part-way.
+    _, gauge = judged([(1.45, {}), (2.0, {})], Signal.KV_CACHE_USAGE)
+    assert gauge.pages and not gauge.sustained

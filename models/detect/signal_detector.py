@@ -135,6 +135,10 @@ QUEUE_SENSITIVE = frozenset(
 )
 #: Share of a signal's time that queueing must make up for a full engine to explain it.
 QUEUE_SHARE = 0.25
+#: An engine's state at a scrape, not the latency of requests it finished: a change shows in
+#: full at the next scrape, while a gauge creeping up (longer contexts at the usual demand)
+#: gives windows in a row each a little higher, which no fault's first window explains.
+GAUGES = frozenset({Signal.KV_CACHE_USAGE, Signal.WAITING_REQUESTS})
 
 
 @dataclass(slots=True)
@@ -185,7 +189,14 @@ class SignalDetector:
             # Nor does one wild window, unless it alone is as strong as such a pair ever is
             # (``critical``: 1 in 100 million at the segment's own heavy tails, where a model
             # learns them; a series judged with Gaussian tails waits for a second point).
-            paired = judged.paired >= config.threshold and judged.weaker >= config.threshold - 1.0
+            # At no more than the usual demand there is no burst to rise with, and the window before
+            # need only be unusual on its own (1 in 100): a fault's first window is mostly requests
+            # served partly before it (an answer half decoded at the old pace when decoding slowed).
+            # Not so a gauge's (``GAUGES``).
+            reached_partway = at_most_usual and self.spec.signal not in GAUGES
+            paired = judged.paired >= config.threshold and judged.weaker >= (
+                config.threshold / 2 if reached_partway else config.threshold - 1.0
+            )
             alone = model.tails_learned and conditioned >= config.critical
             sustained = pages and (paired or alone)
             return Verdict(score, expected, pages, explained, math.exp(prediction.level),
