@@ -118,7 +118,7 @@ def _corroborate(verdict: Verdict, reading: Reading, config: DetectorConfig) -> 
     threshold: 1 in 100, the bar a rise under saturation is reported at), not a second
     1-in-10,000 surprise, and its incident fires at once, as a rate's CUSUM does: the
     evidence spans the cache's windows already. A rise load explains stays explained."""
-    if verdict.explained or reading.value <= verdict.expected or verdict.score < config.threshold / 2:
+    if verdict.explained or reading.value <= verdict.expected or verdict.score < config.unusual:
         return
     verdict.pages, verdict.sustained, verdict.learnable = True, True, False
     verdict.cause = "cache"  # its hints lead with the cache (``models.explain.hints.latency_hints``)
@@ -263,7 +263,7 @@ class SegmentDetectors:
             any_page |= verdict.pages
             if spec.signal is Signal.TTFT and detector.model.n_learned:
                 demand_ratio = math.exp(detector.model.demand_index(reading.x))
-            if spec.signal in (Signal.TTFT, Signal.QUEUE_TIME) and verdict.score < config.threshold / 2:
+            if spec.signal in (Signal.TTFT, Signal.QUEUE_TIME) and verdict.score < config.unusual:
                 capacity.settle()  # no queue to speak of (not merely below paging): none to explain
             if detector.learn_if_normal(reading, verdict):
                 if spec.kind == "rate":

@@ -96,7 +96,7 @@ DEMAND_SURGE = 1.3
 #: How unlikely (-log10 of the chance) a window's arrivals must be under the model's usual
 #: demand to count as a surge: 1 in 100, the bar at which the detector calls a window unusual
 #: on its own (``DetectorConfig.threshold`` / 2).
-SURGE_SURPRISE = DetectorConfig().threshold / 2
+SURGE_SURPRISE = DetectorConfig().unusual
 #: Signals timed in seconds that include the wait for a slot: the queue's seconds are a share of them.
 _QUEUE_TIMED = QUEUE_SIGNALS - {Signal.WAITING_REQUESTS}
 #: The key under which a model's load group is kept open (one per model at a time).

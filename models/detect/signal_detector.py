@@ -50,6 +50,18 @@ class DetectorConfig:
     replica_min_ratio: float = 1.3  # an instance is paged only this much worse than its peers
     replica_warmup_requests: int = 100  # requests an instance serves before it is compared
 
+    @property
+    def unusual(self) -> float:
+        """Surprise at which a window is unusual on its own, half the paging bar (1 in 100 at
+        the default): reported, or taken as corroboration, never paged on alone."""
+        return self.threshold / 2
+
+    @property
+    def near_paging(self) -> float:
+        """Surprise within a decade of paging: such a window is not learned as the normal, and
+        above the usual demand the weaker of a pair's windows must reach it."""
+        return self.threshold - 1.0
+
     def tracker(self) -> IncidentTracker:
         return IncidentTracker(
             self.fire_after, self.fire_within, self.resolve_after, self.update_every, self.reopen_within
@@ -174,13 +186,13 @@ class SignalDetector:
             # capacity is binding, and on-call should see it before it becomes a fault.
             # At the usual demand or less, load explains nothing.
             saturated = reading.x.get("saturated", 0.0) > 0 and self.spec.signal in QUEUE_SENSITIVE
-            bar = config.threshold / 2 if saturated else config.threshold
+            bar = config.unusual if saturated else config.threshold
             explained = not surprising and not at_most_usual and level >= bar
             score = max(conditioned, level) if explained else conditioned
             expected = prediction.anchored if drifting and pages else prediction.expected
             # A window within a decade of paging is not learned either: a fault's first windows
             # often fall just short, and learning them would teach the model the fault.
-            learnable = conditioned < config.threshold - 1.0
+            learnable = conditioned < config.near_paging
             # Two windows in a row, each within a decade of paging on its own (as near as a fault's
             # first windows come) and together beyond it (``pair_surprise``), are the two anomalous
             # windows an incident asks for: the incident fires on them, as on a rate's CUSUM, rather
@@ -195,7 +207,7 @@ class SignalDetector:
             # Not so a gauge's (``GAUGES``).
             reached_partway = at_most_usual and self.spec.signal not in GAUGES
             paired = judged.paired >= config.threshold and judged.weaker >= (
-                config.threshold / 2 if reached_partway else config.threshold - 1.0
+                config.unusual if reached_partway else config.near_paging
             )
             alone = model.tails_learned and conditioned >= config.critical
             sustained = pages and (paired or alone)
@@ -224,7 +236,7 @@ class SignalDetector:
             severe = impact.per_minute >= CRITICAL_BAD_PER_MINUTE or impact.excess_share >= CRITICAL_SHARE
             # As for latency: a window within a decade of paging is not the usual rate (nor is
             # one held back for want of bad requests: learned, it would hide the next ones).
-            learnable = not incident and score < config.threshold - 1.0
+            learnable = not incident and score < config.near_paging
             return Verdict(score, model.expected_rate, pages, False, model.expected_rate, learnable=learnable,
                            sustained=sustained, severe=severe)  # fmt: skip
         score, expected = model.score_one(reading.x, reading.value), model.expected
@@ -260,9 +272,7 @@ class SignalDetector:
         or ``CRITICAL_SHARE`` of its requests. Ten failures a minute in a segment of 240 is
         a warning however sure; half a segment's requests failing, or one every two seconds,
         is critical."""
-        holding = (
-            self.spec.kind != "rate" and self.paging and not verdict.pages and verdict.score >= config.threshold / 2
-        )
+        holding = self.spec.kind != "rate" and self.paging and not verdict.pages and verdict.score >= config.unusual
         if verdict.pages:
             severity = "critical" if verdict.score >= config.critical and verdict.severe else "warning"
         else:
