@@ -117,8 +117,10 @@ def _corroborate(verdict: Verdict, reading: Reading, config: DetectorConfig) -> 
     evidence predicts. So the latency needs only to be unusual on its own (half the
     threshold: 1 in 100, the bar a rise under saturation is reported at), not a second
     1-in-10,000 surprise, and its incident fires at once, as a rate's CUSUM does: the
-    evidence spans the cache's windows already. A rise load explains stays explained."""
-    if verdict.explained or reading.value <= verdict.expected or verdict.score < config.unusual:
+    evidence spans the cache's windows already. The cache asks one question of the window,
+    whether it is slower than predicted at this load, so that look is taken alone, without
+    the cost of looking two ways (``Judgement.alone``). A rise load explains stays explained."""
+    if verdict.explained or reading.value <= verdict.expected or max(verdict.score, verdict.alone) < config.unusual:
         return
     verdict.pages, verdict.sustained, verdict.learnable = True, True, False
     verdict.cause = "cache"  # its hints lead with the cache (``models.explain.hints.latency_hints``)

@@ -89,6 +89,8 @@ class Verdict:
     # A latency model's prediction at this load, for ``band`` (kept, not drawn: drawing it
     # costs special functions, paid only where judged windows are kept for charts).
     prediction: Prediction | None = None
+    # Latency: the window's own surprise at this demand, one look (``Judgement.alone``).
+    alone: float = 0.0
 
 
 def band(kind: str, verdict: Verdict, reading: Reading, threshold: float) -> tuple[float | None, float | None]:
@@ -213,7 +215,8 @@ class SignalDetector:
             sustained = pages and (paired or alone)
             return Verdict(score, expected, pages, explained, math.exp(prediction.level),
                            "drift" if drifting and pages else None, learnable=learnable,
-                           drifting=drifting, sustained=sustained, prediction=kept)  # fmt: skip
+                           drifting=drifting, sustained=sustained, prediction=kept,
+                           alone=judged.alone)  # fmt: skip
         if kind == "rate":
             # Judged alone and with the windows before it (``BetaBinomialRate``); this moves
             # the sequential evidence on, so ``judge`` is called once per window.

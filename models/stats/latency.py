@@ -125,6 +125,9 @@ class Judgement(NamedTuple):
     #: goes on its own, so that a pair of one ordinary window and one wild one tells apart
     #: from two high ones.
     weaker: float = 0.0
+    #: Surprise of this window alone at this demand, one look (no ``TWO_LOOKS``): the answer to
+    #: the one question a window is asked when another signal has already named the cause.
+    alone: float = 0.0
 
 
 def _dot(a: Sequence[float], b: Sequence[float]) -> float:
@@ -592,7 +595,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         weaker = student_surprise(min(z, sign * last_z), nu) - TWO_LOOKS if paired > 0 else 0.0
         return Judgement(
             prediction, max(window, drift, 0.0), level, drift > window, at_most_usual,
-            max(paired - TWO_LOOKS, 0.0), max(weaker, 0.0),
+            max(paired - TWO_LOOKS, 0.0), max(weaker, 0.0), alone,
         )  # fmt: skip
 
     def borrow(self, other: LoadConditionedLatency) -> None:

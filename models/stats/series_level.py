@@ -193,7 +193,7 @@ class SeriesLevel(CompactState, base.SupervisedAnomalyDetector):
             else 0.0
         )
         surprise = max(max(alone, paired) - TWO_LOOKS, 0.0)
-        return Judgement(prediction, surprise, surprise, False, True, max(paired - TWO_LOOKS, 0.0))
+        return Judgement(prediction, surprise, surprise, False, True, max(paired - TWO_LOOKS, 0.0), alone=alone)
 
     def score_one(self, x: dict[Hashable, Any], y: base.typing.Target) -> float:
         return self.judge(x, float(y)).conditioned
