@@ -10,7 +10,7 @@ import math
 import random
 
 from servewatch.models.detect.signal_detector import DetectorConfig, SignalDetector, Verdict
-from servewatch.models.detect.signals import BY_SIGNAL, Reading
+from servewatch.models.detect.signals import BY_SIGNAL, SPEC_SETS, Reading
 from servewatch.models.stats.latency import LoadConditionedLatency
 from servewatch.schemas.anomaly import Signal
 
@@ -65,14 +65,16 @@ def test_a_lone_wild_window_followed_by_calm_counts_as_the_tails() -> None:
     assert model.predict_one(demand(1.0)).nu < nu_before  # heavier tails than it thought
 
 
-def judged(factors: list[tuple[float, dict[str, float]]], signal: Signal = Signal.TTFT) -> list[Verdict]:
-    """Verdicts of a trained TTFT detector (judging ``signal``) on windows at ``factor`` times
-    the usual TTFT, at the usual demand (plus ``extra`` inputs), each learned or noted as the
-    worker does."""
-    config = DetectorConfig()
+def judged(
+    factors: list[tuple[float, dict[str, float]]], signal: Signal = Signal.TTFT, source: str = "requests"
+) -> list[Verdict]:
+    """Verdicts of a trained TTFT detector (judging ``signal`` from ``source``'s windows) on
+    windows at ``factor`` times the usual TTFT, at the usual demand (plus ``extra`` inputs),
+    each learned or noted as the worker does."""
+    config = DetectorConfig(source=source)
     model = trained()
     usual = model.predict_one(demand(1.0)).expected
-    detector = SignalDetector(BY_SIGNAL[signal], model, tracker=config.tracker())
+    detector = SignalDetector(SPEC_SETS[source][signal], model, tracker=config.tracker())
     verdicts = []
     for factor, extra in factors:
         reading = Reading(value=usual * factor, x={**demand(1.0), **extra}, n=50)
@@ -122,6 +124,11 @@ def test_at_the_usual_demand_an_unusual_window_and_a_paging_one_fire_at_once() -
     busier = demand(1.18)
     _, burst = judged([(1.45 * 1.05, busier), (2.0 * 1.05, busier)])
     assert burst.pages and not burst.sustained
-    # Nor does a gauge's: an engine's state at a scrape holds no requests reached part-way.
-    _, gauge = judged([(1.45, {}), (2.0, {})], Signal.KV_CACHE_USAGE)
-    assert gauge.pages and not gauge.sustained
+    # Nor does a reading an engine takes as it happens: its gauges, its TTFT and inter-token
+    # histograms hold no requests reached part-way. Its per-request histograms (queue and
+    # prefill time, observed when the request finishes) do, as request logs do.
+    for signal in (Signal.KV_CACHE_USAGE, Signal.ITL, Signal.TTFT):
+        _, scraped = judged([(1.45, {}), (2.0, {})], signal, source="engines")
+        assert scraped.pages and not scraped.sustained
+    _, at_finish = judged([(1.45, {}), (2.0, {})], Signal.PREFILL_TIME, source="engines")
+    assert at_finish.pages and at_finish.sustained

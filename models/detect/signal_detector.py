@@ -149,10 +149,6 @@ QUEUE_SENSITIVE = frozenset(
 )
 #: Share of a signal's time that queueing must make up for a full engine to explain it.
 QUEUE_SHARE = 0.25
-#: An engine's state at a scrape, not the latency of requests it finished: a change shows in
-#: full at the next scrape, while a gauge creeping up (longer contexts at the usual demand)
-#: gives windows in a row each a little higher, which no fault's first window explains.
-GAUGES = frozenset({Signal.KV_CACHE_USAGE, Signal.WAITING_REQUESTS})
 
 
 @dataclass(slots=True)
@@ -206,8 +202,11 @@ class SignalDetector:
             # At no more than the usual demand there is no burst to rise with, and the window before
             # need only be unusual on its own (1 in 100): a fault's first window is mostly requests
             # served partly before it (an answer half decoded at the old pace when decoding slowed).
-            # Not so a gauge's (``GAUGES``).
-            reached_partway = at_most_usual and self.spec.signal not in GAUGES
+            # Not so a reading taken as it happens (``SignalSpec.at_finish``: an engine's gauges,
+            # its TTFT and inter-token histograms): a change shows there in full at once, and a
+            # series creeping up (longer contexts at the usual demand) gives windows in a row each
+            # a little higher, which no fault's first window explains.
+            reached_partway = at_most_usual and self.spec.at_finish
             paired = judged.paired >= config.threshold and judged.weaker >= (
                 config.unusual if reached_partway else config.near_paging
             )

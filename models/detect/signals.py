@@ -63,6 +63,11 @@ class SignalSpec:
     build: Callable[[int], Any]  # grace windows -> a fresh model
     unit: str = "s"
     what: str = ""  # how a person says it: "TTFT p95", "share of answers cut by the length limit"
+    #: Whether a window's reading is of the requests that finished in it, each measured over
+    #: its whole life (a request log; an engine's per-request histograms): a fault's first
+    #: window then holds requests it reached part-way. Not an engine's gauges (its state at
+    #: the scrape), nor its TTFT and inter-token histograms (observed as each token comes).
+    at_finish: bool = True
 
 
 def _ttft(window: WindowStats, load: dict[str, float]) -> Reading | None:
@@ -308,21 +313,21 @@ def _engine_hit_rate(window: Any, load: dict[str, float]) -> Reading | None:
 ENGINE_SPECS: tuple[SignalSpec, ...] = (
     # The phases as the engine measures them, with the request-log phases' models: a server
     # that logs no requests is still judged on its TTFT, queue, prefill and inter-token time.
-    SignalSpec(Signal.TTFT, "latency", _engine_latency("ttft", 0.005), _latency(), what="mean TTFT"),
+    SignalSpec(Signal.TTFT, "latency", _engine_latency("ttft", 0.005), _latency(), what="mean TTFT", at_finish=False),
     SignalSpec(Signal.QUEUE_TIME, "latency", _engine_latency("queue_time", 0.02),
                _latency(**_QUEUE_LIKE), what="mean queue time"),
     SignalSpec(Signal.PREFILL_TIME, "latency", _engine_latency("prefill_time", 0.005), _latency(),
                what="mean prefill time"),
     SignalSpec(Signal.ITL, "latency", _engine_latency("itl", 0.001), _latency(ENGINE_DECODE_DEMAND),
-               what="mean inter-token latency"),
+               what="mean inter-token latency", at_finish=False),
     # Proportional to the running requests (elasticity 1, no hinge: each holds one context),
     # learned within a physical range (a burst of long prompts runs fewer, fuller contexts).
     SignalSpec(Signal.KV_CACHE_USAGE, "latency", _kv_usage,
                _latency(KV_DEMAND, elasticity=1.0, elasticity_sd=0.3, surge_elasticity=0.0), unit="",
-               what="KV-cache usage"),
+               what="KV-cache usage", at_finish=False),
     SignalSpec(Signal.WAITING_REQUESTS, "latency", _waiting,
                _latency(**_QUEUE_LIKE), unit="requests",
-               what="waiting requests"),
+               what="waiting requests", at_finish=False),
     _rate_spec(Signal.PREEMPTIONS, "preempted", "preemption_trials", "share of requests preempted",
                prior_rate=0.001),
     SignalSpec(Signal.CACHE_HIT_RATE, "share", _engine_hit_rate, lambda grace: ShareLevel(tail="lower",
