@@ -119,6 +119,26 @@ def test_two_replicas_say_they_differ_not_which_one_is_faulty() -> None:
     assert events[0].severity == "info" and not any(e.pages for e in events)
 
 
+def test_a_replica_that_completes_few_slow_requests_is_named_without_waiting_for_more() -> None:
+    """A replica slowed down finishes few requests for a while (the rest are still running):
+    its few are judged as they come, not pooled as a quiet replica's would be. A drained
+    replica finishing as few, as fast as its peers, is not named."""
+
+    def window(w: int, instance_n: int, slow: float, rng: np.random.Generator) -> list[WindowStats]:
+        out = []
+        for k, typical in fleet(8).items():
+            n, factor = (instance_n, slow) if k == "10.0.0.5:8000" else (12, 1.0)
+            out += rows(w * WINDOW, {k: typical * factor}, rng, n=n)
+        return out
+
+    for slow, named in ((2.5, True), (1.0, False)):
+        watch, rng = ReplicaWatch(DetectorConfig(), warmup_requests=0), np.random.default_rng(4)
+        for w in range(300):
+            assert watch.observe(window(w, 12, 1.0, rng)) == []
+        events = [e for w in range(300, 303) for e in watch.observe(window(w, 2, slow, rng))]
+        assert firings(events) == ([("10.0.0.5:8000", "itl")] if named else [])
+
+
 def test_a_new_replica_is_judged_once_it_has_served_its_warmup() -> None:
     watch = ReplicaWatch(DetectorConfig(), warmup_requests=100)
     run(watch, 30, lambda w: fleet(4))

@@ -57,6 +57,7 @@ class InstanceState:
     ratio: dict[str, float] = field(default_factory=dict)  # signal -> latest ratio to its peers
     peers: int = 0  # peers it was compared with, latest window
     trackers: dict[str, IncidentTracker] = field(default_factory=dict)
+    share: float = math.nan  # its usual share of the requests its peers and it complete (learned)
 
     @property
     def firing(self) -> bool:
@@ -72,11 +73,14 @@ class InstanceState:
 
     def state(self) -> dict[str, Any]:
         return {"served": self.served, "last_seen": self.last_seen, "cusum": self.cusum, "ratio": self.ratio,
-                "trackers": {name: tracker.state() for name, tracker in self.trackers.items()}}  # fmt: skip
+                "trackers": {name: tracker.state() for name, tracker in self.trackers.items()},
+                "share": None if math.isnan(self.share) else round(self.share, 5)}  # fmt: skip
 
     @classmethod
     def from_state(cls, saved: dict[str, Any], config: DetectorConfig) -> InstanceState:
         state = cls(int(saved["served"]), float(saved["last_seen"]))
+        share = saved.get("share")  # absent in a state stored before it was kept: learned again
+        state.share = math.nan if share is None else float(share)
         state.cusum = {str(k): float(v) for k, v in saved["cusum"].items()}
         state.ratio = {str(k): float(v) for k, v in saved["ratio"].items()}
         for signal, kept in saved["trackers"].items():

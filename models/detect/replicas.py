@@ -26,7 +26,8 @@ Real traffic is rougher than a per-request spread says, so three guards (each fo
 real GPU load tests, where replicas are random splits of one server's requests and any page
 is false): a segment's spread is its window's shrunk towards the one learned over many
 (``PRIOR_SPREAD``, ``PRIOR_DF``); a comparison pools an instance's windows until it holds
-``MIN_BLOCK_REQUESTS`` requests (or critical evidence already); and the standard errors are calibrated against how far
+``MIN_BLOCK_REQUESTS`` requests (or critical evidence already, or while it completes far fewer
+requests than its usual share: ``SHORT_SHARE_SURPRISE``); and the standard errors are calibrated against how far
 the model's recent differences actually strayed (``Calibration``), nothing judged before
 ``CALIBRATION_SEEN`` of them. As a segment's lifecycle, one window pages alone only with
 critical evidence (``models.detect.peer_incidents``).
@@ -61,6 +62,9 @@ from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
+from scipy.special import bdtr
 
 from servewatch.models.detect.peer_incidents import (
     LN10,
@@ -101,6 +105,14 @@ PRIOR_DF = 20
 LEARN_DF = 500
 #: Requests of an instance a latency comparison needs at least (pooled over windows).
 MIN_BLOCK_REQUESTS = 10
+#: A replica whose requests slow down completes fewer of them for a while (they are still
+#: running): its few completions are not a quiet replica's, but the part of a slowdown the
+#: logs show so far. Fewer than its usual share of the model's completions with this surprise
+#: (1 in 100, the lower tail of a binomial) and its few requests are compared without waiting
+#: for ``MIN_BLOCK_REQUESTS`` (a drained replica's few are as fast as ever: no evidence).
+SHORT_SHARE_SURPRISE = 2.0
+#: Windows over which an instance's usual share of its model's completions is learned.
+SHARE_HALFLIFE = 30.0
 #: Differences the calibration of standard errors keeps, and needs before latency is judged.
 CALIBRATION_MEMORY = 500
 CALIBRATION_SEEN = 50
@@ -218,6 +230,7 @@ class ReplicaWatch:
             state.last_seen = end
         ready = {name for name, state in instances.items() if state.served >= self.warmup_requests and name in served}
         findings: dict[str, dict[Signal, tuple[float, float]]] = {name: {} for name in ready}
+        short = _short_of_share(instances, ready, served)
         if len(ready) >= 2:
             for signal, (phase, _) in LATENCY_PHASES.items():
                 calibration = self.calibration.setdefault(f"{model}|{phase}", Calibration())
@@ -232,6 +245,7 @@ class ReplicaWatch:
                     blocks,
                     self.config.critical * LN10,
                     frozenset(name for name, state in instances.items() if state.names(signal)),
+                    short,
                 )
                 for name, step in steps.items():
                     findings[name][signal] = step
@@ -270,14 +284,15 @@ def _split(key: str) -> tuple[str, str, str | None]:
 def _latency_steps(
     segments: dict[str, dict[str, WindowStats]], ready: set[str], phase: str, min_ratio: float,
     learned: dict[str, float], calibration: Calibration, blocks: dict[str, list[float]], critical_llr: float,
-    named: frozenset[str] = frozenset(),
+    named: frozenset[str] = frozenset(), short: frozenset[str] = frozenset(),
 ) -> dict[str, tuple[float, float]]:  # fmt: skip
     """Per instance of ``ready``: (CUSUM increment, ratio to its peers) of one latency phase.
 
     The spread of a request's log latency is the window's own, shrunk towards the segment's
     ``learned`` one (kept in place, by segment and phase): a window of a few requests says
     little about it, and a tight one would make a single slow request a certainty. Instances
-    in ``named`` are compared as the others, but their comparisons teach ``calibration`` nothing."""
+    in ``named`` are compared as the others, but their comparisons teach ``calibration`` nothing;
+    those in ``short`` (``_short_of_share``) are compared without pooling their few requests."""
     n_at, log_at, log2_at = (COLUMN_OF[f"{phase}{part}"] for part in ("_n", "_log", "_log2"))
     sums: dict[str, list[float]] = {}  # instance -> [weight, weighted diff, weighted variance]
     for segment_key, rows in segments.items():
@@ -312,7 +327,9 @@ def _latency_steps(
             kept[2] += n * n * var_diff
     # A comparison is made over at least ``MIN_BLOCK_REQUESTS`` of an instance's requests: a
     # quiet replica's few requests of one window are pooled with its next windows'; unless
-    # those few already hold critical evidence on their own (a replica plainly broken).
+    # those few already hold critical evidence on their own (a replica plainly broken), or the
+    # replica completes far fewer than its share (``SHORT_SHARE_SURPRISE``) and its few are
+    # slower than its peers': few because they are slow, not a quiet replica's.
     shift = math.log(min_ratio)
     inflation = calibration.inflation()
 
@@ -330,7 +347,7 @@ def _latency_steps(
         block[1] += weighted_diff
         block[2] += weighted_var
         found = step(block)
-        if block[0] >= MIN_BLOCK_REQUESTS or found[0] >= critical_llr:
+        if block[0] >= MIN_BLOCK_REQUESTS or found[0] >= critical_llr or (instance in short and found[0] > 0):
             del blocks[instance]
             if block[2] > 0 and instance not in named:  # how far healthy ones stray (``InstanceState.names``)
                 calibration.note([abs(block[1]) / math.sqrt(block[2])])
@@ -338,6 +355,29 @@ def _latency_steps(
     if inflation is None:
         return {}  # too few differences seen yet to know how far they stray
     return steps
+
+
+def _short_of_share(instances: dict[str, InstanceState], ready: set[str], served: dict[str, int]) -> frozenset[str]:
+    """The instances of ``ready`` that completed surprisingly fewer of the window's requests
+    than their usual share (``SHORT_SHARE_SURPRISE``); each one's share learns the window.
+
+    The share is learned, not assumed even: a load balancer may weigh replicas unequally."""
+    if len(ready) < 2:
+        return frozenset()
+    names = sorted(ready)
+    counts = np.array([served[name] for name in names], dtype=np.int64)
+    total = int(counts.sum())
+    if total <= 0:
+        return frozenset()
+    even = 1.0 / len(names)
+    usual = np.array([even if math.isnan(instances[name].share) else instances[name].share for name in names])
+    usual = np.clip(usual / usual.sum(), 1e-6, 1.0 - 1e-6)  # replicas came or went: shares of those here
+    surprise = -np.log10(np.maximum(bdtr(counts, total, usual), 1e-300))
+    alpha = 1.0 - 0.5 ** (1.0 / SHARE_HALFLIFE)
+    for name, share, count in zip(names, usual, counts, strict=True):
+        state = instances[name]
+        state.share = float(share + alpha * (count / total - share))
+    return frozenset(name for name, s in zip(names, surprise, strict=True) if s >= SHORT_SHARE_SURPRISE)
 
 
 @dataclass
