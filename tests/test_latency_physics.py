@@ -8,10 +8,21 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any
 
-from servewatch.models.detect.signal_detector import DetectorConfig, SignalDetector, Verdict
+import pytest
+
+from servewatch.models.detect.signal_detector import (
+    QUEUE_SHARE,
+    DetectorConfig,
+    SignalDetector,
+    Verdict,
+    queue_makes_up,
+)
 from servewatch.models.detect.signals import BY_SIGNAL, SPEC_SETS, Reading
 from servewatch.models.stats.latency import LoadConditionedLatency
+from servewatch.models.windows.open_window import aggregate_rows
+from servewatch.models.windows.segments import Segmenter
 from servewatch.schemas.anomaly import Signal
 
 
@@ -132,3 +143,26 @@ def test_at_the_usual_demand_an_unusual_window_and_a_paging_one_fire_at_once() -
         assert scraped.pages and not scraped.sustained
     _, at_finish = judged([(1.45, {}), (2.0, {})], Signal.PREFILL_TIME, source="engines")
     assert at_finish.pages and at_finish.sustained
+
+
+def test_a_burst_that_queues_a_few_requests_for_seconds_is_read_as_the_queue_it_is() -> None:
+    # A burst fills every slot: 5 of 20 requests wait 6 s for one, the rest none; each
+    # prefills in 1 s. TTFT's geometric mean triples, while the queue's (most requests
+    # waited 1 ms) is a tenth of it: compared so, the queue would seem a small part of the
+    # rise. Of the seconds users waited for a first token, 60 % were queueing.
+    records = []
+    for i in range(20):
+        queue = 6.0 if i < 5 else 0.001
+        records.append({"request_id": f"r{i}", "timestamp": 1005.0 + i * 0.1, "model": "m", "prompt_tokens": 5000,
+                        "completion_tokens": 10, "queue_s": queue, "prefill_s": 1.0, "ttft_s": queue + 1.0,
+                        "e2e_s": queue + 1.5, "finish_reason": "stop"})  # fmt: skip
+    (window,) = aggregate_rows(records, Segmenter(), 10.0)
+    load = window.load()
+    ttft = _geometric_ttft(records)
+    assert load["queue_s"] < QUEUE_SHARE * ttft  # a mean of logs: a small part
+    assert load["queue_share"] == pytest.approx(30.0 / 50.0, rel=1e-3)
+    assert queue_makes_up(Signal.TTFT, load, ttft)
+
+
+def _geometric_ttft(records: list[dict[str, Any]]) -> float:
+    return math.exp(sum(math.log(r["ttft_s"]) for r in records) / len(records))

@@ -61,7 +61,7 @@ from typing import Literal
 from scipy.special import pdtrc
 
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
-from servewatch.models.detect.signal_detector import QUEUE_SHARE, DetectorConfig
+from servewatch.models.detect.signal_detector import DetectorConfig, queue_makes_up
 from servewatch.models.explain.hints import MOMENTARY_BUSY, QUEUE_SIGNALS
 from servewatch.models.explain.wording import event_id
 from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status
@@ -129,7 +129,7 @@ def under_load(event: AnomalyEvent) -> bool:
     # its usual demand too, and a slower decode or prefill there is a fault, not the load.
     queue = load.get("queue_s", 0.0)
     queued = event.signal is Signal.QUEUE_TIME or (
-        event.signal in _QUEUE_TIMED and queue >= QUEUE_SHARE * event.observed
+        event.signal in _QUEUE_TIMED and queue_makes_up(event.signal, load, event.observed)
     )
     return queued and queue > 0 and load.get("running_vs_most", 0.0) >= MOMENTARY_BUSY
 

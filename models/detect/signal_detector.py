@@ -10,6 +10,7 @@ is adopted as the new normal.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -149,6 +150,18 @@ QUEUE_SENSITIVE = frozenset(
 )
 #: Share of a signal's time that queueing must make up for a full engine to explain it.
 QUEUE_SHARE = 0.25
+
+
+def queue_makes_up(signal: Signal, load: Mapping[str, float], observed: float) -> bool:
+    """Whether queueing makes up ``QUEUE_SHARE`` of a window's ``signal`` (observed at
+    ``observed`` seconds): for TTFT, the share of its seconds spent queueing where the
+    window says it (``queue_share``: request logs, whose ``queue_s`` is a mean of logs, not
+    comparable with a sum); else the mean queue against the signal's value."""
+    share = load.get("queue_share", math.nan) if signal is Signal.TTFT else math.nan
+    if share == share:
+        return share >= QUEUE_SHARE
+    queue = load.get("queue_s", math.nan)
+    return queue == queue and queue >= QUEUE_SHARE * observed
 
 
 @dataclass(slots=True)
@@ -315,10 +328,9 @@ class SignalDetector:
         flat_out = x.get("running_measured", 0.0) > 0 or x.get("running_vs_most", 1.0) >= MOMENTARY_BUSY
         if x.get("saturated", 0.0) > 0:
             return True
-        queue = x.get("queue_s", math.nan)
         # End-to-end time also grows with a full batch (every token decodes slower), queue or not.
-        queued = self.spec.signal in (Signal.QUEUE_TIME, Signal.E2E, Signal.WAITING_REQUESTS) or (
-            queue == queue and queue >= QUEUE_SHARE * reading.value
+        queued = self.spec.signal in (Signal.QUEUE_TIME, Signal.E2E, Signal.WAITING_REQUESTS) or queue_makes_up(
+            self.spec.signal, x, reading.value
         )
         return flat_out and queued
 

@@ -349,6 +349,13 @@ class WindowStats:
         queue = self.phase("queue")
         if queue.n:
             figures["queue_s"] = queue.geometric_mean
+            # The share of the time to first token spent queueing, from sums of seconds: a
+            # burst queues some requests for seconds and none of the rest, and a mean of logs
+            # (``queue_s``) then reads the queue as a small part of TTFT when it is most of it.
+            ttft_s = float(self.block.sums[self.row, COLUMN_OF["ttft_sum"]])
+            if ttft_s > 0:
+                queued_s = e2e - float(self.block.sums[self.row, COLUMN_OF["running_s"]])
+                figures["queue_share"] = min(max(queued_s / ttft_s, 0.0), 1.0)
         running = self.model_running_s if self.model_requests > 0 else self.running_s
         figures["model_running"] = running * per_s  # slots busy on average (Little's law)
         # Engine throughput per request: tokens per second of prefill and of decode.
