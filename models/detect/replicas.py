@@ -26,8 +26,9 @@ Real traffic is rougher than a per-request spread says, so three guards (each fo
 real GPU load tests, where replicas are random splits of one server's requests and any page
 is false): a segment's spread is its window's shrunk towards the one learned over many
 (``PRIOR_SPREAD``, ``PRIOR_DF``); a comparison pools an instance's windows until it holds
-``MIN_BLOCK_REQUESTS`` requests (or critical evidence already, or while it completes far fewer
-requests than its usual share: ``SHORT_SHARE_SURPRISE``); and the standard errors are calibrated against how far
+``MIN_BLOCK_REQUESTS`` requests (or critical evidence already, or slower requests while it
+completes far fewer than its usual share: ``SHORT_SHARE_SURPRISE``); and the standard errors
+are calibrated against how far
 the model's recent differences actually strayed (``Calibration``), nothing judged before
 ``CALIBRATION_SEEN`` of them. As a segment's lifecycle, one window pages alone only with
 critical evidence (``models.detect.peer_incidents``).
