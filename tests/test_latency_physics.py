@@ -24,6 +24,7 @@ from servewatch.models.stats.latency import LoadConditionedLatency
 from servewatch.models.windows.open_window import aggregate_rows
 from servewatch.models.windows.segments import Segmenter
 from servewatch.schemas.anomaly import Signal
+from servewatch.schemas.request_log import RequestLog
 
 
 def demand(ratio: float) -> dict[str, float]:
@@ -82,7 +83,7 @@ def judged(
     """Verdicts of a trained TTFT detector (judging ``signal`` from ``source``'s windows) on
     windows at ``factor`` times the usual TTFT, at the usual demand (plus ``extra`` inputs),
     each learned or noted as the worker does."""
-    config = DetectorConfig(source=source)
+    config = DetectorConfig()
     model = trained()
     usual = model.predict_one(demand(1.0)).expected
     detector = SignalDetector(SPEC_SETS[source][signal], model, tracker=config.tracker())
@@ -153,9 +154,11 @@ def test_a_burst_that_queues_a_few_requests_for_seconds_is_read_as_the_queue_it_
     records = []
     for i in range(20):
         queue = 6.0 if i < 5 else 0.001
-        records.append({"request_id": f"r{i}", "timestamp": 1005.0 + i * 0.1, "model": "m", "prompt_tokens": 5000,
-                        "completion_tokens": 10, "queue_s": queue, "prefill_s": 1.0, "ttft_s": queue + 1.0,
-                        "e2e_s": queue + 1.5, "finish_reason": "stop"})  # fmt: skip
+        records.append(RequestLog.model_validate({
+            "request_id": f"r{i}", "timestamp": 1_767_225_605.0 + i * 0.1, "model": "m", "prompt_tokens": 5000,
+            "completion_tokens": 10, "queue_s": queue, "prefill_s": 1.0, "ttft_s": queue + 1.0,
+            "e2e_s": queue + 1.5, "finish_reason": "stop",
+        }).to_row())  # fmt: skip
     (window,) = aggregate_rows(records, Segmenter(), 10.0)
     load = window.load()
     ttft = _geometric_ttft(records)

@@ -231,8 +231,8 @@ class ReplicaWatch:
             state.last_seen = end
         ready = {name for name, state in instances.items() if state.served >= self.warmup_requests and name in served}
         findings: dict[str, dict[Signal, tuple[float, float]]] = {name: {} for name in ready}
-        short = _short_of_share(instances, ready, served)
         if len(ready) >= 2:
+            short = _short_of_share(instances, ready, served)
             for signal, (phase, _) in LATENCY_PHASES.items():
                 calibration = self.calibration.setdefault(f"{model}|{phase}", Calibration())
                 blocks = self.blocks.setdefault(f"{model}|{phase}", {})
@@ -363,9 +363,7 @@ def _short_of_share(instances: dict[str, InstanceState], ready: set[str], served
     than their usual share (``SHORT_SHARE_SURPRISE``); each one's share learns the window.
 
     The share is learned, not assumed even: a load balancer may weigh replicas unequally."""
-    if len(ready) < 2:
-        return frozenset()
-    names = sorted(ready)
+    names = list(ready)
     counts = np.array([served[name] for name in names], dtype=np.int64)
     total = int(counts.sum())
     if total <= 0:
