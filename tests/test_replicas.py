@@ -6,17 +6,20 @@ from __future__ import annotations
 import json
 import math
 import re
+import statistics
 from dataclasses import replace
 
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from servewatch.models.detect.bank import DetectorBank
 from servewatch.models.detect.engine_peers import MIN_COUNT, EnginePeers
 from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.models.detect.peer_incidents import tail_spread
-from servewatch.models.detect.replicas import ReplicaWatch
+from servewatch.models.detect.replicas import ReplicaWatch, _median_without
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.engine_window import EngineWindow
 from servewatch.models.windows.window import COLUMN_OF, WindowStats, log_seconds
@@ -445,3 +448,23 @@ async def test_the_triage_page_has_a_replica_table_linked_from_the_incident(make
     assert "10.0.0.3:8000" not in await (await client.get("/segments")).text()
     [group] = store.groups(Filters())
     assert 'href="/replicas?model=m"' in await (await client.get(f"/groups/{group.group}")).text()
+
+
+# The comparison's shortcuts give what the plain computations give, to the last bit: the
+# detectors' decisions (and the golden replay) must not move with them.
+FINITE = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(FINITE, min_size=2, max_size=70), st.data())
+def test_median_of_the_peers_is_the_median_of_the_others(means: list[float], data: st.DataObject) -> None:
+    ordered = sorted(means)
+    rank = data.draw(st.integers(0, len(ordered) - 1))
+    others = ordered[:rank] + ordered[rank + 1 :]
+    assert _median_without(ordered, rank) == statistics.median(others)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.floats(min_value=0.0, max_value=1e6, allow_nan=False), min_size=1, max_size=600))
+def test_tail_spread_is_numpys_percentile(values: list[float]) -> None:
+    assert tail_spread(values) == float(np.quantile(np.array(values), 0.9)) / 1.645

@@ -92,8 +92,28 @@ class InstanceState:
 def tail_spread(values: Iterable[float]) -> float:
     """The spread of absolute differences read from their tail: the 90th percentile over the
     normal curve's (1.645). A percentile, so that a minority of bad replicas moves it little;
-    the 90th, because differences between replicas have heavier tails than a median shows."""
-    return float(np.quantile(np.fromiter(values, dtype=float), 0.9)) / 1.645
+    the 90th, because differences between replicas have heavier tails than a median shows.
+
+    >>> tail_spread([0.0, 1.0, 2.0, 3.0]) == float(np.quantile([0.0, 1.0, 2.0, 3.0], 0.9)) / 1.645
+    True
+    """
+    return _percentile(np.fromiter(values, dtype=float), 0.9) / 1.645
+
+
+def _percentile(values: np.ndarray, q: float) -> float:
+    """``np.quantile(values, q)`` (its default, linear interpolation), to the last bit, by a
+    partition around the two values it interpolates: ``np.quantile`` costs a few times more
+    in its generality on the few hundred values a comparison keeps, once per window."""
+    n = len(values)
+    at = (n - 1) * q
+    if at >= n - 1:
+        return float(values.max())
+    low = math.floor(at)
+    gamma = at - low
+    around = np.partition(values, (low, low + 1))
+    a, b = float(around[low]), float(around[low + 1])
+    # numpy's lerp: from the nearer end, so that the result is exact at either end.
+    return b - (b - a) * (1.0 - gamma) if gamma >= 0.5 else a + (b - a) * gamma
 
 
 def restored_instances(
