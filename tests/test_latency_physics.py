@@ -169,3 +169,21 @@ def test_a_burst_that_queues_a_few_requests_for_seconds_is_read_as_the_queue_it_
 
 def _geometric_ttft(records: list[dict[str, Any]]) -> float:
     return math.exp(sum(math.log(r["ttft_s"]) for r in records) / len(records))
+
+
+def test_a_queue_at_the_usual_demand_is_a_burst_only_while_the_window_shows_the_slots_full() -> None:
+    # Requests queue at 0.9x the usual arrivals, and the queue is most of TTFT. The smoothed
+    # busy-slot figure still remembers the full windows before (0.72 of the most ever).
+    queued = {"queue_s": 7.0, "queue_share": 0.8, "arrivals_vs_usual": 0.9, "running_vs_most": 0.72,
+              "arrivals_seen_s": 40.0}  # fmt: skip
+    detector = SignalDetector(SPEC_SETS["requests"][Signal.TTFT], LoadConditionedLatency())
+
+    def load_explains(**figures: float) -> bool:
+        return detector._saturated(Reading(9.0, 20, {**queued, **figures}))
+
+    assert load_explains(running_now_vs_most=0.95)  # a burst: every slot busy in its window
+    assert not load_explains(running_now_vs_most=0.53)  # half the slots lost: a fault
+    # The same low window draining a queue older than the arrivals it sees: a past surge's.
+    assert load_explains(running_now_vs_most=0.53, queue_s=600.0)
+    # Above the usual demand a window reading low is the luck of which requests ended in it.
+    assert load_explains(running_now_vs_most=0.53, arrivals_vs_usual=1.3)

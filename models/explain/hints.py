@@ -171,6 +171,21 @@ def _saturated(load: dict[str, float]) -> str:
     )
 
 
+def slots_short_now(load: Mapping[str, float]) -> bool:
+    """Whether a queue at no more than the usual demand met engines that kept well fewer
+    slots busy in this window than they ever have (``running_now_vs_most`` below
+    ``MOMENTARY_BUSY``): a burst too short to lift a window's arrivals fills every slot in the
+    window that holds it, while slots lost show in the window's own figure before the smoothed
+    one (``running_vs_most``) lets go of the full windows before them. Not where the queue is
+    older than the arrivals the demand figure sees (``arrivals_seen_s``): a past surge's
+    backlog, whose demand is not in that figure, drains through windows that read low."""
+    return (
+        load.get("arrivals_vs_usual", math.inf) <= 1.0
+        and load.get("running_now_vs_most", math.nan) < MOMENTARY_BUSY
+        and load.get("queue_s", math.inf) < load.get("arrivals_seen_s", math.nan)
+    )
+
+
 def engine_slots_idle(load: dict[str, float]) -> bool:
     """An engine's gauges say it ran well below the most it has (its KV cache not full) when
     its queue formed: whatever demand did, that queue is not saturation
@@ -257,6 +272,8 @@ def _queue_hints(load: dict[str, float], usual: Baseline, rank: Callable[..., No
     # A queue forms only when every slot is busy: one that forms while the engines keep far
     # fewer slots busy than they have before means slots (or KV-cache memory) were lost.
     busy = load.get("running_vs_most", math.nan)
+    if slots_short_now(load):  # the figure that judged the queue a fault is the one to show
+        busy = min(busy, load["running_now_vs_most"])
     if queued and not math.isnan(busy) and busy < CAPACITY_LOST_SHARE:
         rank(  # the cause, ahead of the queue it leaves (``queue_building`` ranks at most 9)
             9.5 + (1.0 - busy),

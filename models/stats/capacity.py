@@ -144,7 +144,9 @@ class Capacity(CompactState):
         ring's windows; the served figures when the window says nothing of arrivals),
         ``capacity_requests_per_s``, ``capacity_prompt_tokens_per_s``, ``arrivals_vs_usual``
         (arrivals), ``served_vs_capacity``, ``running_vs_most`` (slots kept busy against the
-        most ever; these three only once the capacity is known) and ``saturated`` (1.0 or 0.0)."""
+        most ever, smoothed), ``running_now_vs_most`` (the same, this window alone) and
+        ``arrivals_seen_s`` (the seconds of starts the arrival figures cover; these five only
+        once the capacity is known) and ``saturated`` (1.0 or 0.0)."""
         ring = self._ring()
         length = float(window.length)
         shift = round((window.end - self.ring_end) / length) if self.ring_end > -1e17 else ARRIVAL_LAGS
@@ -191,6 +193,11 @@ class Capacity(CompactState):
         most = self.most_running
         if known and most > 0:
             load["running_vs_most"] = round(self.running_smoothed / most, 4)
+            # The window's own figure beside it: a burst fills every slot in the window that
+            # holds it, while slots lost show here before the smoothed figure lets go of the
+            # full windows before (``models.explain.hints.slots_short_now``).
+            load["running_now_vs_most"] = round(running / most, 4)
+            load["arrivals_seen_s"] = ARRIVAL_LAGS * length  # how far back the arrivals figure sees
         if not known or busy < p.held_share:
             self.saturated = 0.0  # the engines serve less than they can: not load (any more)
         elif busy >= p.busy_share and surge >= p.surge_ratio:
