@@ -361,8 +361,8 @@ def _latency_steps(
 
 
 def _median_without(ordered: list[float], rank: int) -> float:
-    """``statistics.median`` of sorted ``ordered`` less its value at ``rank``, without the
-    copy and sort per instance (with 64 replicas, those were most of a comparison).
+    """``statistics.median`` of sorted ``ordered`` less its value at ``rank``: one sort per
+    segment for all its instances, not a copy and a sort for each.
 
     >>> _median_without([1.0, 2.0, 4.0, 8.0], 1), _median_without([1.0, 2.0, 4.0], 2)
     (4.0, 1.5)

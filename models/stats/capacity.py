@@ -144,9 +144,9 @@ class Capacity(CompactState):
         ring's windows; the served figures when the window says nothing of arrivals),
         ``capacity_requests_per_s``, ``capacity_prompt_tokens_per_s``, ``arrivals_vs_usual``
         (arrivals), ``served_vs_capacity``, ``running_vs_most`` (slots kept busy against the
-        most ever, smoothed), ``running_now_vs_most`` (the same, this window alone) and
-        ``arrivals_seen_s`` (the seconds of starts the arrival figures cover; these five only
-        once the capacity is known) and ``saturated`` (1.0 or 0.0)."""
+        most ever, smoothed), ``running_now_vs_most`` (the same, this window alone),
+        ``arrivals_seen_s`` (the seconds of starts the arrival figures cover), these five only
+        once the capacity is known; and ``saturated`` (1.0 or 0.0)."""
         ring = self._ring()
         length = float(window.length)
         shift = round((window.end - self.ring_end) / length) if self.ring_end > -1e17 else ARRIVAL_LAGS
