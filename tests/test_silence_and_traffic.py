@@ -155,3 +155,44 @@ def test_a_partials_partition_read_minutes_behind_the_others_closes_no_incident_
 
     assert not [e for e in behind if e.status is Status.RESOLVED and e.hints and e.hints[0].code == "no_data"]
     assert any(e.transition == "firing" for e in in_step) and ids(behind) == ids(in_step)
+
+
+def test_a_models_traffic_is_judged_whole_when_its_partials_partitions_release_apart() -> None:
+    """A model's segments travel through several partials partitions, released apart: one a
+    window behind the other must not leave a window's traffic counted from the first alone
+    (``WindowAssembler.complete_until``), which reads as the model going dark where its
+    segments all travel through the partitions behind. (Both partitions stay under the
+    assembler's wait for a silent one: a partition silent longer is idle, and the windows go
+    without it.)"""
+    settings = Settings(topic_partitions=2, assembler_max_wait_s=60)
+    one = StageOne(settings)
+    two = StageTwo(settings, via_of=lambda key: partials_partition(key, 2))
+    judged: dict[float, dict[str, int]] = {}
+    observe = two.bank.traffic.observe
+
+    def spy(start: float, end: float, counts: dict[str, int]) -> list[AnomalyEvent]:
+        judged[start] = dict(counts)
+        return observe(start, end, counts)
+
+    two.bank.traffic.observe = spy  # type: ignore[method-assign]
+    workload = Workload((Phase("normal", 600),), seed=12)
+    truth: dict[float, dict[str, int]] = {}
+    behind: deque[tuple[float, bytes]] = deque()  # partition 1's bundles, read 15 s late
+    for offset, (second, batch) in enumerate(workload.seconds()):
+        now = second - EPOCH
+        for record in batch:
+            window = truth.setdefault(10.0 * (record["timestamp"] // 10.0), {})
+            window[record["model"]] = window.get(record["model"], 0) + 1
+        _, partials = one.process(orjson.dumps(batch), MessageOrigin("requests", 0, offset), now=now)
+        for via, bundle in one.bundles(partials, 2):
+            # A watermark sent says every window ending by it was sent: none still open.
+            assert all(mark <= one.windower.oldest_open_start for mark in orjson.loads(bundle)["watermarks"].values())
+            if via == 1:
+                behind.append((now + 15.0, bundle))
+            else:
+                two.receive(bundle, via=via, now=now)
+        while behind and behind[0][0] <= now:
+            two.receive(behind.popleft()[1], via=1, now=now)
+    assert two.assembler.late_partials == 0 and len(judged) > 40
+    wrong = {start - EPOCH: (judged[start], truth[start]) for start in judged if judged[start] != truth[start]}
+    assert not wrong, wrong

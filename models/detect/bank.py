@@ -77,9 +77,16 @@ class DetectorBank:
     window_s: float = math.inf  # the windows' length (of the last judged)
     traffic: TrafficWatch = field(init=False)  # requests per model per window (models going dark)
     replicas: ReplicaWatch = field(init=False)  # each serving instance against its peers
-    # Windows' requests per model not judged yet, and the latest window requests started in.
+    #: Event time up to which every stream carrying this bank's windows has released them
+    #: (the worker's partials partitions: ``WindowAssembler.complete_until``). A model's
+    #: segments travel through several, released apart: its traffic in a window is counted
+    #: whole, and judged, only once all have released it.
+    traffic_complete_until: float = math.inf
+    # Windows' requests per model not judged yet, the latest window requests started in, and
+    # the end of the last window whose traffic was judged.
     _traffic_pending: dict[tuple[float, float], dict[str, int]] = field(default_factory=dict, repr=False)
     _started_in: float = -math.inf
+    _traffic_judged_until: float = -math.inf
     expired: list[str] = field(default_factory=list)  # keys of segments dropped as idle, not yet told
     #: Judged windows as points for charts (``SeriesPoint``), when kept (a list: the worker
     #: drains it after every round); ``None``, the default, costs nothing (replays, backtests).
@@ -224,7 +231,7 @@ class DetectorBank:
         still finishing)."""
         pending = self._traffic_pending
         for window in windows:
-            if window.end > self.clock:
+            if window.end > self._traffic_judged_until:
                 per_model = pending.setdefault((window.start, window.end), {})
                 model = window.labels.get("model", "other")
                 per_model[model] = per_model.get(model, 0) + int(window.requests)
@@ -236,9 +243,10 @@ class DetectorBank:
                     break
         events = []
         for start, end in sorted(pending):
-            if start >= self._started_in:
+            if start >= self._started_in or end > self.traffic_complete_until:
                 break
             events += self.traffic.observe(start, end, pending.pop((start, end)))
+            self._traffic_judged_until = end
         while len(pending) > TRAFFIC_PENDING_MAX:  # no start times seen (requests all longer
             del pending[min(pending)]  # than ARRIVAL_LAGS windows): those go unjudged
         return events

@@ -446,6 +446,13 @@ class WindowAssembler:
                 ready.add(slot)
         return self._release(ready)
 
+    def complete_until(self, now: float) -> float:
+        """Event time up to which every partials partition heard from has released each window
+        it will get partials of: a window's segments travel through several partitions, so a
+        figure over all of them (a model's requests in the window) is whole only then."""
+        bound = min((self._slowest(via, now) for via in {via for via, _ in self.progress}), default=math.inf)
+        return min([bound, *(start for _, start in self.pending)])
+
     def flush_all(self) -> list[WindowStats]:
         return self._release(set(self.pending))
 

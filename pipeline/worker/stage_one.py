@@ -352,7 +352,9 @@ class StageOne:
         """
         length = self.settings.windows.window_s
         due = {}
-        mark = self.windower.watermark
+        # A watermark says every window ending by it was sent: never past a window still open.
+        # (Closing one can move the watermark on: the allowed lateness it learns shrinks.)
+        mark = min(self.windower.watermark, self.windower.oldest_open_start)
         for partition in self.windower.max_event_time:
             last = self.announced.get(partition)
             if math.isfinite(mark) and (last is None or math.floor(mark / length) > math.floor(last / length)):

@@ -176,10 +176,15 @@ class StageTwo:
         return now - self._partials_heard >= self.settings.windows.idle_flush_s and any(self.unacked.values())
 
     def release_due(self, now: float | None = None) -> list[AnomalyEvent]:
-        return self._judge(self.assembler.due(time.monotonic() if now is None else now))
+        now = time.monotonic() if now is None else now
+        windows = self.assembler.due(now)
+        if self.via_of is not None:  # a model's segments travel through several partitions
+            self.bank.traffic_complete_until = self.assembler.complete_until(now)
+        return self._judge(windows)
 
     def release_all(self, final: bool = False) -> list[AnomalyEvent]:
         """Judge every window still held (``final``: the stream ended; its last windows are partial)."""
+        self.bank.traffic_complete_until = math.inf  # nothing held back any more
         return self._judge(self.assembler.flush_all(), final)
 
     def _judge(self, windows: list[WindowStats], final: bool = False) -> list[AnomalyEvent]:
