@@ -46,12 +46,14 @@ def _naming(result: ScenarioResult, host: str) -> list:
 def row(result: ScenarioResult) -> str:
     scenario = result.scenario
     right = [e for e in _naming(result, FAULTY_HOST) if result.injected_at < e.window_end]
-    onset = WINDOW_S * (result.injected_at // WINDOW_S)
-    delay = f"{(min(e.window_end for e in right) - onset) / WINDOW_S:.0f}" if right else "-"
-    # From the window holding the first request the fault changed, as bench.detection counts
-    # its real runs: a prefill slowed now shows once that request has decoded its answer.
-    logged = WINDOW_S * (result.first_evidence // WINDOW_S)
-    since_logged = f"{(min(e.window_end for e in right) - logged) / WINDOW_S:.0f}" if right else "-"
+    first = min((e.window_end for e in right), default=None)
+
+    def windows_from(start: float) -> str:
+        return "-" if first is None else f"{(first - WINDOW_S * (start // WINDOW_S)) / WINDOW_S:.0f}"
+
+    # Also from the window holding the first request the fault changed, as bench.detection
+    # counts its real runs: a prefill slowed now shows once that request has decoded its answer.
+    delay, since_logged = windows_from(result.injected_at), windows_from(result.first_evidence)
     wrong = {
         e.segment.get("instance")
         for e in result.pages

@@ -62,7 +62,7 @@ from scipy.special import pdtrc
 
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
 from servewatch.models.detect.signal_detector import DetectorConfig, queue_makes_up
-from servewatch.models.explain.hints import MOMENTARY_BUSY, QUEUE_SIGNALS, slots_short_now
+from servewatch.models.explain.hints import QUEUE_SIGNALS, slots_kept_full
 from servewatch.models.explain.wording import event_id
 from servewatch.schemas.anomaly import AnomalyEvent, Severity, Signal, Status
 from servewatch.schemas.feedback import Feedback
@@ -131,7 +131,7 @@ def under_load(event: AnomalyEvent) -> bool:
     queued = event.signal is Signal.QUEUE_TIME or (
         event.signal in _QUEUE_TIMED and queue_makes_up(event.signal, load, event.observed)
     )
-    return queued and queue > 0 and load.get("running_vs_most", 0.0) >= MOMENTARY_BUSY and not slots_short_now(load)
+    return queued and queue > 0 and slots_kept_full(load, unknown=False)
 
 
 def demand_surged(load: Mapping[str, float], window_s: float) -> bool:

@@ -18,7 +18,7 @@ from scipy.special import bdtrik
 
 from servewatch.models.detect.lifecycle import IncidentTracker
 from servewatch.models.detect.signals import SPECS, Reading, SignalSpec, structural_cache_surprise
-from servewatch.models.explain.hints import MOMENTARY_BUSY, engine_slots_idle, slots_short_now
+from servewatch.models.explain.hints import engine_slots_idle, slots_kept_full
 from servewatch.models.stats.latency import Prediction
 from servewatch.models.stats.tails import TWO_LOOKS, student_bound
 from servewatch.schemas.anomaly import Signal
@@ -308,9 +308,9 @@ class SignalDetector:
         """Whether a queue-sensitive rise is the engines' capacity binding: saturation (a surge
         beyond what they serve, ``models.stats.capacity``), or a logged queue that makes up a good
         part of the signal (``QUEUE_SHARE``; a burst slows prefill too) while the model's
-        engines keep nearly as many slots busy as they ever have (``MOMENTARY_BUSY``; at the
-        usual demand, in the window itself too: ``slots_short_now``): a burst too short to lift
-        a window's arrivals (seconds of them fill every slot). A fault that
+        engines keep nearly as many slots busy as they ever have (``slots_kept_full``; at the
+        usual demand, in the window itself too): a burst too short to lift a window's arrivals
+        (seconds of them fill every slot). A fault that
         slows service shows in its own signals (prefill per token, inter-token latency), which
         still page; one that loses slots keeps fewer busy, and pages here."""
         x = reading.x
@@ -328,9 +328,7 @@ class SignalDetector:
         # busy than before" to find: a queue then is the engines full, as any queue is at first.
         # The smoothed figure forgives a window that reads low by the luck of which requests
         # ended in it, but not one at the usual demand whose own figure shows slots lost.
-        flat_out = x.get("running_measured", 0.0) > 0 or (
-            x.get("running_vs_most", 1.0) >= MOMENTARY_BUSY and not slots_short_now(x)
-        )
+        flat_out = x.get("running_measured", 0.0) > 0 or slots_kept_full(x, unknown=True)
         if x.get("saturated", 0.0) > 0:
             return True
         # End-to-end time also grows with a full batch (every token decodes slower), queue or not.

@@ -186,6 +186,17 @@ def slots_short_now(load: Mapping[str, float]) -> bool:
     )
 
 
+def slots_kept_full(load: Mapping[str, float], *, unknown: bool) -> bool:
+    """Whether the model's engines kept nearly as many slots busy as they ever have while a
+    queue formed (``running_vs_most`` at least ``MOMENTARY_BUSY``), and, at no more than the
+    usual demand, in the window itself too (``slots_short_now``); ``unknown`` before the most
+    they keep is learned."""
+    busy = load.get("running_vs_most")
+    if busy is None:
+        return unknown
+    return busy >= MOMENTARY_BUSY and not slots_short_now(load)
+
+
 def engine_slots_idle(load: dict[str, float]) -> bool:
     """An engine's gauges say it ran well below the most it has (its KV cache not full) when
     its queue formed: whatever demand did, that queue is not saturation
