@@ -12,8 +12,9 @@ cycle, three normal hours, a 2.5x surge, and two faults on the same traffic; ``-
 seven days, which take tens of minutes).
 
 First, per scenario and seed: the signals that must page and, for each, the windows from the
-first window that holds a faulty request to the end of the first paging window (2 is the
-least: an incident needs 2 anomalous windows of 3), its first hint, the signals that paged in
+first window that holds a request showing the fault to it (a cut answer for
+``length_truncation``) to the end of the first paging window (2 is the least: an incident
+needs 2 anomalous windows of 3), its first hint, the signals that paged in
 the fault, and false incidents (incidents outside the fault and its aftermath, counted by
 fingerprint). Then, per family, servewatch beside two naive TTFT detectors
 (``bench/baselines.py``: a fixed fleet-wide p95 threshold, a load-blind rolling z-score) on
@@ -172,8 +173,8 @@ def main() -> None:
                     tally[family][detector]["delay"].append((min(in_fault) + WINDOW_S - onset) / WINDOW_S)
     print()
     print("windows: to the end of the first paging window, from the first window holding a request the fault")
-    print("changed (real runs; simulations through slot-limited engines) or the fault phase's start (the")
-    print("synthetic family: a fault hits requests starting service after it);")
+    print("changed (for error_rate, length_truncation and reasoning_leak: a failed, cut or leaking one; a")
+    print("lowered max_tokens cuts an answer only once it has decoded that many tokens);")
     print("an incident needs 2 anomalous windows of 3, so 2 is the least. false: incidents outside the fault")
     print("and its aftermath (60 s; 300 s on real arrivals, where a backlog drains), by fingerprint.")
     print("groups: incident groups starting to page outside them (a group's first record above info),")

@@ -24,7 +24,7 @@ from servewatch.pipeline.dev.scenarios import (
     ScenarioResult,
     run_scenario,
 )
-from servewatch.pipeline.dev.simulator import EPOCH
+from servewatch.pipeline.dev.simulator import EPOCH, Workload
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 
 PAGER_BY_NAME = {s.name: s for s in PAGER_SCENARIOS}
@@ -56,6 +56,25 @@ def test_injected_faults_are_caught_within_a_few_windows(name: str) -> None:
     for signal in r.scenario.must_page:
         delay = r.first_page_delay(signal)
         assert delay is not None and delay <= 60, f"{signal.value} paged {delay} s after the fault"
+
+
+def test_a_cut_answer_shows_a_lowered_max_tokens_only_once_it_has_decoded_that_many_tokens() -> None:
+    """The truncation case's delay counts from the first answer cut: a leaked marker shows the
+    same fault within seconds, but no request can be cut before it has decoded 1,000 tokens."""
+    scenario = BY_NAME["truncation"]
+    workload = scenario.build(7)
+    firsts = workload.first_faulty_logs
+    injected_at = workload.start + scenario.warmup_s
+    records = [r for _, batch in workload.seconds() for r in batch]
+    cut = [r for r in records if r["finish_reason"] == "length" and r["timestamp"] - r["e2e_s"] >= injected_at]
+    leaked = [r for r in records if "</think>" in r.get("content", "")]
+    assert firsts["cut"] == min(r["timestamp"] for r in cut)
+    assert firsts["leaked"] == min(r["timestamp"] for r in leaked)
+    assert injected_at < firsts["leaked"] < firsts["cut"]
+    assert firsts["cut"] - injected_at > 1000 * Workload.itl_s * 0.9  # decoded 1,000 tokens first
+    assert workload.first_faulty_log_s == firsts["leaked"]
+    # Nothing injected: nothing shows.
+    assert BY_NAME["daily_cycle"].build(7).first_faulty_logs == {}
 
 
 def test_traffic_growth_is_reported_as_explained_by_load() -> None:

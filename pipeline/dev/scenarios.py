@@ -365,6 +365,9 @@ PAGER_WEEK = _pager(
     judged_from_s=0.0,
 )
 
+#: The signals that see a fault only in requests that show it one way (``simulator.FAULT_SHOWS``).
+SHOWN_BY = {Signal.LENGTH_TRUNCATION: "cut", Signal.ERROR_RATE: "failed", Signal.REASONING_LEAK: "leaked"}
+
 BY_NAME = {scenario.name: scenario for scenario in (*SCENARIOS, *PAGER_SCENARIOS, PAGER_WEEK)}
 
 
@@ -397,12 +400,22 @@ class ScenarioResult:
     seconds: float  # wall time of the replay
     stream_start: float = 0.0
     onset: float | None = None  # when the first faulty request was logged, where the workload says
+    #: Per way a request shows the fault (``simulator.FAULT_SHOWS``), when the first such was logged.
+    onsets: dict[str, float] = field(default_factory=dict)
 
     @property
     def first_evidence(self) -> float:
         """Event time from which the fault can be seen in the logs: the injected phase's start,
         or later where the workload knows its first faulty request ended later."""
         return max(self.injected_at, self.onset) if self.onset is not None else self.injected_at
+
+    def first_evidence_of(self, signal: Signal) -> float:
+        """Event time from which ``signal`` can see the fault: a lowered ``max_tokens`` shows
+        once a cut answer is logged, however early a leaked marker showed the same fault."""
+        way = SHOWN_BY.get(signal)
+        if way is None or way not in self.onsets:
+            return self.first_evidence
+        return max(self.injected_at, self.onsets[way])
 
     @property
     def judged_from(self) -> float:
@@ -471,12 +484,12 @@ class ScenarioResult:
         return None if first is None else first.window_end - self.injected_at
 
     def windows_to_page(self, signal: Signal, window_s: float = 10.0) -> int | None:
-        """Windows from the first that holds a faulty request to the first that paged (1:
-        that very window), counting both."""
+        """Windows from the first that holds a request showing the fault to ``signal`` to the
+        first that paged (1: that very window), counting both."""
         first = self.first_page(signal)
         if first is None:
             return None
-        return int((first.window_end - window_s * (self.first_evidence // window_s)) // window_s)
+        return int((first.window_end - window_s * (self.first_evidence_of(signal) // window_s)) // window_s)
 
     @property
     def caught(self) -> bool:
@@ -503,5 +516,5 @@ def run_scenario(scenario: Scenario, seed: int = 7, settings: Settings | None = 
     return ScenarioResult(
         scenario, events, injected_at, injected_at + scenario.injected_duration_s,
         workload.start + workload.duration_s, engine.stats.records, elapsed, workload.start,
-        getattr(workload, "first_faulty_log_s", None),
+        getattr(workload, "first_faulty_log_s", None), getattr(workload, "first_faulty_logs", {}),
     )  # fmt: skip

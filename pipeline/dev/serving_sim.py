@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from servewatch.pipeline.dev.simulator import EPOCH, phase_at
+from servewatch.pipeline.dev.simulator import EPOCH, NOTICEABLE, phase_at
 
 #: vLLM's KV-cache block: a prefix is cached in whole blocks.
 CACHE_BLOCK_TOKENS = 16
@@ -377,12 +377,6 @@ class _ModelRun:
     kv_held: np.ndarray  # KV tokens each request held while it ran
 
 
-#: A request's latency changed by a fault when it moved by more than this (in log terms, 10 %):
-#: the simulated prefill's own jitter per request (``lognormal(0, 0.1)``), which no single
-#: request's log can tell from a fault.
-NOTICEABLE = 0.1
-
-
 @dataclass
 class TraceWorkload:
     """Request-log dicts (``RequestLog`` JSON) from the fleet simulation, in finish-time order.
@@ -420,32 +414,46 @@ class TraceWorkload:
     @property
     def first_faulty_log_s(self) -> float | None:
         """When (event time) the first request the injected phase (``fault_phase``, the second
-        by default) changed was logged. The same fleet is simulated again with that phase
-        healthy (its traffic kept): the random draws are the same, so a request whose service
-        (time to first token or end to end, by more than ``NOTICEABLE``) or answer (tokens,
-        finish reason, leak) differs is one the fault touched. A detector cannot know of a
-        fault before: requests are logged when they end, so half the slots lost shows once a
-        request that queued for one has finished, and a slower prefill of long prompts once a
-        long prompt has (not when a short one decoded 3 % slower beside it)."""
+        by default) changed was logged. A detector cannot know of a fault before: requests are
+        logged when they end, so half the slots lost shows once a request that queued for one
+        has finished, and a slower prefill of long prompts once a long prompt has (not when a
+        short one decoded 3 % slower beside it)."""
+        return min(self.first_faulty_logs.values(), default=None)
+
+    @functools.cached_property
+    def first_faulty_logs(self) -> dict[str, float]:
+        """Per way a request can show the fault (``FAULT_SHOWS``), when the first request that
+        shows it was logged. The same fleet is simulated again with the injected phase healthy
+        (its traffic kept): the random draws are the same, so a request whose service (time to
+        first token or end to end, by more than ``NOTICEABLE``) or answer (tokens, finish
+        reason, leak) differs is one the fault touched."""
         if len(self.phases) <= self.fault_phase:
-            return None
+            return {}
         self._simulated()
         fault = self.phases[self.fault_phase]
         healthy_phase = SimPhase(fault.name, fault.duration_s, traffic=fault.traffic, models=fault.models)
         phases = (*self.phases[: self.fault_phase], healthy_phase, *self.phases[self.fault_phase + 1 :])
         healthy = replace(self, phases=phases)
         healthy._simulated()
-        ends = []
+        firsts: dict[str, float] = {}
         for name, run in self._runs.items():
             other = healthy._runs[name]
             ttft, healthy_ttft = run.start - run.arrival + run.prefill, other.start - other.arrival + other.prefill
             slower = np.abs(np.log(ttft / healthy_ttft)) > NOTICEABLE
             slower |= np.abs(np.log((ttft + run.decode) / (healthy_ttft + other.decode))) > NOTICEABLE
-            changed = slower | (run.output != other.output) | (run.leaked != other.leaked)
-            changed |= np.array(run.finish) != np.array(other.finish)
-            if changed.any():
-                ends.append(float(np.min((run.start + run.prefill + run.decode)[changed])))
-        return self.start + min(ends) if ends else None
+            finish, healthy_finish = np.array(run.finish), np.array(other.finish)
+            shows = {
+                "cut": (finish == "length") & (healthy_finish != "length"),
+                "failed": (finish == "error") & (healthy_finish != "error"),
+                "leaked": run.leaked != other.leaked,
+                "served": slower | (run.output != other.output) | (finish != healthy_finish),
+            }
+            ends = run.start + run.prefill + run.decode
+            for way, changed in shows.items():
+                if changed.any():
+                    first = self.start + float(np.min(ends[changed]))
+                    firsts[way] = min(firsts.get(way, first), first)
+        return firsts
 
     def occupancy(self, model: str) -> Occupancy:
         """Busy slots and waiting requests of ``model`` per simulated second (after the run)."""

@@ -14,13 +14,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
 #: 2026-01-01T00:00:00Z, a fixed start so scenarios are reproducible.
 EPOCH = 1_767_225_600.0
+
+#: A request's latency changed by a fault when it moved by more than this (in log terms, 10 %):
+#: the simulated prefill's own jitter per request (``lognormal(0, 0.1)``), which no single
+#: request's log can tell from a fault.
+NOTICEABLE = 0.1
+#: The ways a request can show an injected fault, each first seen once such a request is
+#: logged: an answer cut by the length limit, a failure, a leaked reasoning marker, and any
+#: change to its service or answer at all (``served``).
+FAULT_SHOWS = ("cut", "failed", "leaked", "served")
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,30 @@ class Phase:
     leak_rate: float = 0.0  # share of answers with the reasoning end marker in the text
     long_prompt_slowdown: float = 1.0  # prefill slower by this factor for long prompts only
     long_prompt_tokens: int = 4096  # what counts as long
+
+
+#: What a phase without an injected condition serves like.
+HEALTHY = Phase("healthy", 0.0)
+
+
+def serves_differently(phase: Phase, *, prompt: int, wanted: int, shared_prefix: float) -> bool:
+    """Whether ``phase`` serves a request of these lengths noticeably unlike a healthy phase
+    would (the random failures and leaks it draws aside): answers cut shorter, cached tokens
+    gone, a prefill or decode slower by more than ``NOTICEABLE``.
+
+    >>> serves_differently(Phase("cut", 1.0, max_tokens=1000), prompt=800, wanted=300, shared_prefix=0.5)
+    False
+    >>> serves_differently(Phase("cut", 1.0, max_tokens=1000), prompt=800, wanted=1300, shared_prefix=0.5)
+    True
+    """
+    if min(wanted, phase.max_tokens) != min(wanted, HEALTHY.max_tokens):
+        return True
+    if not phase.prefix_caching and shared_prefix > 0:
+        return True
+    slower = abs(math.log(phase.long_prompt_slowdown)) if prompt >= phase.long_prompt_tokens else 0.0
+    if wanted > 1:
+        slower = max(slower, abs(math.log(phase.decode_slowdown)))
+    return slower > NOTICEABLE
 
 
 class _Timed(Protocol):
@@ -94,8 +127,10 @@ class Workload:
     day_s: float = 86_400.0  # length of that day (shorter: a compressed cycle)
     log_content: bool = False  # add answer and reasoning text (a reasoning model's logs)
     seed: int = 42
+    fault_phase: int = 1  # the index of a scenario's injected phase (``first_faulty_log_s``)
     start: float = EPOCH
     _rng: np.random.Generator = field(init=False, repr=False)
+    _first_faulty: dict[str, float] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)
@@ -107,11 +142,31 @@ class Workload:
     def phase_at(self, offset_s: float) -> Phase:
         return phase_at(self.phases, offset_s)
 
+    @property
+    def first_faulty_log_s(self) -> float | None:
+        """When (event time) the first request the injected phase (``fault_phase``, the second
+        by default) changed was logged: a detector cannot know of a fault before."""
+        return min(self.first_faulty_logs.values(), default=None)
+
+    @property
+    def first_faulty_logs(self) -> dict[str, float]:
+        """Per way a request can show the fault (``FAULT_SHOWS``), when the first request that
+        shows it was logged. Requests are logged when they end, so a lowered ``max_tokens``
+        shows once an answer has decoded that many tokens, tens of seconds into the phase.
+        Generated afresh from the seed: it does not depend on how much of this workload was read."""
+        if len(self.phases) <= self.fault_phase:
+            return {}
+        fresh = replace(self)
+        for _ in fresh.seconds():
+            pass
+        return fresh._first_faulty
+
     def _second(self, second: int, phase: Phase) -> list[dict[str, Any]]:
         """Requests arriving during one simulated second."""
         rng = self._rng
         traffic = phase.traffic * (1.0 + self.daily_amplitude * math.sin(2 * math.pi * second / self.day_s))
         rho = min(self.base_utilisation * traffic, 0.93)
+        injected = len(self.phases) > self.fault_phase and phase is self.phases[self.fault_phase]
         records: list[dict[str, Any]] = []
         for model in self.models:
             n = int(rng.poisson(self.base_rate * traffic))
@@ -143,6 +198,7 @@ class Workload:
                     finish, status, output, decode = "error", 500, 0, 0.0
                     e2e = ttft
                 text: dict[str, str] = {}
+                leaked = False
                 if self.log_content:
                     leaked = bool(phase.leak_rate) and rng.random() < phase.leak_rate
                     text = {
@@ -173,6 +229,18 @@ class Workload:
                         **text,
                     }
                 )
+                if injected:
+                    shows = {
+                        "cut": finish == "length" and wanted <= HEALTHY.max_tokens,
+                        "failed": status != 200,
+                        "leaked": leaked,
+                        "served": serves_differently(
+                            phase, prompt=prompt, wanted=wanted, shared_prefix=route.shared_prefix
+                        ),
+                    }
+                    logged = records[-1]["timestamp"]
+                    for way in (way for way, shown in shows.items() if shown):
+                        self._first_faulty[way] = min(self._first_faulty.get(way, logged), logged)
         return records
 
     def records(self) -> Iterator[dict[str, Any]]:
