@@ -66,6 +66,7 @@ def test_a_cut_answer_shows_a_lowered_max_tokens_only_once_it_has_decoded_that_m
     firsts = workload.first_faulty_logs
     injected_at = workload.start + scenario.warmup_s
     records = [r for _, batch in workload.seconds() for r in batch]
+    assert workload.first_faulty_logs == firsts  # noted while read, as from a fresh copy before
     cut = [r for r in records if r["finish_reason"] == "length" and r["timestamp"] - r["e2e_s"] >= injected_at]
     leaked = [r for r in records if "</think>" in r.get("content", "")]
     assert firsts["cut"] == min(r["timestamp"] for r in cut)

@@ -131,6 +131,7 @@ class Workload:
     start: float = EPOCH
     _rng: np.random.Generator = field(init=False, repr=False)
     _first_faulty: dict[str, float] = field(init=False, repr=False, default_factory=dict)
+    _read_to_end: bool = field(init=False, repr=False, default=False)
 
     def __post_init__(self) -> None:
         self._rng = np.random.default_rng(self.seed)
@@ -153,9 +154,12 @@ class Workload:
         """Per way a request can show the fault (``FAULT_SHOWS``), when the first request that
         shows it was logged. Requests are logged when they end, so a lowered ``max_tokens``
         shows once an answer has decoded that many tokens, tens of seconds into the phase.
-        Generated afresh from the seed: it does not depend on how much of this workload was read."""
+        Noted as the requests are generated: once this workload was read to its end, or else
+        from a fresh copy of it (the same seed, the same requests)."""
         if len(self.phases) <= self.fault_phase:
             return {}
+        if self._read_to_end:
+            return dict(self._first_faulty)
         fresh = replace(self)
         for _ in fresh.seconds():
             pass
@@ -266,6 +270,7 @@ class Workload:
             yield now, ready
             if second >= total and not pending:
                 break
+        self._read_to_end = True
 
 
 def demo_phases(scale: float = 1.0) -> tuple[Phase, ...]:
