@@ -21,10 +21,11 @@ from servewatch.pipeline.dev.scenarios import (
     PAGER_SCENARIOS,
     PAGER_WEEK,
     SCENARIOS,
+    SHOWN_BY,
     ScenarioResult,
     run_scenario,
 )
-from servewatch.pipeline.dev.simulator import EPOCH, Workload
+from servewatch.pipeline.dev.simulator import EPOCH, FAULT_SHOWS, Workload
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 
 PAGER_BY_NAME = {s.name: s for s in PAGER_SCENARIOS}
@@ -74,6 +75,7 @@ def test_a_cut_answer_shows_a_lowered_max_tokens_only_once_it_has_decoded_that_m
     assert injected_at < firsts["leaked"] < firsts["cut"]
     assert firsts["cut"] - injected_at > 1000 * Workload.itl_s * 0.9  # decoded 1,000 tokens first
     assert workload.first_faulty_log_s == firsts["leaked"]
+    assert set(firsts) <= set(FAULT_SHOWS) and set(SHOWN_BY.values()) <= set(FAULT_SHOWS)
     # Nothing injected: nothing shows.
     assert BY_NAME["daily_cycle"].build(7).first_faulty_logs == {}
 
