@@ -127,6 +127,13 @@ class RealRunWorkload:
         return None if self._first_faulty is None else self.start + self._first_faulty
 
     @property
+    def first_faulty_logs(self) -> dict[str, float]:
+        """``first_faulty_log_s`` as the simulators give theirs, per way a request shows the
+        fault (``simulator.FAULT_SHOWS``): an injection changes a request's service."""
+        first = self.first_faulty_log_s
+        return {} if first is None else {"served": first}
+
+    @property
     def duration_s(self) -> float:
         """Seconds from the first launch to the last launch kept (later finishes are the drain)."""
         self._built()

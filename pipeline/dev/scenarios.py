@@ -399,15 +399,15 @@ class ScenarioResult:
     records: int
     seconds: float  # wall time of the replay
     stream_start: float = 0.0
-    onset: float | None = None  # when the first faulty request was logged, where the workload says
-    #: Per way a request shows the fault (``simulator.FAULT_SHOWS``), when the first such was logged.
+    #: Per way a request shows the fault (``simulator.FAULT_SHOWS``), when the first such was
+    #: logged, where the workload says (``first_faulty_logs``).
     onsets: dict[str, float] = field(default_factory=dict)
 
     @property
     def first_evidence(self) -> float:
         """Event time from which the fault can be seen in the logs: the injected phase's start,
         or later where the workload knows its first faulty request ended later."""
-        return max(self.injected_at, self.onset) if self.onset is not None else self.injected_at
+        return max(self.injected_at, min(self.onsets.values())) if self.onsets else self.injected_at
 
     def first_evidence_of(self, signal: Signal) -> float:
         """Event time from which ``signal`` can see the fault: a lowered ``max_tokens`` shows
@@ -516,5 +516,5 @@ def run_scenario(scenario: Scenario, seed: int = 7, settings: Settings | None = 
     return ScenarioResult(
         scenario, events, injected_at, injected_at + scenario.injected_duration_s,
         workload.start + workload.duration_s, engine.stats.records, elapsed, workload.start,
-        getattr(workload, "first_faulty_log_s", None), getattr(workload, "first_faulty_logs", {}),
+        getattr(workload, "first_faulty_logs", {}),
     )  # fmt: skip
