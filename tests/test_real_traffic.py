@@ -62,6 +62,9 @@ DELAY_WINDOWS = {
     ("low_volume_prefill_2x", Signal.PREFILL_PER_TOKEN): 2,  # 10-30 requests per window
     ("long_prompts_4x", Signal.PREFILL_PER_TOKEN): 2,  # a quarter of a band's requests 4x slower
     ("capacity_halved", Signal.QUEUE_TIME): 3,  # the queue builds over a few windows
+    # TTFT 5x and 15x while the queue pages, which TTFT's heavy-tailed bursts alone leave short of
+    # paging: the queue's page names the cause, and TTFT's rise, mostly that queue, corroborates it.
+    ("capacity_halved", Signal.TTFT): 3,
     # Requests reusing a known prefix that get no cached token: decisive in the first window.
     ("trace_cache_off", Signal.CACHE_HIT_RATE): 1,
     # TTFT x4 of a 5 s TTFT is logged 15 s late: the first faulty lines are the shortest ones,

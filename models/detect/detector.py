@@ -21,12 +21,14 @@ from __future__ import annotations
 import functools
 import math
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from servewatch.models.detect.events import incident_event
+from servewatch.models.detect.grouping import demand_explains
 from servewatch.models.detect.lifecycle import Transition
-from servewatch.models.detect.signal_detector import DetectorConfig, SignalDetector, Verdict, band
+from servewatch.models.detect.signal_detector import DetectorConfig, SignalDetector, Verdict, band, queue_makes_up
 from servewatch.models.detect.signals import MODEL_FIGURES, SPEC_SETS, Reading, SignalSpec
 from servewatch.models.detect.summary import window_summary
 from servewatch.models.detect.tolerance import Tolerances
@@ -104,13 +106,17 @@ def _template(signal: Signal, grace_windows: int, source: str = "requests") -> A
 
 @functools.cache
 def _judging_order(signals: tuple[str, ...]) -> tuple[str, ...]:
-    """The signals in the order a window judges them: the prefix-cache hit rate first, so that
-    the latencies that include prefill know whether the cache is failing (``_corroborate``)."""
-    return tuple(sorted(signals, key=lambda name: name != Signal.CACHE_HIT_RATE.value))
+    """The signals in the order a window judges them: the prefix-cache hit rate first and queue
+    time next, so that the latencies that include prefill know whether the cache is failing,
+    and those that include the queue whether it pages (``_corroborate``)."""
+    first = (Signal.CACHE_HIT_RATE.value, Signal.QUEUE_TIME.value)
+    return tuple(sorted(signals, key=lambda name: first.index(name) if name in first else len(first)))
 
 
-def _corroborate(verdict: Verdict, reading: Reading, config: DetectorConfig) -> None:
-    """A prefill latency judged while the segment's prefix cache is failing.
+def _corroborate(verdict: Verdict, reading: Reading, config: DetectorConfig, cause: str | None = "cache") -> None:
+    """A prefill latency judged while the segment's prefix cache is failing; with ``cause``
+    None, a latency that includes the queue (TTFT, end-to-end) judged while the segment's
+    queue pages as a fault (slots lost, not load) and makes up a good part of it (``QUEUE_SHARE``).
 
     The cache's own test already holds evidence at the paging bar (1 in 10,000) that prompts
     are recomputed; a rise of TTFT or prefill time in the same window is the effect that
@@ -119,11 +125,40 @@ def _corroborate(verdict: Verdict, reading: Reading, config: DetectorConfig) -> 
     1-in-10,000 surprise, and its incident fires at once, as a rate's CUSUM does: the
     evidence spans the cache's windows already. The cache asks one question of the window,
     whether it is slower than predicted at this load, so that look is taken alone, without
-    the cost of looking two ways (``Judgement.alone``). A rise load explains stays explained."""
+    the cost of looking two ways (``Judgement.alone``). A rise load explains stays explained.
+    The queue's page is such evidence too: TTFT five times its usual where the queue makes up
+    a good part of it is the queue's effect, not a second surprise, though TTFT's own heavy tails
+    (bursts queue now and then) leave it short of paging alone."""
     if verdict.explained or reading.value <= verdict.expected or max(verdict.score, verdict.alone) < config.unusual:
         return
     verdict.pages, verdict.sustained, verdict.learnable = True, True, False
-    verdict.cause = "cache"  # its hints lead with the cache (``models.explain.hints.latency_hints``)
+    if cause is not None:  # the cache: its hints lead with it (``models.explain.hints.latency_hints``)
+        verdict.cause = cause
+
+
+def _demand_ratio(detector: SignalDetector, reading: Reading) -> float:
+    """A window's demand against the usual, as a latency model reads it (NaN before it learned)."""
+    model = detector.model
+    return math.exp(model.demand_index(reading.x)) if model.n_learned else math.nan
+
+
+@dataclass(slots=True)
+class _Demand:
+    """A window's demand against the usual, as TTFT's model reads it (NaN where TTFT is not
+    judged in it): set as TTFT is judged, or read when a signal judged before it asks (queue
+    time, judged first, when it tells an event or pages)."""
+
+    read: Callable[[], float]
+    ratio: float | None = None
+
+    def __call__(self) -> float:
+        if self.ratio is None:
+            self.ratio = self.read()
+        return self.ratio
+
+
+#: The cache's events are told before TTFT's model is read: "demand as usual".
+_NO_DEMAND = _Demand(read=lambda: math.nan, ratio=math.nan)
 
 
 @dataclass(slots=True)
@@ -236,7 +271,6 @@ class SegmentDetectors:
         capacity = self.capacity
         self._borrow_or_lend_capacity(capacity, model_name, templates)
         capacity.observe(window, load)
-        demand_ratio = math.nan
         events: list[AnomalyEvent] = []
         points: dict[str, SignalPoint] | None = {} if series is not None else None
         any_page = False
@@ -245,6 +279,8 @@ class SegmentDetectors:
         sparse = usual.windows >= config.grace_windows and window.requests < config.min_share_of_usual * usual_requests
         specs = SPEC_SETS[config.source]
         cache_failing = False  # the segment's prefix cache pages (this window, or its incident does)
+        queue_paging = False  # the segment's queue pages this window, as a fault (not load)
+        demand = _Demand(functools.partial(self._ttft_demand_ratio, window, load, sparse))
         for name in _judging_order(config.signals):
             spec = specs[Signal(name)]
             if sparse and spec.kind == "latency":
@@ -262,9 +298,19 @@ class SegmentDetectors:
                 cache_failing = verdict.pages or detector.paging
             elif cache_failing and spec.signal in PREFILL_SIGNALS:
                 _corroborate(verdict, reading, widened or config)
+            elif spec.signal is Signal.QUEUE_TIME and verdict.pages and not verdict.explained:
+                # A queue that a surge or saturated engines built is the load group's story,
+                # however its capacity reads: TTFT then judges itself.
+                queue_paging = not demand_explains({**load, "demand_vs_usual": demand()}, window.length)
+            elif (
+                queue_paging
+                and spec.signal in (Signal.TTFT, Signal.E2E)
+                and queue_makes_up(spec.signal, reading.x, reading.value)
+            ):
+                _corroborate(verdict, reading, widened or config, cause=None)
             any_page |= verdict.pages
-            if spec.signal is Signal.TTFT and detector.model.n_learned:
-                demand_ratio = math.exp(detector.model.demand_index(reading.x))
+            if spec.signal is Signal.TTFT:  # read here anyway: the signals after it need no second look
+                demand.ratio = _demand_ratio(detector, reading)
             if spec.signal in (Signal.TTFT, Signal.QUEUE_TIME) and verdict.score < config.unusual:
                 capacity.settle()  # no queue to speak of (not merely below paging): none to explain
             if detector.learn_if_normal(reading, verdict):
@@ -274,8 +320,9 @@ class SegmentDetectors:
                 elif spec.kind == "latency":
                     self._borrow_or_lend(detector.model, pool_key, templates)
             adopted = detector.note_run(verdict.pages, reading, config.adopt_after)
+            told = _NO_DEMAND if spec.signal is Signal.CACHE_HIT_RATE else demand
             # ``usual`` learns this window only after the loop: hints compare against the past.
-            event = self._transition(detector, window, reading, verdict, load, usual, demand_ratio, adopted)
+            event = self._transition(detector, window, reading, verdict, load, usual, told, adopted)
             if adopted:
                 detector.adopt(reading)
             if points is not None:
@@ -300,6 +347,18 @@ class SegmentDetectors:
         if events or self.active:
             self.transitioned = True
         return events
+
+    def _ttft_demand_ratio(self, window: WindowStats, load: dict[str, float], sparse: bool) -> float:
+        """This window's demand against the usual, as TTFT's model reads it (NaN where TTFT is
+        not judged in it, or its model has learned nothing yet)."""
+        config = self.config
+        if Signal.TTFT.value not in config.signals or sparse:
+            return math.nan
+        spec = SPEC_SETS[config.source][Signal.TTFT]
+        reading = spec.read(window, load)
+        if reading is None or reading.n < config.min_requests:
+            return math.nan
+        return _demand_ratio(self.detector(spec, None), reading)
 
     @staticmethod
     def _borrow_or_lend_capacity(capacity: Capacity, model_name: str, templates: dict[tuple[str, Any], Any]) -> None:
@@ -342,7 +401,7 @@ class SegmentDetectors:
         verdict: Verdict,
         load: dict[str, float],
         usual: Baseline,
-        demand_ratio: float,
+        demand: Callable[[], float],
         adopted: bool,
     ) -> AnomalyEvent | None:
         config, spec = self.config, detector.spec
@@ -369,6 +428,7 @@ class SegmentDetectors:
             detector.tracker = None  # most signals are normal most of the time: keep nothing
         if transition is None:
             return None
+        demand_ratio = demand()
         labels = window.labels
         who = f"{spec.what} for {segment_phrase(labels)}"
         observed, expected = with_unit(reading.value, spec.unit), with_unit(verdict.expected, spec.unit)

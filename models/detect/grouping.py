@@ -120,9 +120,7 @@ def under_load(event: AnomalyEvent) -> bool:
     if event.explained_by_load or cause_of(event) in LOAD_CAUSES or any(h.code in LOAD_CAUSES[:2] for h in event.hints):
         return True
     load = event.load
-    if load.get("saturated", 0.0) > 0:
-        return True
-    if demand_surged(load, event.window_end - event.window_start):
+    if demand_explains(load, event.window_end - event.window_start):
         return True
     # Engines flat out explain a rise only where a queue makes a good part of it (as
     # ``SignalDetector._saturated`` asks): an engine that is usually near full is flat out at
@@ -132,6 +130,12 @@ def under_load(event: AnomalyEvent) -> bool:
         event.signal in _QUEUE_TIMED and queue_makes_up(event.signal, load, event.observed)
     )
     return queued and queue > 0 and slots_kept_full(load, unknown=False)
+
+
+def demand_explains(load: Mapping[str, float], window_s: float) -> bool:
+    """Whether a window's load alone tells a load story: its engines saturated, or its model's
+    demand surged (``demand_surged``)."""
+    return load.get("saturated", 0.0) > 0 or demand_surged(load, window_s)
 
 
 def demand_surged(load: Mapping[str, float], window_s: float) -> bool:
