@@ -16,7 +16,9 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import orjson
+from prometheus_client.metrics_core import Metric
 
+from servewatch.pipeline.ingest.scrape.exposition import Snapshot, parse, read_families
 from servewatch.pipeline.ingest.scrape.scraper import IntervalTracker
 from servewatch.pipeline.messages.dead_letters import dead_letter
 from servewatch.pipeline.messages.origin import MessageOrigin
@@ -60,9 +62,19 @@ class ScrapeReplay:
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             return self._reject("invalid_record", f"not a recorded scrape ({type(exc).__name__}: {exc})", line, source)
         try:
-            intervals = self.tracker.feed(instance, timestamp, body)
+            snapshot = parse(body, instance, timestamp)
         except ValueError as exc:
             return self._reject("invalid_exposition", str(exc), line, source)
+        return self._judge(snapshot)
+
+    def feed_families(self, families: Iterable[Metric], instance: str, timestamp: float) -> list[AnomalyEvent]:
+        """One scrape as metric families, as a collector holds them before rendering them as
+        text (the simulated engines': ``pipeline.dev.sim_scrapes``); read as the text parser
+        reads the same families (``exposition.read_families``)."""
+        return self._judge(read_families(families, instance, timestamp))
+
+    def _judge(self, snapshot: Snapshot) -> list[AnomalyEvent]:
+        intervals = self.tracker.feed_snapshot(snapshot)
         self.stats.scrapes += 1
         events = [event for interval in intervals for event in self.engines.judge(interval)]
         self.stats.intervals += len(intervals)

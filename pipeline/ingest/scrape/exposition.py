@@ -15,8 +15,10 @@ are added up, and a series a release does not export is simply absent from the r
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -161,10 +163,17 @@ class Snapshot:
 
 def parse(text: str, instance: str, timestamp: float) -> Snapshot:
     """Read one exposition; raises ``ValueError`` on text the parser cannot read."""
+    return read_families(text_string_to_metric_families(text), instance, timestamp)
+
+
+def read_families(families: Iterable[Metric], instance: str, timestamp: float) -> Snapshot:
+    """One scrape's metric families, as ``prometheus-client`` parses them (or as a collector
+    holds them before rendering: the simulated engines' families skip the text round trip,
+    which gives back the same names, labels and values)."""
     snapshot = Snapshot(instance, timestamp)
     chosen: dict[tuple[str, str], int] = {}  # (model, canonical) -> preference it came from
     gauge_parts: dict[tuple[str, str], dict[tuple[str, ...], float]] = {}
-    for family in text_string_to_metric_families(text):
+    for family in families:
         name = family.name.removesuffix("_total") if family.type in ("counter", "unknown") else family.name
         if name == CACHE_CONFIG:
             for sample in family.samples[:1]:

@@ -57,11 +57,14 @@ class IntervalTracker:
     def feed(self, instance: str, timestamp: float, body: str) -> list[EngineInterval]:
         """Intervals since the instance's previous scrape (none for its first); raises
         ``ValueError`` on text that is not an exposition, keeping the previous scrape."""
-        snapshot = parse(body, instance, timestamp)
-        previous = self.last.get(instance)
-        if previous is not None and timestamp <= previous.timestamp:
+        return self.feed_snapshot(parse(body, instance, timestamp))
+
+    def feed_snapshot(self, snapshot: Snapshot) -> list[EngineInterval]:
+        """As ``feed``, for a scrape already read (``exposition.read_families``)."""
+        previous = self.last.get(snapshot.instance)
+        if previous is not None and snapshot.timestamp <= previous.timestamp:
             return []  # out of order or repeated: nothing new
-        self.last[instance] = snapshot
+        self.last[snapshot.instance] = snapshot
         return interval(previous, snapshot) if previous is not None else []
 
 
