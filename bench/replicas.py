@@ -7,9 +7,12 @@ holding the first request the fault changed (``logged``, as ``bench.detection`` 
 real runs); pages naming another instance; and
 false paging groups (incident groups starting to page outside the fault and its aftermath,
 as a pager receives them). Then replay speed and memory with and without replica rows at
-many replicas (``--replicas 64 --models 20``: every model on 64 instances).
+many replicas (``--replicas 64 --models 20``: every model on 64 instances). With
+``--healthy-splits N``, the real GPU load tests' healthy runs split at random over 4 and 8
+replicas with N seeds each (``real_run_replicas``): paging groups per day of healthy real
+traffic, where any page is false (the table's own healthy cases are one split each).
 
-    .venv/bin/python -m bench.replicas [--seed 7] [--only NAME] [--scrapes] [--scale]
+    .venv/bin/python -m bench.replicas [--seed 7] [--only NAME] [--scrapes] [--scale] [--healthy-splits 10]
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import tracemalloc
 
 import orjson
 
-from servewatch.pipeline.dev.replica_scenarios import FAULTY_HOST, replica_scenarios
+from servewatch.pipeline.dev.replica_scenarios import FAULTY_HOST, real_run_replicas, replica_scenarios
 from servewatch.pipeline.dev.scenarios import Scenario, ScenarioResult, run_scenario
 from servewatch.pipeline.dev.serving_sim import TraceWorkload
 from servewatch.pipeline.dev.sim_scrapes import run_scrape_scenario
@@ -94,6 +97,28 @@ def scrape_row(scenario: Scenario, seed: int) -> str:
     )
 
 
+def healthy_splits(seeds: int) -> None:
+    """Paging groups on the real runs' healthy stretches split over 4 and 8 replicas, per day."""
+    print(f"\nhealthy real runs split at random over replicas, seeds 0-{seeds - 1} (any page is false):")
+    all_groups, all_s = 0, 0.0
+    for run in ("dram_only", "gds_dram"):
+        for instances in (4, 8):
+            scenario = real_run_replicas(run, instances)
+            groups, seconds, said = 0, 0.0, []
+            for seed in range(seeds):
+                result = run_scenario(scenario, seed)
+                seconds += result.normal_s
+                for page in result.group_pages:
+                    groups += 1
+                    said.append(f"seed {seed}: {page.event.signal.value} {page.event.segment.get('instance', '')}")
+            all_groups, all_s = all_groups + groups, all_s + seconds
+            which = f"; {', '.join(said)}" if said else ""
+            per_day = groups * 86400 / seconds
+            hours = seconds / 3600
+            print(f"  {run:10} of {instances:2}: {groups} paging groups in {hours:5.1f} h ({per_day:.1f} a day){which}")
+    print(f"  all: {all_groups} in {all_s / 3600:.1f} h ({all_groups * 86400 / all_s:.1f} a day)")
+
+
 def scale(replicas: int, models: int, seconds: int, seed: int) -> None:
     """Replay speed and peak memory of one workload with and without replica rows."""
     instances = tuple(f"10.1.{k // 250}.{k % 250}:8000" for k in range(replicas))
@@ -151,6 +176,9 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, default=64)
     parser.add_argument("--models", type=int, default=20)
     parser.add_argument("--seconds", type=int, default=600)
+    parser.add_argument(
+        "--healthy-splits", type=int, default=0, metavar="N", help="also N seeds of healthy real splits"
+    )
     args = parser.parse_args()
     header = (f"{'case':34} {'wants':6} {'named':>8} {'windows':>7} {'logged':>6} {'others':>6} {'false':>6} "
               f"{'groups':>6}")  # fmt: skip
@@ -162,6 +190,8 @@ def main() -> None:
         print("\nfrom scrapes alone (each engine's /metrics every 10 s):")
         for scenario in chosen:
             print(scrape_row(scenario, args.seed), flush=True)
+    if args.healthy_splits:
+        healthy_splits(args.healthy_splits)
     if args.scale:
         scale(args.replicas, args.models, args.seconds, args.seed)
 

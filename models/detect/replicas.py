@@ -10,10 +10,11 @@ here each (segment, window) holds every instance's figures side by side.
 Per window, per instance and signal:
 
 - latency (prefill seconds per uncached prompt token, inter-token latency), on the log scale:
-  in each segment, the instance's mean against the median of its peers' means (robust to a
-  minority of bad peers; the prompt and output bands and the route are held fixed by the
-  segment), weighted by its requests over the segments, with the standard error of that
-  difference from the requests' own spread;
+  in each segment, the instance's mean against the mean of its peers' requests (less those
+  of instances an incident names: a known bad replica does not pull its peers' reference;
+  the prompt and output bands and the route are held fixed by the segment), weighted by its
+  requests over the segments, with the standard error of that difference from the
+  requests' own spread;
 - errors: the instance's failed requests against its peers' rate.
 
 Evidence accumulates in a one-sided CUSUM of the log-likelihood ratio of "``min_ratio`` or
@@ -315,15 +316,10 @@ def _latency_steps(
         variance = max((spread_sq + PRIOR_DF * known) / (df + PRIOR_DF), MIN_SPREAD**2)
         if df > 0:
             learned[segment] = known + (spread_sq / df - known) * df / (df + LEARN_DF)
-        ordered = sorted(means, key=lambda instance: means[instance][1])
-        sorted_means = [means[instance][1] for instance in ordered]
-        total_n = sum(k for k, _ in means.values())  # counts of requests: exact in floats
-        for rank, instance in enumerate(ordered):
+        for instance, (peer_n, peer_sum) in _peers(means, named).items():
             n, mean = means[instance]
-            peer_n = total_n - n
-            diff = mean - _median_without(sorted_means, rank)
-            # The median of the peers' means is about as noisy as a mean of pi/2 fewer requests.
-            var_diff = variance / n + (math.pi / 2) * variance / peer_n
+            diff = mean - peer_sum / peer_n
+            var_diff = variance / n + variance / peer_n
             kept = sums.setdefault(instance, [0.0, 0.0, 0.0])
             kept[0] += n
             kept[1] += n * diff
@@ -360,20 +356,36 @@ def _latency_steps(
     return steps
 
 
-def _median_without(ordered: list[float], rank: int) -> float:
-    """``statistics.median`` of sorted ``ordered`` less its value at ``rank``: one sort per
-    segment for all its instances, not a copy and a sort for each.
+def _peers(means: dict[str, tuple[float, float]], named: frozenset[str]) -> dict[str, tuple[float, float]]:
+    """Per instance of one segment (``means``: instance -> (requests, mean log latency)), its
+    peers' requests and the sum of their log latency: every other instance's, less those an
+    incident names while any other is left (a replica known to be bad must not pull its
+    peers' reference towards itself).
 
-    >>> _median_without([1.0, 2.0, 4.0, 8.0], 1), _median_without([1.0, 2.0, 4.0], 2)
-    (4.0, 1.5)
+    The mean of the peers' requests, not the median of their means: with a few requests per
+    peer and latencies in two modes (a real server's prefill is fast or 4x slower by the
+    moment), the median of small means sits on the majority mode, and every instance whose
+    requests mix the modes reads slower than it, window after window.
+
+    >>> means = {"a": (2.0, 1.0), "b": (1.0, 4.0), "c": (3.0, 2.0)}
+    >>> _peers(means, frozenset())["a"], _peers(means, frozenset({"b"}))["a"], _peers(means, frozenset({"b"}))["b"]
+    ((4.0, 10.0), (3.0, 6.0), (5.0, 8.0))
     """
-    n = len(ordered) - 1
-    half = n // 2
-
-    def at(k: int) -> float:
-        return ordered[k] if k < rank else ordered[k + 1]
-
-    return at(half) if n % 2 else (at(half - 1) + at(half)) / 2
+    kept_n = kept_sum = named_n = named_sum = 0.0
+    for instance, (n, mean) in means.items():
+        if instance in named:
+            named_n, named_sum = named_n + n, named_sum + n * mean
+        else:
+            kept_n, kept_sum = kept_n + n, kept_sum + n * mean
+    peers = {}
+    for instance, (n, mean) in means.items():
+        own_n, own_sum = (0.0, 0.0) if instance in named else (n, n * mean)
+        peer_n, peer_sum = kept_n - own_n, kept_sum - own_sum
+        if peer_n <= 0:  # no peer left that no incident names: all of them
+            named_own_n, named_own_sum = (n, n * mean) if instance in named else (0.0, 0.0)
+            peer_n, peer_sum = peer_n + named_n - named_own_n, peer_sum + named_sum - named_own_sum
+        peers[instance] = (peer_n, peer_sum)
+    return peers
 
 
 def _short_of_share(instances: dict[str, InstanceState], ready: set[str], served: dict[str, int]) -> frozenset[str]:
