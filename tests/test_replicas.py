@@ -476,7 +476,8 @@ async def test_the_triage_page_has_a_replica_table_linked_from_the_incident(make
     assert 'href="/replicas?model=m"' in await (await client.get(f"/groups/{group.group}")).text()
 
 
-# The comparison's shortcuts give what the plain computations give, to the last bit: the
+# The comparison's shortcuts give what the plain computations give (the peers' totals, one
+# subtraction from the segment's, up to rounding; the tail spread to the last bit): the
 # detectors' decisions (and the golden replay) must not move with them.
 FINITE = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinity=False)
 
