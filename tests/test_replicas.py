@@ -139,6 +139,13 @@ def test_healthy_replicas_whose_latency_has_two_modes_page_no_one(instances: int
     assert firings(events) == []
 
 
+def test_a_replica_far_faster_than_its_peers_makes_none_of_them_read_slower() -> None:
+    # A newer GPU among older ones: in a plain mean of the peers, it pulled each one's
+    # reference down by a third of its lead, and all three were named.
+    watch = ReplicaWatch(DetectorConfig(), warmup_requests=0)
+    assert firings(run(watch, 600, lambda w: fleet(4, {0: 0.4}))) == []
+
+
 def test_two_replicas_say_they_differ_not_which_one_is_faulty() -> None:
     watch = ReplicaWatch(DetectorConfig(), warmup_requests=0)
     events = run(watch, 40, lambda w: fleet(2, {1: 2.5} if w >= 30 else None))
@@ -483,18 +490,26 @@ FINITE = st.floats(min_value=-1e6, max_value=1e6, allow_nan=False, allow_infinit
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(1, 50), FINITE, st.booleans()), min_size=2, max_size=70))
-def test_the_peers_of_an_instance_are_the_others_less_the_named_while_any_is_left(
-    rows: list[tuple[int, float, bool]],
+@given(
+    st.lists(st.tuples(st.integers(1, 50), FINITE, st.booleans()), min_size=2, max_size=70),
+    st.floats(min_value=1e-4, max_value=1e4),
+)
+def test_the_peers_reference_is_the_others_less_the_named_while_any_is_left(
+    rows: list[tuple[int, float, bool]], variance: float
 ) -> None:
     means = {f"i{k}": (float(n), mean) for k, (n, mean, _) in enumerate(rows)}
     named = frozenset(f"i{k}" for k, (_, _, is_named) in enumerate(rows) if is_named)
-    for instance, (peer_n, peer_sum) in _peers(means, named).items():
+    plain = _peers(means, named, 1e300)  # no mean is far from the rest: every weight is 1
+    for instance, (peer_n, peer_sum) in _peers(means, named, variance).items():
         others = [means[other] for other in means if other != instance]
-        unnamed = [means[other] for other in means if other != instance and other not in named]
-        chosen = unnamed or others
-        assert peer_n == sum(n for n, _ in chosen)
-        assert math.isclose(peer_sum, math.fsum(n * mean for n, mean in chosen), rel_tol=1e-9, abs_tol=1e-3)
+        chosen = [means[other] for other in means if other != instance and other not in named] or others
+        assert plain[instance][0] == sum(n for n, _ in chosen)
+        assert math.isclose(plain[instance][1], math.fsum(n * m for n, m in chosen), rel_tol=1e-9, abs_tol=1e-3)
+        # Weighed down, never up: a level among the chosen peers' means, from no more requests.
+        assert peer_n <= sum(n for n, _ in chosen) * (1 + 1e-12)
+        level = peer_sum / peer_n
+        low, high = min(m for _, m in chosen), max(m for _, m in chosen)
+        assert low - 1e-6 * (1 + abs(low)) <= level <= high + 1e-6 * (1 + abs(high))
 
 
 @settings(max_examples=300, deadline=None)

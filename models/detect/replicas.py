@@ -10,9 +10,9 @@ here each (segment, window) holds every instance's figures side by side.
 Per window, per instance and signal:
 
 - latency (prefill seconds per uncached prompt token, inter-token latency), on the log scale:
-  in each segment, the instance's mean against the mean of its peers' requests (less those
-  of instances an incident names: a known bad replica does not pull its peers' reference;
-  the prompt and output bands and the route are held fixed by the segment), weighted by its
+  in each segment, the instance's mean against the mean of its peers' requests, a peer far
+  faster than the rest weighed down (``_peers``; instances an incident names left out; the
+  prompt and output bands and the route are held fixed by the segment), weighted by its
   requests over the segments, with the standard error of that difference from the
   requests' own spread;
 - errors: the instance's failed requests against its peers' rate.
@@ -104,6 +104,11 @@ MIN_STANDARD_ERROR = 0.05
 PRIOR_SPREAD = 0.5
 PRIOR_DF = 20
 LEARN_DF = 500
+#: A peer whose mean stands below (faster than) its peers' level by more than this many
+#: standard errors of its own is weighed down in their reference (Huber's constant: 95 % as
+#: efficient as the plain mean where nothing is off), in a few reweighting steps.
+HUBER_K = 1.345
+HUBER_STEPS = 3
 #: Requests of an instance a latency comparison needs at least (pooled over windows).
 MIN_BLOCK_REQUESTS = 10
 #: A replica whose requests slow down completes fewer of them for a while (they are still
@@ -316,7 +321,7 @@ def _latency_steps(
         variance = max((spread_sq + PRIOR_DF * known) / (df + PRIOR_DF), MIN_SPREAD**2)
         if df > 0:
             learned[segment] = known + (spread_sq / df - known) * df / (df + LEARN_DF)
-        for instance, (peer_n, peer_sum) in _peers(means, named).items():
+        for instance, (peer_n, peer_sum) in _peers(means, named, variance).items():
             n, mean = means[instance]
             diff = mean - peer_sum / peer_n
             var_diff = variance / n + variance / peer_n
@@ -356,36 +361,63 @@ def _latency_steps(
     return steps
 
 
-def _peers(means: dict[str, tuple[float, float]], named: frozenset[str]) -> dict[str, tuple[float, float]]:
-    """Per instance of one segment (``means``: instance -> (requests, mean log latency)), its
-    peers' requests and the sum of their log latency: every other instance's, less those an
-    incident names while any other is left (a replica known to be bad must not pull its
-    peers' reference towards itself).
+def _peers(
+    means: dict[str, tuple[float, float]], named: frozenset[str], variance: float
+) -> dict[str, tuple[float, float]]:
+    """Per instance of one segment (``means``: instance -> (requests, mean log latency); a
+    request's log latency has ``variance``), its peers' reference as (weight in requests,
+    weighted sum of log latency): the others' requests, each peer weighed down where its mean
+    stands further below their level than its requests' noise explains (``HUBER_K`` standard
+    errors; the level a Huber M-estimate), less instances an incident names while any other
+    is left (a replica known to be bad must not pull its peers' reference).
 
-    The mean of the peers' requests, not the median of their means: with a few requests per
-    peer and latencies in two modes (a real server's prefill is fast or 4x slower by the
-    moment), the median of small means sits on the majority mode, and every instance whose
-    requests mix the modes reads slower than it, window after window.
+    Not the median of the peers' means: with a few requests per peer and latencies in two
+    modes (a real server's prefill is fast or 4-5x slower by the moment), that median sits on
+    the majority mode, and every instance whose requests mix the modes reads slower than it,
+    window after window. Not their plain mean either: one replica far faster than the rest (a
+    newer GPU among older ones) would make every other one read slower than its peers. Only
+    the faster side is weighed down, because the test is one-sided: a slow peer can only lift
+    the others' reference, which pages less, never more. The level is robust both ways, so
+    that a slow replica no incident names yet does not make its healthy peers look fast.
 
-    >>> means = {"a": (2.0, 1.0), "b": (1.0, 4.0), "c": (3.0, 2.0)}
-    >>> _peers(means, frozenset())["a"], _peers(means, frozenset({"b"}))["a"], _peers(means, frozenset({"b"}))["b"]
-    ((4.0, 10.0), (3.0, 6.0), (5.0, 8.0))
+    >>> means = {"a": (2.0, 1.0), "b": (1.0, 1.2), "c": (3.0, 0.9)}
+    >>> n, total = _peers(means, frozenset(), 0.25)["a"]; n, round(total / n, 3)
+    (4.0, 0.975)
+    >>> means["d"] = (3.0, -1.0)  # far faster than the others: weighed down
+    >>> n, total = _peers(means, frozenset(), 0.25)["a"]; round(n, 2), round(total / n, 3)
+    (4.66, 0.696)
     """
-    kept_n = kept_sum = named_n = named_sum = 0.0
-    for instance, (n, mean) in means.items():
-        if instance in named:
-            named_n, named_sum = named_n + n, named_sum + n * mean
-        else:
-            kept_n, kept_sum = kept_n + n, kept_sum + n * mean
+    reference = {i: nm for i, nm in means.items() if i not in named} or means
+    fit = dict.fromkeys(reference, 1.0)
+    level = _weighted_level(reference, fit)
+    for _ in range(HUBER_STEPS):
+        for instance, (n, mean) in reference.items():
+            distance = abs(mean - level) * math.sqrt(n / variance)
+            fit[instance] = 1.0 if distance <= HUBER_K else HUBER_K / distance
+        level = _weighted_level(reference, fit)
+    weights = {instance: 1.0 if reference[instance][1] >= level else fit[instance] for instance in reference}
+    total_n = total_sum = 0.0
+    for instance, (n, mean) in reference.items():
+        total_n, total_sum = total_n + weights[instance] * n, total_sum + weights[instance] * n * mean
     peers = {}
     for instance, (n, mean) in means.items():
-        own_n, own_sum = (0.0, 0.0) if instance in named else (n, n * mean)
-        peer_n, peer_sum = kept_n - own_n, kept_sum - own_sum
-        if peer_n <= 0:  # no peer left that no incident names: all of them
-            named_own_n, named_own_sum = (n, n * mean) if instance in named else (0.0, 0.0)
-            peer_n, peer_sum = peer_n + named_n - named_own_n, peer_sum + named_sum - named_own_sum
-        peers[instance] = (peer_n, peer_sum)
+        weight = weights.get(instance, 0.0)
+        if 2 * weight * n <= total_n:  # the others are most of the reference: the totals less its own
+            peers[instance] = (total_n - weight * n, total_sum - weight * n * mean)
+            continue
+        # Most of the reference is its own (a subtraction would lose the others' digits): theirs,
+        # summed; where it is all of it, every other instance, plainly.
+        others = [(weights[other], nm) for other, nm in reference.items() if other != instance]
+        if not others:
+            others = [(1.0, nm) for other, nm in means.items() if other != instance]
+        peers[instance] = (sum(w * k for w, (k, _) in others), sum(w * k * m for w, (k, m) in others))
     return peers
+
+
+def _weighted_level(means: dict[str, tuple[float, float]], weights: dict[str, float]) -> float:
+    """The mean log latency of ``means``' requests, each instance's counted ``weights`` times."""
+    total = sum(weights[instance] * n for instance, (n, _) in means.items())
+    return sum(weights[instance] * n * mean for instance, (n, mean) in means.items()) / total
 
 
 def _short_of_share(instances: dict[str, InstanceState], ready: set[str], served: dict[str, int]) -> frozenset[str]:
