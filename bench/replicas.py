@@ -104,13 +104,15 @@ def healthy_splits(seeds: int) -> None:
     for run in ("dram_only", "gds_dram"):
         for instances in (4, 8):
             scenario = real_run_replicas(run, instances)
-            groups, seconds, said = 0, 0.0, []
+            seconds, said = 0.0, []
             for seed in range(seeds):
                 result = run_scenario(scenario, seed)
                 seconds += result.normal_s
-                for page in result.group_pages:
-                    groups += 1
-                    said.append(f"seed {seed}: {page.event.signal.value} {page.event.segment.get('instance', '')}")
+                said += [
+                    f"seed {seed}: {p.event.signal.value} {p.event.segment.get('instance', '')}"
+                    for p in result.group_pages
+                ]
+            groups = len(said)
             all_groups, all_s = all_groups + groups, all_s + seconds
             which = f"; {', '.join(said)}" if said else ""
             per_day = groups * 86400 / seconds

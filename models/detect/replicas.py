@@ -389,16 +389,16 @@ def _peers(
     """
     reference = {i: nm for i, nm in means.items() if i not in named} or means
     fit = dict.fromkeys(reference, 1.0)
-    level = _weighted_level(reference, fit)
+    fit_n, fit_sum = _weighted_totals(reference, fit)
     for _ in range(HUBER_STEPS):
+        level = fit_sum / fit_n
         for instance, (n, mean) in reference.items():
             distance = abs(mean - level) * math.sqrt(n / variance)
             fit[instance] = 1.0 if distance <= HUBER_K else HUBER_K / distance
-        level = _weighted_level(reference, fit)
+        fit_n, fit_sum = _weighted_totals(reference, fit)
+    level = fit_sum / fit_n
     weights = {instance: 1.0 if reference[instance][1] >= level else fit[instance] for instance in reference}
-    total_n = total_sum = 0.0
-    for instance, (n, mean) in reference.items():
-        total_n, total_sum = total_n + weights[instance] * n, total_sum + weights[instance] * n * mean
+    total_n, total_sum = _weighted_totals(reference, weights)
     peers = {}
     for instance, (n, mean) in means.items():
         weight = weights.get(instance, 0.0)
@@ -414,10 +414,12 @@ def _peers(
     return peers
 
 
-def _weighted_level(means: dict[str, tuple[float, float]], weights: dict[str, float]) -> float:
-    """The mean log latency of ``means``' requests, each instance's counted ``weights`` times."""
-    total = sum(weights[instance] * n for instance, (n, _) in means.items())
-    return sum(weights[instance] * n * mean for instance, (n, mean) in means.items()) / total
+def _weighted_totals(means: dict[str, tuple[float, float]], weights: dict[str, float]) -> tuple[float, float]:
+    """``means``' requests and their summed log latency, each instance's counted ``weights`` times."""
+    total_n = total_sum = 0.0
+    for instance, (n, mean) in means.items():
+        total_n, total_sum = total_n + weights[instance] * n, total_sum + weights[instance] * n * mean
+    return total_n, total_sum
 
 
 def _short_of_share(instances: dict[str, InstanceState], ready: set[str], served: dict[str, int]) -> frozenset[str]:
