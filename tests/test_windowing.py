@@ -9,11 +9,13 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from servewatch.models.stats.sketch import LogHistogram
 from servewatch.models.windows.batch import RowBatch
 from servewatch.models.windows.open_window import OpenWindow, aggregate_rows, fold_batch
-from servewatch.models.windows.segments import OVERFLOW_KEY, Segmenter
+from servewatch.models.windows.segments import DIMENSIONS, OVERFLOW_KEY, Segmenter
 from servewatch.models.windows.window import WindowStats
 from servewatch.models.windows.windowing import WindowAssembler, Windower
 from servewatch.pipeline.dev.simulator import Phase, Workload
@@ -263,6 +265,35 @@ def test_vectorised_segment_ids_agree_with_key_for() -> None:
                 for r in rows]  # fmt: skip
     assert [seg.keys[i] for i in ids] == expected
     assert ids[0] == seg.ids_for_columns({"model": ["m"], "route": [" a "]}, np.array([1]), np.array([1]))[0]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.fixed_dictionaries(
+            {
+                "model": st.sampled_from(["m", "n|x", "100%"]),
+                "prompt_tokens": st.sampled_from([0, 1, 4095, 4096, 4097, 32767, 32768, 90_000]),
+                "completion_tokens": st.sampled_from([0, 1023, 1024, 5000]),
+                "route": st.sampled_from([None, "", " chat ", "chat", "a|b"]),
+                "tenant": st.sampled_from([None, "t"]),
+                "instance": st.sampled_from([None, "10.0.0.1:8000"]),
+                "engine": st.sampled_from([None, "vllm"]),
+            }
+        ),
+        max_size=40,
+    ),
+    st.sampled_from([("model", "route", "prompt_band", "output_band"), DIMENSIONS]),
+)
+def test_a_remembered_row_key_is_the_key_built_afresh(rows: list[dict[str, Any]], dimensions: tuple[str, ...]) -> None:
+    """``key_of_row`` remembers keys by labels and bands; every one is what ``natural_key`` builds."""
+    seg = Segmenter(dimensions=dimensions, max_segments=2)  # a bound of 8 remembered keys: some are forgotten
+    for row in rows + rows:
+        built = seg.natural_key(model=row["model"], prompt_tokens=row["prompt_tokens"],
+                                output_tokens=row["completion_tokens"], route=row["route"], tenant=row["tenant"],
+                                instance=row["instance"], engine=row["engine"])  # fmt: skip
+        assert seg.key_of_row(row) == built
+    assert len(seg._row_keys) <= 8
 
 
 def test_narrow_histograms_widen_before_they_overflow() -> None:

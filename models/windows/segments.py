@@ -9,6 +9,7 @@ label cardinality (a tenant id sneaking into ``route`` must not take the worker 
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import math
@@ -134,6 +135,10 @@ def parse_key(key: str) -> dict[str, str]:
 #: Largest lookup table of label combinations ``Segmenter.ids_for_columns`` keeps (4 bytes
 #: an entry); fleets with more distinct label combinations take the per-row path.
 _LOOKUP_MAX = 1 << 20
+#: The request fields ``Segmenter.key_of_row`` reads as labels, and how many of its remembered
+#: keys it keeps per segment the cap allows (a segment's requests come in a few combinations).
+_LABELS_OF_ROW = ("model", "route", "tenant", "instance", "engine")
+_ROW_KEYS_PER_SEGMENT = 4
 
 
 class LabelCodes:
@@ -237,6 +242,8 @@ class Segmenter:
     _label_codes: LabelCodes = field(init=False, repr=False)
     _lookup: np.ndarray = field(init=False, repr=False)  # mixed label and band codes -> segment id (-1: unknown)
     _lookup_of: tuple[int, tuple[int, ...]] = field(default=(0, ()), init=False, repr=False)  # codes it was built on
+    # ``key_of_row``'s keys by combination of labels and bands (bounded: ``_ROW_KEYS_PER_SEGMENT``).
+    _row_keys: dict[tuple[Any, ...], str] = field(default_factory=dict, init=False, repr=False)
     # Without a table (too many label combinations): segment id per row of codes, one generation's.
     _row_ids: dict[tuple[int, ...], int] = field(default_factory=dict, init=False, repr=False)
     _row_ids_generation: int = field(default=0, init=False, repr=False)
@@ -333,13 +340,27 @@ class Segmenter:
         return self.key_prefix + "|".join(parts)
 
     def key_of_row(self, row: Any) -> str:
-        """``natural_key`` of a request log (a mapping or an object with its fields)."""
+        """``natural_key`` of a request log (a mapping or an object with its fields).
+
+        Remembered per combination of labels and bands: reading evidence back keys every
+        request of the messages a window spread over, thousands of the same few combinations,
+        and building a key costs several times looking one up."""
         get = field_getter(row)
-        return self.natural_key(
-            model=str(get("model")), prompt_tokens=int(get("prompt_tokens") or 0),
-            output_tokens=int(get("completion_tokens") or 0), route=get("route"), tenant=get("tenant"),
-            instance=get("instance"), engine=get("engine"),
+        prompt_tokens, output_tokens = int(get("prompt_tokens") or 0), int(get("completion_tokens") or 0)
+        model, route, tenant, instance, engine = (get(name) for name in _LABELS_OF_ROW)
+        combination = (
+            model, bisect.bisect_right(self.prompt_band_edges, prompt_tokens),
+            bisect.bisect_right(self.output_band_edges, output_tokens), route, tenant, instance, engine,
         )  # fmt: skip
+        key = self._row_keys.get(combination)
+        if key is None:
+            if len(self._row_keys) >= _ROW_KEYS_PER_SEGMENT * self.max_segments:
+                self._row_keys.clear()  # bounded: the traffic's combinations moved on
+            key = self._row_keys[combination] = self.natural_key(
+                model=str(model), prompt_tokens=prompt_tokens, output_tokens=output_tokens, route=route,
+                tenant=tenant, instance=instance, engine=engine,
+            )  # fmt: skip
+        return key
 
     def ids_for_columns(
         self, labels: Mapping[str, Sequence[Any]], prompt: np.ndarray, output: np.ndarray
