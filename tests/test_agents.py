@@ -49,7 +49,7 @@ async def test_bad_message_is_dead_lettered_and_the_agent_keeps_going(app_and_si
     app, sinks = app_and_sinks
     agent = app.agents["servewatch.pipeline.worker.app.aggregate_request_batches"]
     good = {"request_id": "ok", "timestamp": 1767225600, "model": "m", "prompt_tokens": 5, "completion_tokens": 1,
-            "e2e_s": 0.5, "finish_reason": "stop", "ttft_s": 0.1}  # fmt: skip
+            "e2e_s": 0.5, "finish_reason": "stop", "ttft_s": 0.1, "instance": "10.0.0.1:8000"}  # fmt: skip
     async with agent.test_context() as running:
         await running.put(b"{not json")
         await running.put(orjson.dumps([good, {**good, "prompt_tokens": -1}]))

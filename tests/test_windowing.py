@@ -296,6 +296,26 @@ def test_a_remembered_row_key_is_the_key_built_afresh(rows: list[dict[str, Any]]
     assert len(seg._row_keys) <= 8
 
 
+def test_only_requests_that_name_their_instance_make_replica_rows() -> None:
+    """A replica row compares instances: requests of no instance (or a blank one) make none,
+    and a window whose requests name none has no replica table at all."""
+    windower = Windower(Segmenter(), window_s=10, allowed_lateness_s=0, replicas=Settings().replica_segmenter())
+    named = [log(i, T0 + i, instance="10.0.0.1:8000") for i in range(3)]
+    unnamed = [log(10 + i, T0 + i) for i in range(3)]
+    unnamed[1]["instance"], unnamed[2]["instance"] = "", "  "  # blank: as a shipper might send it
+    windower.add(unnamed + named, 0, 7)
+    windower.add([log(20, T0 + 11)], 0, 8)  # a window of no instance, and the watermark past the first
+    windower.add([log(21, T0 + 25)], 0, 9)
+    closed = windower.close_due()
+    replica_rows = [
+        (p.start, p.key.split("instance=")[1].split("|")[0], p.requests) for p in closed if p.key.startswith("~")
+    ]
+    assert replica_rows == [(T0, "10.0.0.1:8000", 3)]
+    assert [p.requests for p in closed if not p.key.startswith("~")] == [6, 1]
+    assert [p.sources for p in closed if p.key.startswith("~")] == [[(0, 7, 7)]]
+    assert windower.replicas is not None and len(windower.replicas.keys) == 1  # nor a replica segment for them
+
+
 def test_narrow_histograms_widen_before_they_overflow() -> None:
     """Open windows count TTFT buckets in 8 bits while segments are small (most of a live
     segment's memory), and widen as a segment's requests grow; no count is ever lost."""

@@ -3,9 +3,10 @@
 A model served by several replicas behind a load balancer most often fails one replica at
 a time (a throttled GPU, a noisy neighbour, a replica left on an old config). At the model
 level that is diluted to a share of the traffic; compared with its peers in the same windows,
-on the same request mix, it stands out. Stage 1 folds every request a second time into a
-*replica row* of its segment and instance (``models.windows.segments.REPLICA_PREFIX``), so
-here each (segment, window) holds every instance's figures side by side.
+on the same request mix, it stands out. Stage 1 folds every request that names its instance
+a second time into a *replica row* of its segment and instance
+(``models.windows.segments.REPLICA_PREFIX``), so here each (segment, window) holds every
+instance's figures side by side.
 
 Per window, per instance and signal:
 

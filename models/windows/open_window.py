@@ -167,7 +167,8 @@ def fold_batch(
     ``prefixes``: the worker's memory of prompt prefixes (None: shared prefixes not counted);
     ``rows_hint``: segments a new window is expected to hold (its table is made that big);
     ``also``: other (segmenter, open windows) to fold the same records into, keyed their
-    way (the replica rows), from the same per-record figures.
+    way (the replica rows), from the same per-record figures; one that keys by instance takes
+    only the records that name theirs.
     """
     n = len(batch)
     if n == 0:
@@ -177,10 +178,26 @@ def fold_batch(
     wanted = {dim for seg in (segmenter, *(seg for seg, _ in also)) for dim in seg.dimensions}
     all_labels = {dim: batch.values(dim) for dim in _LABEL_DIMENSIONS if dim in wanted}
 
-    def ids_of(seg: Segmenter) -> np.ndarray:
-        return seg.ids_for_columns({d: v for d, v in all_labels.items() if d in seg.dimensions}, prompt, completion)
+    def ids_of(seg: Segmenter, named: np.ndarray | None = None) -> np.ndarray:
+        """Each record's segment id in ``seg`` (-1 for a record not ``named``: never registered)."""
+        labels = {d: v for d, v in all_labels.items() if d in seg.dimensions}
+        if named is None:
+            return seg.ids_for_columns(labels, prompt, completion)
+        ids = np.full(n, -1, dtype=np.int64)
+        if named.any():
+            kept = np.flatnonzero(named)
+            rows = kept.tolist()
+            subset = {d: [values[i] for i in rows] for d, values in labels.items()}
+            ids[kept] = seg.ids_for_columns(subset, prompt[kept], completion[kept])
+        return ids
 
-    targets = [(ids_of(segmenter), into), *((ids_of(seg), windows) for seg, windows in also)]
+    # A record goes into an ``also`` table keyed by instance only if it names its instance: the
+    # replica rows compare instances, and a row of requests of no instance would cost a table
+    # row per segment (most of a live segment's windows in flight) to compare nothing.
+    targets: list[tuple[np.ndarray, dict[float, OpenWindow], np.ndarray | None]] = [(ids_of(segmenter), into, None)]
+    for seg, windows in also:
+        named = _named(seg, all_labels)
+        targets.append((ids_of(seg, named), windows, named))
 
     reason_codes = batch.reason_codes()
     # Same rule as RequestLog.is_error: error/abort finish, or a 5xx status.
@@ -213,16 +230,34 @@ def fold_batch(
         if low != high and not len(picked):
             continue
         start = float(window_id * window_s)
-        for k, (segment_ids, windows) in enumerate(targets):
+        for k, (segment_ids, windows, named) in enumerate(targets):
+            mine = picked
+            if named is not None:
+                mine = np.flatnonzero(named) if isinstance(picked, slice) else picked[named[picked]]
+                if not len(mine):
+                    continue
             window = windows.get(start)
             if window is None:
                 window = windows[start] = OpenWindow(start, window_s, evidence_k, capacity=rows_hint)
-            rows = window.rows_for(segment_ids[picked])  # each record's table row
-            _fold_into(window, batch, picked, rows, columns, buckets, reason_codes, ttft, has_ttft, partitions, offsets)
-            _fold_arrivals(window, picked, rows, lags, prompt)
+            rows = window.rows_for(segment_ids[mine])  # each record's table row
+            _fold_into(window, batch, mine, rows, columns, buckets, reason_codes, ttft, has_ttft, partitions, offsets)
+            _fold_arrivals(window, mine, rows, lags, prompt)
             if k == 0:
                 touched.append(window)
     return touched
+
+
+def _named(seg: Segmenter, labels: dict[str, list[Any]]) -> np.ndarray | None:
+    """Which records name their instance, where ``seg`` keys by instance; None where all do
+    (or ``seg`` does not key by instance). A batch holds a few distinct instances: each is
+    looked at once, not once per record."""
+    if "instance" not in seg.dimensions:
+        return None
+    values = labels["instance"]
+    unnamed = {value for value in set(values) if not (value and value.strip())}
+    if not unnamed:
+        return None
+    return ~np.fromiter(map(unnamed.__contains__, values), dtype=bool, count=len(values))
 
 
 def _fold_into(

@@ -87,8 +87,9 @@ class Windower:
     max_future_s: float = math.inf
     dedup: bool = False
     duplicates: int = 0  # records dropped as a request_id already seen in their window
-    # Replica rows (``models.detect.replicas``): every record folded again by segment and
-    # instance into windows of their own, closed with the segments' windows. None: off.
+    # Replica rows (``models.detect.replicas``): every record that names its instance folded
+    # again by segment and instance into windows of their own, closed with the segments'
+    # windows. None: off.
     replicas: Segmenter | None = None
     open_replicas: dict[float, OpenWindow] = field(default_factory=dict, repr=False)
     # window start -> sorted runs of the hashes of the request ids folded into it
@@ -192,8 +193,9 @@ class Windower:
                         else (offset, offset)
                     )
                     self.open[float(window_id * self.window_s)].note_offset(partition, first, last)
-                    if self.replicas is not None:
-                        self.open_replicas[float(window_id * self.window_s)].note_offset(partition, first, last)
+                    replica_window = self.open_replicas.get(float(window_id * self.window_s))
+                    if replica_window is not None:  # none where no record of the window names its instance
+                        replica_window.note_offset(partition, first, last)
             newest_before = self.max_event_time.get(partition, -math.inf)
             if self.lateness is not None:
                 self.lateness.observe(disorder_of(times[mine], newest_before))
