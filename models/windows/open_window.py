@@ -27,12 +27,11 @@ import numpy as np
 from servewatch.models.stats.capacity import ARRIVAL_LAGS
 from servewatch.models.stats.sketch import bucket_indices
 from servewatch.models.windows.batch import RowBatch
-from servewatch.models.windows.segments import Segmenter, model_of
+from servewatch.models.windows.segments import LABEL_DIMENSIONS, Segmenter, model_of
 from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS, PrefixMemory, signal_columns
 from servewatch.models.windows.window import COLUMN_OF, REASONS, SUMS, WindowBlock, WindowStats, pack_location
 
 _ERROR_CODES = np.array([REASONS.index("error"), REASONS.index("abort")])
-_LABEL_DIMENSIONS = ("model", "route", "tenant", "instance", "engine")
 #: A segment's figures that add up to its model's (``_set_model_load``), and where they go.
 _OWN = (
     "requests",
@@ -176,7 +175,7 @@ def fold_batch(
     prompt, completion = batch.column("prompt_tokens"), batch.column("completion_tokens")
     cached, ttft = batch.column("cached_tokens"), batch.column("ttft_s")
     wanted = {dim for seg in (segmenter, *(seg for seg, _ in also)) for dim in seg.dimensions}
-    all_labels = {dim: batch.values(dim) for dim in _LABEL_DIMENSIONS if dim in wanted}
+    all_labels = {dim: batch.values(dim) for dim in LABEL_DIMENSIONS if dim in wanted}
 
     def ids_of(seg: Segmenter, named: np.ndarray | None = None) -> np.ndarray:
         """Each record's segment id in ``seg`` (-1 for a record not ``named``: never registered)."""

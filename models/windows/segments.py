@@ -25,6 +25,8 @@ import numpy as np
 from servewatch.models.windows.rows import field_getter
 
 DIMENSIONS = ("model", "route", "tenant", "instance", "engine", "prompt_band", "output_band")
+#: The dimensions a request log names as fields (the bands come from its token counts).
+LABEL_DIMENSIONS = DIMENSIONS[:5]
 DEFAULT_DIMENSIONS = ("model", "route", "prompt_band", "output_band")
 OVERFLOW_KEY = "model=other|segment=overflow"
 UNSET = "-"
@@ -135,9 +137,8 @@ def parse_key(key: str) -> dict[str, str]:
 #: Largest lookup table of label combinations ``Segmenter.ids_for_columns`` keeps (4 bytes
 #: an entry); fleets with more distinct label combinations take the per-row path.
 _LOOKUP_MAX = 1 << 20
-#: The request fields ``Segmenter.key_of_row`` reads as labels, and how many of its remembered
-#: keys it keeps per segment the cap allows (a segment's requests come in a few combinations).
-_LABELS_OF_ROW = ("model", "route", "tenant", "instance", "engine")
+#: How many of ``Segmenter.key_of_row``'s remembered keys it keeps per segment the cap allows
+#: (a segment's requests come in a few combinations of labels and bands).
 _ROW_KEYS_PER_SEGMENT = 4
 
 
@@ -347,7 +348,7 @@ class Segmenter:
         and building a key costs several times looking one up."""
         get = field_getter(row)
         prompt_tokens, output_tokens = int(get("prompt_tokens") or 0), int(get("completion_tokens") or 0)
-        model, route, tenant, instance, engine = (get(name) for name in _LABELS_OF_ROW)
+        model, route, tenant, instance, engine = (get(name) for name in LABEL_DIMENSIONS)
         combination = (
             model, bisect.bisect_right(self.prompt_band_edges, prompt_tokens),
             bisect.bisect_right(self.output_band_edges, output_tokens), route, tenant, instance, engine,
