@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import math
 import random
 from typing import Any
 
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from servewatch.models.stats.sketch import LogHistogram
+from servewatch.models.windows import segments
 from servewatch.models.windows.batch import RowBatch
 from servewatch.models.windows.open_window import OpenWindow, aggregate_rows, fold_batch
 from servewatch.models.windows.segments import DIMENSIONS, OVERFLOW_KEY, Segmenter
@@ -381,6 +383,53 @@ def test_vectorised_segment_ids_match_keys_row_by_row(rows: int) -> None:
             prompt_tokens=int(prompt[row]), output_tokens=int(output[row]),
         )  # fmt: skip
         assert seg.keys[ids[row]] == expected
+
+
+def test_many_possible_combinations_few_met_take_the_vectorised_map() -> None:
+    """Routes times tenants: hundreds of millions of possible combinations, a table of 4 bytes
+    each would take a gigabyte. The segmenter keeps only the combinations met (12 bytes each),
+    and maps every row as ``key_for`` does."""
+    rng = random.Random(11)
+    dims = ("model", "route", "tenant", "prompt_band", "output_band")
+    seg, reference = Segmenter(dimensions=dims, max_segments=5_000), Segmenter(dimensions=dims, max_segments=5_000)
+    n = 3_000
+    tenants = [f"t{rng.randrange(n)}" for _ in range(n)]
+    labels = {"model": ["m"] * n, "route": [f"r{i}" for i in range(n)], "tenant": tenants}
+    prompt, output = np.full(n, 10), np.full(n, 10)
+    ids = seg.ids_for_columns(labels, prompt, output)
+    assert math.prod(seg._lookup_of[1]) > 1 << 28  # possible combinations
+    assert len(seg._lookup) == n and seg._lookup.nbytes == 12 * n  # met ones
+    for row in range(0, n, 7):
+        expected = reference.key_for(
+            model="m", route=labels["route"][row], tenant=labels["tenant"][row], prompt_tokens=10, output_tokens=10
+        )
+        assert seg.keys[ids[row]] == expected
+    again = seg.ids_for_columns(labels, prompt, output)  # from the map: no Python per row
+    assert again.tolist() == ids.tolist() and len(seg.keys) == n
+
+
+@pytest.mark.parametrize("mixed", [True, False], ids=["mixed codes", "per distinct row"])
+def test_an_idle_segment_back_in_a_batch_keeps_its_id_from_a_new_key_in_the_same_batch(
+    mixed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A new route doubles the routes seen, so every combination is met afresh; the batch
+    brings back a segment idle long enough to be reclaimed and a new key past the cap. The
+    new key must not take the returning segment's id, which its rows were just given."""
+    if not mixed:
+        monkeypatch.setattr(segments, "_MIXED_MAX", 0)  # as with more combinations than an int64 holds
+    seg = Segmenter(max_segments=2, idle_s=600.0)
+    ten = np.full(1, 10)
+    first = seg.ids_for_columns({"model": ["m"], "route": ["r0"]}, ten, ten)
+    second = seg.ids_for_columns({"model": ["m"], "route": ["r1"]}, ten, ten)
+    seg.note_seen(first.tolist() + second.tolist(), 10.0)
+    seg.note_seen(first.tolist(), 900.0)  # r1 silent for 890 s: idle, its id free to take
+    three = np.full(2, 10)
+    ids = seg.ids_for_columns({"model": ["m", "m"], "route": ["r1", "r2"]}, three, three)
+    assert [seg.keys[i] for i in ids] == [
+        "model=m|route=r1|prompt_band=<4k|output_band=<1k",
+        "model=other|segment=overflow",  # the cap is full and nobody else is idle
+    ]
+    assert seg.reclaimed == 0
 
 
 def test_segment_ids_stay_right_across_batches_as_label_values_arrive_and_codes_start_over() -> None:

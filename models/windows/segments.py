@@ -22,6 +22,7 @@ from typing import Any, Required, TypedDict, Unpack
 
 import numpy as np
 
+from servewatch.models.windows.code_map import UNKNOWN, CodeMap
 from servewatch.models.windows.rows import field_getter
 
 DIMENSIONS = ("model", "route", "tenant", "instance", "engine", "prompt_band", "output_band")
@@ -134,9 +135,12 @@ def parse_key(key: str) -> dict[str, str]:
     return labels
 
 
-#: Largest lookup table of label combinations ``Segmenter.ids_for_columns`` keeps (4 bytes
-#: an entry); fleets with more distinct label combinations take the per-row path.
-_LOOKUP_MAX = 1 << 20
+#: Largest product of the radices ``Segmenter.ids_for_columns`` mixes label codes and bands
+#: with into one int64; fleets with more possible combinations take the per-row path.
+_MIXED_MAX = 1 << 62
+#: Combinations ``Segmenter.ids_for_columns`` remembers per segment the cap allows (12 bytes
+#: each): past that the traffic's combinations moved on (or overflow), and are met afresh.
+_CODES_PER_SEGMENT = 16
 #: How many of ``Segmenter.key_of_row``'s remembered keys it keeps per segment the cap allows
 #: (a segment's requests come in a few combinations of labels and bands).
 _ROW_KEYS_PER_SEGMENT = 4
@@ -148,7 +152,7 @@ class LabelCodes:
     A column becomes codes with one dict probe per value in C (``map``); Python runs only
     for values never seen before. Bounded: when a dimension has seen ``max_values`` distinct
     values (a request id sneaking into a label), every dimension starts over, in a new
-    ``generation``: ``Segmenter``'s lookup table is keyed by it.
+    ``generation``: ``Segmenter``'s map of combinations is keyed by it.
 
     >>> codes = LabelCodes(2)
     >>> [c.tolist() for c in codes.encode([["m", "n", "m"], ["chat", None, "chat"]])]
@@ -241,8 +245,13 @@ class Segmenter:
     _prompt_labels: list[str] = field(default_factory=list, init=False, repr=False)
     _output_labels: list[str] = field(default_factory=list, init=False, repr=False)
     _label_codes: LabelCodes = field(init=False, repr=False)
-    _lookup: np.ndarray = field(init=False, repr=False)  # mixed label and band codes -> segment id (-1: unknown)
-    _lookup_of: tuple[int, tuple[int, ...]] = field(default=(0, ()), init=False, repr=False)  # codes it was built on
+    # Mixed label and band codes -> segment id, for the combinations met (``CodeMap``), and
+    # the codes and radices it holds codes of.
+    _lookup: CodeMap = field(default_factory=CodeMap, init=False, repr=False)
+    _lookup_of: tuple[int, tuple[int, ...]] = field(default=(0, ()), init=False, repr=False)
+    # While a batch's new combinations are met (``_meet``): each segment's last window with
+    # requests, those with requests in the batch at infinity (not idle, whatever they were).
+    _free_ages: np.ndarray | None = field(default=None, init=False, repr=False)
     # ``key_of_row``'s keys by combination of labels and bands (bounded: ``_ROW_KEYS_PER_SEGMENT``).
     _row_keys: dict[tuple[Any, ...], str] = field(default_factory=dict, init=False, repr=False)
     # Without a table (too many label combinations): segment id per row of codes, one generation's.
@@ -263,7 +272,6 @@ class Segmenter:
         self._prompt_edges = np.asarray(self.prompt_band_edges)
         self._output_edges = np.asarray(self.output_band_edges)
         self._label_codes = LabelCodes(sum(d not in ("prompt_band", "output_band") for d in self.dimensions))
-        self._lookup = np.full(0, -1, dtype=np.int32)
 
     def key_for(self, **request: Unpack[RequestLabels]) -> str:
         """The segment key of a request (``natural_key``), registered; past ``max_segments``
@@ -299,7 +307,7 @@ class Segmenter:
         """The id of the segment idle longest, if idle for ``idle_s`` (never the overflow one)."""
         if not math.isfinite(self.idle_s) or not self.last_seen:
             return None
-        ages = np.frombuffer(self.last_seen, dtype=np.float64)
+        ages = np.frombuffer(self.last_seen, dtype=np.float64) if self._free_ages is None else self._free_ages
         oldest = int(np.argmin(ages))
         if oldest == self._overflow_id:
             ages = ages.copy()
@@ -315,7 +323,7 @@ class Segmenter:
         self.keys[segment_id] = key
         self._ids[key] = segment_id
         self.last_seen[segment_id] = self.clock
-        self._lookup[self._lookup == segment_id] = -1
+        self._lookup.forget(segment_id)
         for row in [row for row, found in self._row_ids.items() if found == segment_id]:
             del self._row_ids[row]
         self.reclaimed += 1
@@ -370,22 +378,23 @@ class Segmenter:
 
         ``labels`` holds one column (a value per row, None when missing) per label dimension.
         Bands come from ``searchsorted``; labels become stable integer codes per dimension
-        (``LabelCodes``), mixed into one integer per row, which a lookup table kept across
-        batches maps to its segment id: Python runs per new combination, not per row or batch.
+        (``LabelCodes``), mixed into one integer per row, which a map of the combinations met,
+        kept across batches (``CodeMap``), gives the segment id of: Python runs per new
+        combination, not per row or batch.
         Ids are stable for the segmenter's lifetime, so callers can index tables by them.
         """
         prompt_band = np.searchsorted(self._prompt_edges, prompt, side="right")
         output_band = np.searchsorted(self._output_edges, output, side="right")
         label_dims = [d for d in self.dimensions if d not in ("prompt_band", "output_band")]
         codes = self._label_codes.encode([labels[dim] for dim in label_dims])
-        # Room for twice the label values seen so far (powers of two), so that the table
-        # survives new values until a dimension doubles.
+        # Room for twice the label values seen so far (powers of two), so that the mixed codes
+        # met stay valid until a dimension doubles.
         radices = (
             *(1 << (2 * count - 1).bit_length() for count in self._label_codes.counts),
             len(self._prompt_edges) + 1,
             len(self._output_edges) + 1,
         )
-        if math.prod(radices) > _LOOKUP_MAX:  # too many combinations for a table: per distinct row
+        if math.prod(radices) > _MIXED_MAX:  # more combinations than an int64 mixes: per distinct row
             ids = self._ids_by_rows(label_dims, codes, prompt_band, output_band)
         else:
             mixed = np.zeros(len(prompt_band), dtype=np.int64)
@@ -394,17 +403,46 @@ class Segmenter:
             mixed = (mixed * radices[-2] + prompt_band) * radices[-1] + output_band
             built_on = (self._label_codes.generation, radices)
             if self._lookup_of != built_on:
-                self._lookup = np.full(math.prod(radices), -1, dtype=np.int32)
+                self._lookup.clear()  # codes of other radices
                 self._lookup_of = built_on
-            ids = self._lookup[mixed]
-            unknown = ids < 0
+            elif len(self._lookup) >= _CODES_PER_SEGMENT * self.max_segments:
+                # Bounded: the overflow's combinations go first (past the cap, a fleet's label
+                # combinations are many), then all (the traffic's combinations moved on).
+                if self._overflow_id is not None:
+                    self._lookup.forget(self._overflow_id)
+                if len(self._lookup) >= _CODES_PER_SEGMENT * self.max_segments // 2:
+                    self._lookup.clear()
+            ids = self._lookup.lookup(mixed)
+            unknown = ids == UNKNOWN
             if unknown.any():
-                for code in np.unique(mixed[unknown]).tolist():
-                    self._lookup[code] = self._id_for(label_dims, self._digits(code, radices))
-                ids = self._lookup[mixed]
+                new = np.unique(mixed[unknown]).tolist()
+                found = self._ids_of_new(label_dims, [self._digits(code, radices) for code in new], ids[~unknown])
+                self._lookup.add(dict(zip(new, found, strict=True)))
+                ids[unknown] = self._lookup.lookup(mixed[unknown])
         if self._overflow_id is not None:
             self.overflowed += int(np.count_nonzero(ids == self._overflow_id))
         return ids
+
+    def _ids_of_new(
+        self, label_dims: list[str], combinations: list[tuple[int, ...]], known_ids: Sequence[int] | np.ndarray
+    ) -> list[int]:
+        """``_id_for`` of each combination of label codes and bands, in turn. Segments with
+        requests in the batch at hand (``known_ids``, and those found here) are not idle:
+        their rows were just given their ids, which must not go to a new key of the batch."""
+        free = None
+        if math.isfinite(self.idle_s):  # ids may be reclaimed, should the cap be reached
+            free = np.frombuffer(self.last_seen, dtype=np.float64).copy()
+            free[np.asarray(known_ids, dtype=np.intp)] = np.inf
+        self._free_ages = free
+        found = []
+        try:
+            for digits in combinations:
+                found.append(segment_id := self._id_for(label_dims, digits))
+                if free is not None and segment_id < len(free):
+                    free[segment_id] = np.inf
+        finally:
+            self._free_ages = None
+        return found
 
     @staticmethod
     def _digits(mixed: int, radices: tuple[int, ...]) -> tuple[int, ...]:
@@ -418,19 +456,21 @@ class Segmenter:
     def _ids_by_rows(
         self, label_dims: list[str], codes: list[np.ndarray], prompt_band: np.ndarray, output_band: np.ndarray
     ) -> np.ndarray:
-        """``ids_for_columns`` without a lookup table: a dict probe per distinct row."""
+        """``ids_for_columns`` where the combinations are too many to mix into an int64: a
+        dict probe per distinct row."""
         if self._row_ids_generation != self._label_codes.generation:
             self._row_ids.clear()
             self._row_ids_generation = self._label_codes.generation
         distinct, inverse = np.unique(np.column_stack((*codes, prompt_band, output_band)), axis=0, return_inverse=True)
-        ids = []
-        for row in map(tuple, distinct.tolist()):
-            found = self._row_ids.get(row)
-            if found is None:
-                found = self._id_for(label_dims, row)
+        rows = list(map(tuple, distinct.tolist()))
+        ids = [self._row_ids.get(row, UNKNOWN) for row in rows]
+        missing = [i for i, found in enumerate(ids) if found == UNKNOWN]
+        if missing:
+            found = self._ids_of_new(label_dims, [rows[i] for i in missing], [i for i in ids if i != UNKNOWN])
+            for i, segment_id in zip(missing, found, strict=True):
+                ids[i] = segment_id
                 if len(self._row_ids) < 4 * self.max_segments:  # bounded: a few combinations per segment
-                    self._row_ids[row] = found
-            ids.append(found)
+                    self._row_ids[rows[i]] = segment_id
         return np.array(ids, dtype=np.int64)[inverse.ravel()]
 
     def _id_for(self, label_dims: list[str], digits: tuple[int, ...]) -> int:
