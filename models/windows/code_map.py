@@ -67,5 +67,6 @@ class CodeMap:
             self._codes, self._ids = self._codes[kept], self._ids[kept]
 
     def clear(self) -> None:
+        """Forget every code (the codes were mixed with other radices)."""
         self._codes = np.empty(0, dtype=np.int64)
         self._ids = np.empty(0, dtype=np.int32)

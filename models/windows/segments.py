@@ -249,7 +249,7 @@ class Segmenter:
     # the codes and radices it holds codes of.
     _lookup: CodeMap = field(default_factory=CodeMap, init=False, repr=False)
     _lookup_of: tuple[int, tuple[int, ...]] = field(default=(0, ()), init=False, repr=False)
-    # While a batch's new combinations are met (``_meet``): each segment's last window with
+    # While a batch's new combinations are met (``_ids_of_new``): each segment's last window with
     # requests, those with requests in the batch at infinity (not idle, whatever they were).
     _free_ages: np.ndarray | None = field(default=None, init=False, repr=False)
     # ``key_of_row``'s keys by combination of labels and bands (bounded: ``_ROW_KEYS_PER_SEGMENT``).
