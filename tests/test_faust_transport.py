@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+from pathlib import Path
+
 import pytest
 
 from servewatch.pipeline.settings import Settings
@@ -18,3 +21,17 @@ async def test_the_workers_producer_is_idempotent_on_kafka_and_plain_on_tansu(pr
         assert (client._txn_manager is not None) is idempotent
     finally:
         await client.stop()
+
+
+def test_a_temp_data_dir_goes_with_its_app_and_a_configured_one_stays(tmp_path: Path) -> None:
+    app = faust_app(Settings(broker="127.0.0.1:9"))
+    made = Path(app.conf.datadir)
+    assert made.is_dir() and made.name.startswith("servewatch-faust-")
+    del app
+    gc.collect()
+    assert not made.exists()
+
+    kept = faust_app(Settings(broker="127.0.0.1:9", data_dir=str(tmp_path)))
+    del kept
+    gc.collect()
+    assert tmp_path.is_dir()

@@ -3,7 +3,9 @@ and consumer-group timing per broker kind, credentials, and servewatch's Faust s
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+import weakref
 from typing import Any, cast
 
 import faust
@@ -49,6 +51,7 @@ def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
     if settings.kafka.bootstrap is None:
         raise ValueError("a Faust app needs a broker address; the CLI starts the embedded one when none is set")
     auth = KafkaAuth.from_settings(settings)
+    datadir = settings.process.data_dir or tempfile.mkdtemp(prefix="servewatch-faust-")
     app = faust.App(
         app_id or settings.kafka.app_id,
         broker=f"{_scheme(settings.kafka.broker_profile)}://{settings.kafka.bootstrap}",
@@ -59,7 +62,7 @@ def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
         recovery_consistency_check=not (
             settings.process.store.startswith("rocksdb") and settings.kafka.broker_profile == "tansu"
         ),
-        datadir=settings.process.data_dir or tempfile.mkdtemp(prefix="servewatch-faust-"),
+        datadir=datadir,
         topic_partitions=settings.kafka.topic_partitions,
         # The tables' changelogs as the topics (``ensure_topics_of`` sets it from the cluster).
         topic_replication_factor=settings.kafka.topic_replication or 1,
@@ -74,4 +77,7 @@ def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
     )
     # Without it, records fetched while Faust resumes after a rebalance are skipped for good.
     hold_flow_while_seeking(cast(Any, app.consumer))
+    if settings.process.data_dir is None:
+        # A dir of its own goes with the app (or at exit): every run made one, and /tmp kept them all.
+        weakref.finalize(app, shutil.rmtree, datadir, ignore_errors=True)
     return app
