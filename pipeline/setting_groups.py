@@ -16,7 +16,7 @@ from pydantic import BeforeValidator, Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from servewatch.models.detect.signal_detector import DetectorConfig
-from servewatch.models.windows.segments import DEFAULT_DIMENSIONS
+from servewatch.models.windows.segment_keys import DEFAULT_DIMENSIONS
 from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS
 from servewatch.pipeline.tuning import HEAP_TRIM_INTERVAL_S, MMAP_THRESHOLD_BYTES
 

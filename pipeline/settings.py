@@ -15,7 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.explain.evidence_sample import EvidenceBudget
-from servewatch.models.windows.segments import REPLICA_PREFIX, Segmenter
+from servewatch.models.windows.segment_keys import REPLICA_PREFIX
+from servewatch.models.windows.segments import Segmenter
 from servewatch.pipeline.setting_groups import (
     ChangeSettings,
     DeliverySettings,

@@ -11,7 +11,8 @@ import orjson
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servewatch.models.windows.segments import Segmenter, is_replica_key
+from servewatch.models.windows.segment_keys import is_replica_key
+from servewatch.models.windows.segments import Segmenter
 from servewatch.models.windows.windowing import Windower
 from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.replay.request_logs import Replay

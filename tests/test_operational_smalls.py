@@ -15,14 +15,8 @@ from pydantic import SecretStr
 
 from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.models.windows.batch import RowBatch
-from servewatch.models.windows.segments import (
-    Segmenter,
-    escape_label,
-    is_replica_key,
-    join_key,
-    parse_key,
-    unescape_label,
-)
+from servewatch.models.windows.segment_keys import escape_label, is_replica_key, join_key, parse_key, unescape_label
+from servewatch.models.windows.segments import Segmenter
 from servewatch.models.windows.windowing import Windower
 from servewatch.models.windows.wire import windows_to_wire
 from servewatch.pipeline.cli.common import variable_is_read, warn_unknown_variables

@@ -80,7 +80,8 @@ def test_segments_idle_for_long_are_forgotten() -> None:
 
 
 def test_an_idle_segments_id_goes_to_a_new_label_combination_not_to_the_overflow() -> None:
-    from servewatch.models.windows.segments import OVERFLOW_KEY, Segmenter
+    from servewatch.models.windows.segment_keys import OVERFLOW_KEY
+    from servewatch.models.windows.segments import Segmenter
 
     segmenter = Segmenter(max_segments=2, idle_s=600.0)
     a = segmenter.key_for(model="a", prompt_tokens=10, output_tokens=10)

@@ -17,7 +17,8 @@ from servewatch.models.stats.sketch import LogHistogram
 from servewatch.models.windows import segments
 from servewatch.models.windows.batch import RowBatch
 from servewatch.models.windows.open_window import OpenWindow, aggregate_rows, fold_batch
-from servewatch.models.windows.segments import DIMENSIONS, OVERFLOW_KEY, Segmenter
+from servewatch.models.windows.segment_keys import DIMENSIONS, OVERFLOW_KEY
+from servewatch.models.windows.segments import Segmenter
 from servewatch.models.windows.window import WindowStats
 from servewatch.models.windows.windowing import WindowAssembler, Windower
 from servewatch.pipeline.dev.simulator import Phase, Workload

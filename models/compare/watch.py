@@ -46,7 +46,7 @@ from servewatch.models.detect.events import incident_event
 from servewatch.models.detect.lifecycle import Transition
 from servewatch.models.explain.wording import event_id
 from servewatch.models.windows.excerpt import excerpt
-from servewatch.models.windows.segments import join_key, parse_key
+from servewatch.models.windows.segment_keys import join_key, parse_key
 from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal, Status
 from servewatch.schemas.change_marker import ChangeMarker, ChangeRef

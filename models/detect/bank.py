@@ -24,7 +24,7 @@ from servewatch.models.detect.tolerance import Tolerances
 from servewatch.models.detect.traffic_watch import TrafficWatch
 from servewatch.models.stats.capacity import Capacity
 from servewatch.models.stats.rates import BetaBinomialRate
-from servewatch.models.windows.segments import is_replica_key
+from servewatch.models.windows.segment_keys import is_replica_key
 from servewatch.models.windows.window import WindowStats
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
 from servewatch.schemas.series import SeriesPoint

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from servewatch.models.detect.events import incident_event
 from servewatch.models.detect.lifecycle import Transition
 from servewatch.models.explain.wording import segment_phrase
-from servewatch.models.windows.segments import parse_key
+from servewatch.models.windows.segment_keys import parse_key
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ import numpy as np
 from servewatch.models.detect.events import incident_event
 from servewatch.models.detect.lifecycle import IncidentTracker, Transition
 from servewatch.models.detect.signal_detector import DetectorConfig
-from servewatch.models.windows.segments import join_key
+from servewatch.models.windows.segment_keys import join_key
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal
 from servewatch.schemas.series import SeriesPoint, SignalPoint
 

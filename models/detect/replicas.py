@@ -5,7 +5,7 @@ a time (a throttled GPU, a noisy neighbour, a replica left on an old config). At
 level that is diluted to a share of the traffic; compared with its peers in the same windows,
 on the same request mix, it stands out. Stage 1 folds every request that names its instance
 a second time into a *replica row* of its segment and instance
-(``models.windows.segments.REPLICA_PREFIX``), so here each (segment, window) holds every
+(``models.windows.segment_keys.REPLICA_PREFIX``), so here each (segment, window) holds every
 instance's figures side by side.
 
 Per window, per instance and signal:
@@ -79,7 +79,7 @@ from servewatch.models.detect.peer_incidents import (
     tail_spread,
 )
 from servewatch.models.detect.signal_detector import DetectorConfig
-from servewatch.models.windows.segments import join_key, parse_key
+from servewatch.models.windows.segment_keys import join_key, parse_key
 from servewatch.models.windows.window import COLUMN_OF, WindowStats
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
 from servewatch.schemas.series import SeriesPoint
@@ -165,7 +165,7 @@ class ReplicaWatch:
     @staticmethod
     def key(model: str) -> str:
         """The state table key of a model's replicas, also the partials key its replica rows
-        travel under (``models.windows.segments.routing_key``): state and rows share a partition."""
+        travel under (``models.windows.segment_keys.routing_key``): state and rows share a partition."""
         return f"~replicas|{model}"
 
     def view(self, model: str) -> dict[str, dict[str, float]]:

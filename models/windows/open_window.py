@@ -27,7 +27,8 @@ import numpy as np
 from servewatch.models.stats.capacity import ARRIVAL_LAGS
 from servewatch.models.stats.sketch import bucket_indices
 from servewatch.models.windows.batch import RowBatch
-from servewatch.models.windows.segments import LABEL_DIMENSIONS, Segmenter, model_of
+from servewatch.models.windows.segment_keys import LABEL_DIMENSIONS, model_of
+from servewatch.models.windows.segments import Segmenter
 from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS, PrefixMemory, signal_columns
 from servewatch.models.windows.window import COLUMN_OF, REASONS, SUMS, WindowBlock, WindowStats, pack_location
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from servewatch.models.stats.capacity import ARRIVAL_LAGS
 from servewatch.models.stats.sketch import N_BUCKETS, LogHistogram
-from servewatch.models.windows.segments import parse_key
+from servewatch.models.windows.segment_keys import parse_key
 from servewatch.schemas.evidence_pointer import KeptRequest, RequestAt
 from servewatch.schemas.request_log import FinishReason
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiokafka.partitioner import murmur2
 
-from servewatch.models.windows.segments import routing_key
+from servewatch.models.windows.segment_keys import routing_key
 
 
 def partition_of(key: str, partitions: int) -> int:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from servewatch.models.windows.segments import is_replica_key
+from servewatch.models.windows.segment_keys import is_replica_key
 from servewatch.pipeline.messages.origin import MessageOrigin
 from servewatch.pipeline.settings import Settings
 from servewatch.pipeline.worker.evidence import fill, wanted

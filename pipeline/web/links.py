@@ -27,7 +27,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import SecretStr
 
-from servewatch.models.windows.segments import DIMENSIONS
+from servewatch.models.windows.segment_keys import DIMENSIONS
 from servewatch.schemas.incident_group import IncidentGroup
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from servewatch.models.detect.lifecycle import SEVERITY_RANK
-from servewatch.models.windows.segments import is_replica_key, join_key
+from servewatch.models.windows.segment_keys import is_replica_key, join_key
 from servewatch.schemas.anomaly import AnomalyEvent, Status
 from servewatch.schemas.change_marker import ChangeMarker
 from servewatch.schemas.change_report import ChangeReport

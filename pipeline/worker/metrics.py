@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.parser import text_string_to_metric_families
 
-from servewatch.models.windows.segments import is_replica_key
+from servewatch.models.windows.segment_keys import is_replica_key
 from servewatch.models.windows.window import COLUMN_OF
 
 if TYPE_CHECKING:

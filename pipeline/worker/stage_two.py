@@ -17,7 +17,7 @@ import orjson
 
 from servewatch.models.detect.bank import DetectorBank
 from servewatch.models.explain.evidence_sample import RecentSources
-from servewatch.models.windows.segments import is_replica_key
+from servewatch.models.windows.segment_keys import is_replica_key
 from servewatch.models.windows.window import WindowStats
 from servewatch.models.windows.windowing import WindowAssembler
 from servewatch.models.windows.wire import windows_from_wire
