@@ -107,7 +107,9 @@ class KafkaSettings(_Group):
 class ProcessSettings(_Group):
     """The process of every long-running command: storage, memory, metrics, logging."""
 
-    data_dir: str | None = Field(default=None, description="Faust's data dir; a fresh temp dir when unset.")
+    data_dir: str | None = Field(
+        default=None, description="Faust's data dir; a fresh temp dir when unset, removed when the process exits."
+    )
     store: Literal["memory://", "rocksdb://"] = Field(
         default="memory://",
         description="Where the worker keeps its detector-state table: in memory (default), or in RocksDB on "
