@@ -51,7 +51,8 @@ def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
     if settings.kafka.bootstrap is None:
         raise ValueError("a Faust app needs a broker address; the CLI starts the embedded one when none is set")
     auth = KafkaAuth.from_settings(settings)
-    datadir = settings.process.data_dir or tempfile.mkdtemp(prefix="servewatch-faust-")
+    made_here = not settings.process.data_dir  # unset, or set empty
+    datadir = tempfile.mkdtemp(prefix="servewatch-faust-") if made_here else str(settings.process.data_dir)
     app = faust.App(
         app_id or settings.kafka.app_id,
         broker=f"{_scheme(settings.kafka.broker_profile)}://{settings.kafka.bootstrap}",
@@ -77,7 +78,7 @@ def faust_app(settings: Settings, app_id: str | None = None) -> faust.App:
     )
     # Without it, records fetched while Faust resumes after a rebalance are skipped for good.
     hold_flow_while_seeking(cast(Any, app.consumer))
-    if settings.process.data_dir is None:
+    if made_here:
         # A dir of its own goes with the app (or at exit): every run made one, and /tmp kept them all.
         weakref.finalize(app, shutil.rmtree, datadir, ignore_errors=True)
     return app
