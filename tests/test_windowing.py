@@ -498,6 +498,60 @@ def test_fold_agrees_with_plain_python_sums_across_windows_and_missing_fields() 
         assert got == {name: expected[(p.key, p.start)][name] for name in got}, p.key
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    records=st.integers(1, 300),
+    windows=st.integers(1, 8),
+    evidence_k=st.sampled_from([0, 1, 3]),
+)
+def test_a_batch_spanning_windows_folds_as_its_windows_folded_one_by_one(
+    seed: int, records: int, windows: int, evidence_k: int
+) -> None:
+    """A replayed file's batch spans many windows, and is counted for all of them at once: every
+    table (sums, histograms, finish reasons, evidence, replica rows) holds what folding each
+    window's records on its own gives, to the last bit."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(records):
+        row = log(i, T0 + rng.uniform(0, 10 * windows), ttft=min(rng.lognormvariate(-1, 1), 1.0),
+                  model=rng.choice("ab"), route=rng.choice(["chat", "rag"]),
+                  prompt_tokens=rng.choice([100, 5000, 40000]),
+                  completion_tokens=rng.randint(1, 3000), e2e_s=rng.uniform(1, 40), cached_tokens=rng.choice([0, 50]),
+                  finish_reason=rng.choice(["stop", "length", "error", "abort"]))  # fmt: skip
+        row["instance"] = rng.choice(["10.0.0.1:8000", "10.0.0.2:8000", "", None])  # blank: as a shipper might send it
+        if rng.random() < 0.2:
+            del row["ttft_s"]
+        rows.append(row)
+
+    def tables(batches: list[RowBatch]) -> dict[tuple[float, str], tuple[Any, ...]]:
+        main, replicas = Segmenter(), Settings().replica_segmenter()
+        # Segments met in the same order either way: a window's rows follow their segment ids,
+        # and its model totals add its rows in that order.
+        fold_batch(RowBatch(rows), main, 10.0, {}, also=[(replicas, {})])
+        into: dict[float, OpenWindow] = {}
+        replica_windows: dict[float, OpenWindow] = {}
+        for batch in batches:
+            fold_batch(batch, main, 10.0, into, evidence_k=evidence_k, also=[(replicas, replica_windows)])
+        out = {}
+        for seg, opened in ((main, into), (replicas, replica_windows)):
+            for window in opened.values():
+                for p in window.partials(seg.keys):
+                    b, r = p.block, p.row
+                    out[(p.start, p.key)] = (b.sums[r].tobytes(), b.hist[r].tolist(), b.reasons[r].tolist(),
+                                             b.evidence_ttft[r].tobytes(), b.evidence_at[r].tobytes())  # fmt: skip
+        return out
+
+    positions = np.arange(len(rows))
+    window_of = np.floor(np.array([r["timestamp"] for r in rows]) / 10.0)
+    one_by_one = [
+        RowBatch([rows[i] for i in picked], positions[picked])
+        for w in np.unique(window_of)
+        if len(picked := np.flatnonzero(window_of == w))
+    ]
+    assert tables([RowBatch(rows, positions)]) == tables(one_by_one)
+
+
 def test_a_partial_re_read_with_new_records_is_neither_merged_nor_lost() -> None:
     """A successor re-reading from older offsets folds records its window merged already
     together with new ones: merging would count the first twice, dropping it as a replay

@@ -20,12 +20,12 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from servewatch.models.stats.capacity import ARRIVAL_LAGS
-from servewatch.models.stats.sketch import bucket_indices
+from servewatch.models.stats.sketch import N_BUCKETS, bucket_indices
 from servewatch.models.windows.batch import RowBatch
 from servewatch.models.windows.segment_keys import LABEL_DIMENSIONS, model_of
 from servewatch.models.windows.segments import Segmenter
@@ -104,21 +104,6 @@ class OpenWindow:
         last_offset = offset if last_offset is None else last_offset
         first, last = self.offsets.get(partition, (offset, last_offset))
         self.offsets[partition] = (min(first, offset), max(last, last_offset))
-
-    def offer_evidence(self, rows: np.ndarray, ranks: np.ndarray, times: np.ndarray, at: np.ndarray) -> None:
-        """Merge candidates into the rows' evidence: at most ``evidence_k`` per row, ranked
-        ``ranks`` (0 = slowest) within their row. Vectorised over rows; on equal TTFT the
-        request kept first stays (so the result does not depend on how batches were cut)."""
-        touched, slot = np.unique(rows, return_inverse=True)
-        block, k = self.block, self.block.evidence_k
-        new_ttft = np.full((len(touched), k), -math.inf, dtype=np.float32)
-        new_at = np.zeros((len(touched), k, 2), dtype=np.int64)
-        new_ttft[slot, ranks], new_at[slot, ranks] = times, at
-        both_ttft = np.concatenate((block.evidence_ttft[touched], new_ttft), axis=1)
-        both_at = np.concatenate((block.evidence_at[touched], new_at), axis=1)
-        best = np.argsort(-both_ttft, axis=1, kind="stable")[:, :k]
-        block.evidence_ttft[touched] = np.take_along_axis(both_ttft, best, axis=1)
-        block.evidence_at[touched] = np.take_along_axis(both_at, best[:, :, None], axis=1)
 
     def partials(self, keys: Sequence[str]) -> list[WindowStats]:
         """One ``WindowStats`` per segment of the window (``keys``: the segmenter's, by id):
@@ -224,13 +209,21 @@ def fold_batch(
     queue = batch.column("queue_s")
     columns["running_s"] = e2e - np.where(np.isnan(queue), 0.0, queue)
     low, high = int(window_ids.min()), int(window_ids.max())
+    # Each window's records, in their order. A live worker's batch spans a window or two; a
+    # replayed file's spans dozens, and folding them one window at a time cost a few dozen
+    # numpy calls per window for a few dozen records each.
+    if low == high:
+        spans: list[tuple[float, Any]] = [(float(low * window_s), slice(None))]
+    else:
+        by_window = np.argsort(window_ids, kind="stable")
+        ids, firsts = np.unique(window_ids[by_window], return_index=True)
+        picks = np.split(by_window, firsts[1:])
+        spans = [(float(w * window_s), picked) for w, picked in zip(ids.tolist(), picks, strict=True)]
+    per_record = _PerRecord(columns, buckets, reason_codes, ttft, has_ttft, lags, partitions, offsets)
     touched = []
-    for window_id in range(low, high + 1):
-        picked: Any = slice(None) if low == high else np.flatnonzero(window_ids == window_id)
-        if low != high and not len(picked):
-            continue
-        start = float(window_id * window_s)
-        for k, (segment_ids, windows, named) in enumerate(targets):
+    for k, (segment_ids, windows, named) in enumerate(targets):
+        parts = []
+        for start, picked in spans:
             mine = picked
             if named is not None:
                 mine = np.flatnonzero(named) if isinstance(picked, slice) else picked[named[picked]]
@@ -239,11 +232,11 @@ def fold_batch(
             window = windows.get(start)
             if window is None:
                 window = windows[start] = OpenWindow(start, window_s, evidence_k, capacity=rows_hint)
-            rows = window.rows_for(segment_ids[mine])  # each record's table row
-            _fold_into(window, batch, mine, rows, columns, buckets, reason_codes, ttft, has_ttft, partitions, offsets)
-            _fold_arrivals(window, mine, rows, lags, prompt)
+            parts.append((window, mine, window.rows_for(segment_ids[mine])))  # each record's table row
             if k == 0:
                 touched.append(window)
+        if parts:
+            _fold_into(parts, batch, per_record)
     return touched
 
 
@@ -260,81 +253,133 @@ def _named(seg: Segmenter, labels: dict[str, list[Any]]) -> np.ndarray | None:
     return ~np.fromiter(map(unnamed.__contains__, values), dtype=bool, count=len(values))
 
 
-def _fold_into(
-    window: OpenWindow,
-    batch: RowBatch,
-    picked: Any,
-    rows: np.ndarray,
-    columns: dict[str, np.ndarray],
-    buckets: np.ndarray,
-    reason_codes: np.ndarray,
-    ttft: np.ndarray,
-    has_ttft: np.ndarray,
-    partitions: np.ndarray,
-    offsets: np.ndarray,
-) -> None:
-    block = window.block
-    # Each record's slot among the rows this fold touches, without a sort: a sort of the
-    # records, or np.add.at into a table of 33 columns, cost more than all the adding.
-    present = np.zeros(len(window), dtype=bool)
-    present[rows] = True
-    touched = np.flatnonzero(present)
-    slot = (np.cumsum(present) - 1)[rows]
-    n_touched = len(touched)
-    # Sums per row: one weighted bincount per column (a pass over the records each).
-    added = np.zeros((len(SUMS), n_touched))
-    added[COLUMN_OF["requests"]] = np.bincount(slot, minlength=n_touched)
-    for name, values in columns.items():
-        added[COLUMN_OF[name]] = np.bincount(slot, weights=values[picked], minlength=n_touched)
-    block.sums[touched] += added.T
-    block.fit(int(block.sums[touched, 0].max()))
-    # Counts per (row, code) by one bincount over the touched rows' slots: np.add.at cost
-    # ~0.1 µs per record and cell, the fold's largest cost after the sums.
-    block.reasons[touched] += _counts(slot, reason_codes[picked], n_touched, block.reasons)
-    timed = has_ttft[picked]
-    block.hist[touched] += _counts(slot[timed], buckets[picked][timed], n_touched, block.hist)
-    if window.evidence_k <= 0:
-        return
-    # Evidence: requests slower than their row's slowest-but-k-th kept one (-inf while fewer
-    # are kept): most records are turned away by this one vectorised compare.
-    times = ttft[picked]
-    candidate = timed & (times > block.evidence_ttft[rows, window.evidence_k - 1])
+class _PerRecord(NamedTuple):
+    """A batch's figures per record, as ``fold_batch`` computed them for every table it feeds."""
+
+    columns: dict[str, np.ndarray]  # the columns of SUMS
+    buckets: np.ndarray  # TTFT histogram bucket
+    reason_codes: np.ndarray
+    ttft: np.ndarray
+    has_ttft: np.ndarray
+    lags: np.ndarray  # windows back the request started
+    partitions: np.ndarray
+    offsets: np.ndarray
+
+
+def _fold_into(parts: list[tuple[OpenWindow, Any, np.ndarray]], batch: RowBatch, per_record: _PerRecord) -> None:
+    """Add records to their windows' rows: ``parts`` holds, per window, the records picked for
+    it and each one's row there. Every figure is counted for all windows at once, one
+    ``np.bincount`` per column over (window, row) slots; only the adding into each window's
+    table (and its evidence) is done window by window."""
+    # Each record's slot among the rows this fold touches, numbered window after window,
+    # without a sort: a sort of the records, or np.add.at into a table of 55 columns, cost
+    # more than all the adding.
+    touched_rows, slots = [], []
+    first = 0
+    for window, _, rows in parts:
+        present = np.zeros(len(window), dtype=bool)
+        present[rows] = True
+        touched = np.flatnonzero(present)
+        slots.append((np.cumsum(present) - 1)[rows] + first)
+        touched_rows.append(touched)
+        first += len(touched)
+    n_slots = first
+    if len(parts) == 1:
+        slot, picked = slots[0], parts[0][1]
+    else:
+        slot, picked = np.concatenate(slots), np.concatenate([mine for _, mine, _ in parts])
+    # Sums per slot: one weighted bincount per column (a pass over the records each).
+    added = np.zeros((len(SUMS), n_slots))
+    added[COLUMN_OF["requests"]] = np.bincount(slot, minlength=n_slots)
+    for name, values in per_record.columns.items():
+        added[COLUMN_OF[name]] = np.bincount(slot, weights=values[picked], minlength=n_slots)
+    _count_arrivals(added, slot, per_record.lags[picked], per_record.columns["prompt_tokens"][picked], n_slots)
+    # Counts per (slot, code) by one bincount: np.add.at cost ~0.1 µs per record and cell,
+    # the fold's largest cost after the sums.
+    reasons = _counts(slot, per_record.reason_codes[picked], n_slots, len(REASONS))
+    timed = per_record.has_ttft[picked]
+    hist = _counts(slot[timed], per_record.buckets[picked][timed], n_slots, N_BUCKETS)
+    first = 0
+    for (window, _, _), touched in zip(parts, touched_rows, strict=True):
+        span = slice(first, first + len(touched))
+        first = span.stop
+        block = window.block
+        block.sums[touched] += added[:, span].T
+        block.fit(int(block.sums[touched, 0].max()))
+        block.reasons[touched] += reasons[span].astype(block.reasons.dtype, copy=False)
+        block.hist[touched] += hist[span].astype(block.hist.dtype, copy=False)
+    if parts[0][0].evidence_k > 0:  # every window of a fold keeps as many (``fold_batch``'s evidence_k)
+        _offer_slowest([window.block for window, _, _ in parts], touched_rows, slot, picked, batch, per_record)
+
+
+def _offer_slowest(
+    blocks: list[WindowBlock], touched_rows: list[np.ndarray], slot: np.ndarray, picked: Any, batch: RowBatch,
+    per_record: _PerRecord,
+) -> None:  # fmt: skip
+    """Keep, per slot (a row of one of ``blocks``, numbered as ``_fold_into`` does), the
+    slowest ``evidence_k`` of its requests kept so far and of the ``picked`` records.
+
+    Most records are turned away by one vectorised compare with their row's slowest-but-k-th
+    kept one (-inf while fewer are kept); the rest are ranked and merged for all windows at
+    once. On equal TTFT the request kept first stays (so the result does not depend on how
+    batches were cut)."""
+    k = blocks[0].evidence_k
+    bounds = np.cumsum([0] + [len(touched) for touched in touched_rows])
+    kth = np.concatenate([block.evidence_ttft[rows, k - 1] for block, rows in zip(blocks, touched_rows, strict=True)])
+    times = per_record.ttft[picked]
+    candidate = per_record.has_ttft[picked] & (times > kth[slot])
     if not candidate.any():
         return
     records = np.arange(len(batch))[picked][candidate]
-    rows, times = rows[candidate], times[candidate]
-    order = np.lexsort((-times, rows))  # by row, slowest first
-    ordered_rows = rows[order]
-    ranks = np.arange(len(order)) - np.searchsorted(ordered_rows, ordered_rows, side="left")
-    keep = order[ranks < window.evidence_k]
+    slots, times = slot[candidate], times[candidate]
+    order = np.lexsort((-times, slots))  # by slot, slowest first
+    ordered = slots[order]
+    ranks = np.arange(len(order)) - np.searchsorted(ordered, ordered, side="left")
+    best = ranks < k
+    keep = order[best]
     kept = records[keep]
-    at = np.column_stack(pack_location(partitions[kept], offsets[kept], batch.positions[kept]))
-    window.offer_evidence(rows[keep], ranks[ranks < window.evidence_k], times[keep], at)
+    offered, slot_of = np.unique(slots[keep], return_inverse=True)
+    new_ttft = np.full((len(offered), k), -math.inf, dtype=np.float32)
+    new_at = np.zeros((len(offered), k, 2), dtype=np.int64)
+    new_ttft[slot_of, ranks[best]] = times[keep]
+    new_at[slot_of, ranks[best]] = np.column_stack(
+        pack_location(per_record.partitions[kept], per_record.offsets[kept], batch.positions[kept])
+    )
+    # Each offered slot's window and row: the merge reads and writes them window by window.
+    split = np.searchsorted(offered, bounds)
+    places = [
+        (block, touched[offered[a:b] - first], slice(a, b))
+        for block, touched, first, a, b in zip(blocks, touched_rows, bounds[:-1], split[:-1], split[1:], strict=True)
+        if b > a
+    ]
+    old_ttft = np.concatenate([block.evidence_ttft[rows] for block, rows, _ in places])
+    old_at = np.concatenate([block.evidence_at[rows] for block, rows, _ in places])
+    both_ttft = np.concatenate((old_ttft, new_ttft), axis=1)
+    both_at = np.concatenate((old_at, new_at), axis=1)
+    slowest = np.argsort(-both_ttft, axis=1, kind="stable")[:, :k]
+    merged_ttft = np.take_along_axis(both_ttft, slowest, axis=1)
+    merged_at = np.take_along_axis(both_at, slowest[:, :, None], axis=1)
+    for block, rows, span in places:
+        block.evidence_ttft[rows] = merged_ttft[span]
+        block.evidence_at[rows] = merged_at[span]
 
 
-def _fold_arrivals(window: OpenWindow, picked: Any, rows: np.ndarray, lags: np.ndarray, prompt: np.ndarray) -> None:
-    """Add each record (and its prompt tokens) to its row's ``arrived_<lag>`` column, the
+def _count_arrivals(added: np.ndarray, slot: np.ndarray, lag: np.ndarray, prompt: np.ndarray, n_slots: int) -> None:
+    """Count each record (and its prompt tokens) in its slot's ``arrived_<lag>`` column, the
     window it started in counted back from this one; starts older than ``ARRIVAL_LAGS``
-    windows (or unknown) go in none. Two bincounts over (row, lag) cells, not one per lag."""
-    lag = lags[picked]
+    windows (or unknown) go in none. Two bincounts over (slot, lag) cells, not one per lag."""
     known = (lag >= 0) & (lag < ARRIVAL_LAGS)  # NaN compares false: in no column
     if not known.any():
         return
-    cells = rows[known] * ARRIVAL_LAGS + lag[known].astype(np.intp)
-    size = len(window) * ARRIVAL_LAGS
-    counts = np.bincount(cells, minlength=size).reshape(-1, ARRIVAL_LAGS)
-    tokens = np.bincount(cells, weights=prompt[picked][known], minlength=size).reshape(-1, ARRIVAL_LAGS)
-    sums = window.block.sums
-    n = len(window)
-    sums[:n, _ARRIVED] += counts
-    sums[:n, _ARRIVED_TOKENS] += tokens
+    cells = slot[known] * ARRIVAL_LAGS + lag[known].astype(np.intp)
+    size = n_slots * ARRIVAL_LAGS
+    added[_ARRIVED] = np.bincount(cells, minlength=size).reshape(-1, ARRIVAL_LAGS).T
+    added[_ARRIVED_TOKENS] = np.bincount(cells, weights=prompt[known], minlength=size).reshape(-1, ARRIVAL_LAGS).T
 
 
-def _counts(slots: np.ndarray, codes: np.ndarray, n_slots: int, like: np.ndarray) -> np.ndarray:
-    """An (n_slots, codes) table, in ``like``'s width and dtype: records per slot and code."""
-    n_codes = like.shape[1]
-    flat = np.bincount(slots * n_codes + codes, minlength=n_slots * n_codes)
-    return flat.reshape(n_slots, n_codes).astype(like.dtype, copy=False)
+def _counts(slots: np.ndarray, codes: np.ndarray, n_slots: int, n_codes: int) -> np.ndarray:
+    """An (n_slots, n_codes) table: records per slot and code."""
+    return np.bincount(slots * n_codes + codes, minlength=n_slots * n_codes).reshape(n_slots, n_codes)
 
 
 def aggregate_rows(
