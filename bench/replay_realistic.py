@@ -11,9 +11,9 @@ records/s, the segment-windows judged and the cost of each (the run's time divid
 them). ``--against``: another checkout (a ``git worktree`` of an older commit) replayed in
 turn with this one on the same file, and the ratio of their medians (this kind of machine
 drifts by tens of per cent within a minute, so runs are paired). ``--floor``: this checkout
-replayed in turn with its detectors switched off (windows made, merged and released, none
-judged), the most any faster judging could give: what is left is reading, segmenting and
-windowing.
+(and the other, with ``--against``) replayed in turn with its detectors switched off
+(windows made, merged and released, none judged), the most any faster judging could give:
+what is left is reading, segmenting and windowing.
 """
 
 from __future__ import annotations
@@ -58,13 +58,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--against", type=Path, help="another checkout, replayed in turn with this one")
-    parser.add_argument("--floor", action="store_true", help="also replay this checkout without judging, in turn")
+    parser.add_argument("--floor", action="store_true",
+                        help="also replay this checkout (and --against's) without judging, in turn")  # fmt: skip
     args = parser.parse_args()
     sides = {"this": HERE} if args.against is None else {"other": args.against.resolve(), "this": HERE}
     runners: dict[str, Callable[[Path], tuple[float, int, int]]] = {name: partial(replay_run, checkout)
                                                                      for name, checkout in sides.items()}  # fmt: skip
     if args.floor:
-        runners["floor"] = partial(replay_run, HERE, child=FLOOR_CHILD)
+        floors = {"floor": HERE} if args.against is None else {"floor other": sides["other"], "floor": HERE}
+        runners.update({name: partial(replay_run, checkout, child=FLOOR_CHILD) for name, checkout in floors.items()})
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "requests.jsonl"
         records = write_workload(path, args.seed)
@@ -78,9 +80,10 @@ def main() -> None:
     print(f"{WORKLOAD} (seed {args.seed}): {records:,} request logs over 6 h of event time, two models")
     for name, runs in results.items():
         rate = statistics.median(r for r, _, _ in runs)
-        if name == "floor":
-            share = 1 - statistics.median(r for r, _, _ in results["this"]) / rate
-            print(f"floor (this, nothing judged): median {rate:,.0f} records/s; judging takes {share:.0%} of the "
+        if name.startswith("floor"):
+            side = "other" if name == "floor other" else "this"
+            share = 1 - statistics.median(r for r, _, _ in results[side]) / rate
+            print(f"floor ({side}, nothing judged): median {rate:,.0f} records/s; judging takes {share:.0%} of the "
                   f"replay's time  [{', '.join(f'{r:,.0f}' for r, _, _ in runs)}]")  # fmt: skip
             continue
         windows = runs[0][2]
@@ -91,6 +94,9 @@ def main() -> None:
     if args.against is not None:
         this, other = (statistics.median(r for r, _, _ in results[name]) for name in ("this", "other"))
         print(f"ratio this/other: {this / other:.2f}")
+        if args.floor:
+            this, other = (statistics.median(r for r, _, _ in results[name]) for name in ("floor", "floor other"))
+            print(f"floor ratio this/other: {this / other:.2f}")
 
 
 if __name__ == "__main__":
