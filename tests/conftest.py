@@ -79,6 +79,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item.get_closest_marker("apache_kafka") is None]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _children_temp_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The temp dirs of processes tests start (a worker's or notifier's Faust data dir among
+    them) go under pytest's base temp dir, which pytest prunes to its last few runs: a
+    process a test kills with SIGKILL cannot remove its own."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", str(tmp_path_factory.mktemp("children")))
+        yield
+
+
 #: Which broker ``new_broker`` starts (``--kafka``).
 BROKER_KIND = "tansu"
 
