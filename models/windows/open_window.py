@@ -3,9 +3,10 @@
 An ``OpenWindow`` holds one window of a worker's input partitions: a row per segment seen in it,
 with that segment's counters, TTFT histogram and finish-reason counts as rows of 2-D
 arrays. ``fold_batch`` maps a batch's records to (window, row) and adds them with one weighted
-``np.bincount`` per column, so its cost grows with the records, not with the segments they touch: with
-500 records spread over 100 segments per message, a Python loop per (segment, window)
-cost more than parsing the message. Python runs per segment only when a window closes
+``np.bincount`` per column, so its cost grows with the records, not with the segments they
+touch nor the windows they span: with 500 records spread over 100 segments per message, a
+Python loop per (segment, window) cost more than parsing the message, and a replayed file's
+batch spans dozens of windows. Python runs per segment only when a window closes
 (``partials``).
 
 Evidence is kept by reference: the slowest ``evidence_k`` requests of each row as their
@@ -365,7 +366,7 @@ def _offer_slowest(
 
 
 def _count_arrivals(added: np.ndarray, slot: np.ndarray, lag: np.ndarray, prompt: np.ndarray, n_slots: int) -> None:
-    """Count each record (and its prompt tokens) in its slot's ``arrived_<lag>`` column, the
+    """Add each record (and its prompt tokens) to its slot's ``arrived_<lag>`` column, the
     window it started in counted back from this one; starts older than ``ARRIVAL_LAGS``
     windows (or unknown) go in none. Two bincounts over (slot, lag) cells, not one per lag."""
     known = (lag >= 0) & (lag < ARRIVAL_LAGS)  # NaN compares false: in no column
@@ -373,8 +374,8 @@ def _count_arrivals(added: np.ndarray, slot: np.ndarray, lag: np.ndarray, prompt
         return
     cells = slot[known] * ARRIVAL_LAGS + lag[known].astype(np.intp)
     size = n_slots * ARRIVAL_LAGS
-    added[_ARRIVED] = np.bincount(cells, minlength=size).reshape(-1, ARRIVAL_LAGS).T
-    added[_ARRIVED_TOKENS] = np.bincount(cells, weights=prompt[known], minlength=size).reshape(-1, ARRIVAL_LAGS).T
+    added[_ARRIVED] += np.bincount(cells, minlength=size).reshape(-1, ARRIVAL_LAGS).T
+    added[_ARRIVED_TOKENS] += np.bincount(cells, weights=prompt[known], minlength=size).reshape(-1, ARRIVAL_LAGS).T
 
 
 def _counts(slots: np.ndarray, codes: np.ndarray, n_slots: int, n_codes: int) -> np.ndarray:
