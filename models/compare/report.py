@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.stats import binom
 
 from servewatch.models.compare import strata
 from servewatch.models.compare.adjust import explained_shift
@@ -469,6 +468,8 @@ def counts_differ(before: Side, after: Side, alpha: float) -> bool:
     if total == 0:
         return False
     share = len(after.numerator) / (len(before.numerator) + len(after.numerator))
+    from scipy.stats import binom  # here, not at the top: see ``models.stats.traffic``
+
     tails = binom.cdf(events_a, total, share), binom.sf(events_a - 1, total, share)
     return bool(min(1.0, 2 * min(tails)) < alpha)
 

@@ -17,7 +17,6 @@ from collections.abc import Hashable
 from typing import Any, NamedTuple
 
 from river import base
-from scipy.stats import nbinom
 
 from servewatch.models.stats.compact import CompactState, count, number
 from servewatch.models.stats.params import param, shared
@@ -123,6 +122,10 @@ class TrafficModel(CompactState, base.AnomalyDetector):
         phi = max(self.dispersion, 1.0 + 1e-6)
         # Negative binomial of mean ``usual`` and variance ``phi * usual``.
         r, p = usual / (phi - 1.0), 1.0 / phi
+        # Imported here: scipy.stats costs most of a second to import, and every command that
+        # never judges traffic (``ship``, ``scrape``, ``--help``) would pay it at start.
+        from scipy.stats import nbinom
+
         return max(-float(nbinom.logcdf(k, r, p)) / _LN10, 0.0)
 
     def state(self) -> dict[str, Any]:
