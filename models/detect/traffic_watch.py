@@ -9,7 +9,7 @@ from typing import Any
 from servewatch.models.detect.events import incident_event
 from servewatch.models.detect.lifecycle import IncidentTracker, Transition
 from servewatch.models.detect.signal_detector import DetectorConfig
-from servewatch.models.stats.traffic import HOURS, TrafficModel
+from servewatch.models.stats.traffic import HOURS, TrafficModel, negative_binomial
 from servewatch.models.windows.segment_keys import join_key
 from servewatch.schemas.anomaly import AnomalyEvent, Hint, Severity, Signal
 
@@ -29,6 +29,7 @@ class TrafficWatch:
         #: restart; the bank passes its table's, under ``key(model)``.
         self.restore = restore
         self.judged = 0  # windows judged since the states were last taken
+        negative_binomial()  # imported as a worker or replay starts, not in its first judged window
 
     @staticmethod
     def key(model: str) -> str:

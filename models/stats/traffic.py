@@ -33,6 +33,15 @@ class _TrafficParams(NamedTuple):
     grace_windows: int
 
 
+def negative_binomial() -> Any:
+    """scipy.stats' negative binomial, imported at the first call rather than with this module:
+    scipy.stats costs most of a second to import, and the CLI imports this module for every
+    command, most of which never judge traffic (``ship``, ``scrape``, ``--help``)."""
+    from scipy.stats import nbinom
+
+    return nbinom
+
+
 class TrafficModel(CompactState, base.AnomalyDetector):
     """Requests per window of one model (``x["hour"]``: the window's hour of the day, UTC).
 
@@ -122,11 +131,7 @@ class TrafficModel(CompactState, base.AnomalyDetector):
         phi = max(self.dispersion, 1.0 + 1e-6)
         # Negative binomial of mean ``usual`` and variance ``phi * usual``.
         r, p = usual / (phi - 1.0), 1.0 / phi
-        # Imported here: scipy.stats costs most of a second to import, and every command that
-        # never judges traffic (``ship``, ``scrape``, ``--help``) would pay it at start.
-        from scipy.stats import nbinom
-
-        return max(-float(nbinom.logcdf(k, r, p)) / _LN10, 0.0)
+        return max(-float(negative_binomial().logcdf(k, r, p)) / _LN10, 0.0)
 
     def state(self) -> dict[str, Any]:
         return {"numbers": self.numbers}
