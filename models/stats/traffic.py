@@ -12,6 +12,7 @@ overdispersion (real traffic is burstier than Poisson). A count far below it, at
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Hashable
 from typing import Any, NamedTuple
@@ -33,6 +34,7 @@ class _TrafficParams(NamedTuple):
     grace_windows: int
 
 
+@functools.cache  # the import machinery runs once, not in every window judged
 def negative_binomial() -> Any:
     """scipy.stats' negative binomial, imported at the first call rather than with this module:
     scipy.stats costs most of a second to import, and the CLI imports this module for every
