@@ -113,6 +113,12 @@ def _judging_order(signals: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(signals, key=lambda name: first.index(name) if name in first else len(first)))
 
 
+@functools.cache
+def _judging_specs(source: str, signals: tuple[str, ...]) -> tuple[SignalSpec, ...]:
+    """``source``'s specs of ``signals``, in ``_judging_order``."""
+    return tuple(SPEC_SETS[source][Signal(name)] for name in _judging_order(signals))
+
+
 def _corroborate(verdict: Verdict, reading: Reading, config: DetectorConfig, cause: str | None = "cache") -> None:
     """A prefill latency judged while the segment's prefix cache is failing; with ``cause``
     None, a latency that includes the queue (TTFT, end-to-end) judged while the segment's
@@ -277,12 +283,10 @@ class SegmentDetectors:
         usual = self.usual  # one view for the whole window
         usual_requests = usual.requests_per_s * window.length
         sparse = usual.windows >= config.grace_windows and window.requests < config.min_share_of_usual * usual_requests
-        specs = SPEC_SETS[config.source]
         cache_failing = False  # the segment's prefix cache pages (this window, or its incident does)
         queue_paging = False  # the segment's queue pages this window, as a fault (not load)
         demand = _Demand(functools.partial(self._ttft_demand_ratio, window, load, sparse))
-        for name in _judging_order(config.signals):
-            spec = specs[Signal(name)]
+        for spec in _judging_specs(config.source, config.signals):
             if sparse and spec.kind == "latency":
                 continue
             reading = spec.read(window, load)

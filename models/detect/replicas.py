@@ -308,7 +308,8 @@ def _latency_steps(
         for instance, row in rows.items():
             if instance not in ready:
                 continue
-            n, total, squares = (float(row.block.sums[row.row, at]) for at in (n_at, log_at, log2_at))
+            item, at = row.block.sums.item, row.row
+            n, total, squares = item(at, n_at), item(at, log_at), item(at, log2_at)
             if n <= 0:
                 continue
             mean = total / n

@@ -50,6 +50,7 @@ It does not saturate, and it means the same on every signal.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -196,6 +197,12 @@ def _recent_after(recent: float, distance: float, level_distance: float, bound: 
 
 def _band(d: float) -> int:
     return bisect.bisect_right(FLOOR_EDGES, d)
+
+
+@functools.cache
+def _decay_per_window(halflife: float) -> float:
+    """The weight a window's past keeps after one more (``0.5 ** (1 / halflife)``)."""
+    return float(0.5 ** (1.0 / halflife))
 
 
 class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
@@ -361,7 +368,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
 
     @property
     def _decay(self) -> float:
-        return float(0.5 ** (1.0 / self.noise_halflife))
+        return _decay_per_window(self.noise_halflife)
 
     @property
     def _sign(self) -> float:
@@ -512,7 +519,11 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         return self._predict(x, self.numbers)
 
     def _predict(self, x: dict[Hashable, Any], state: list[float]) -> Prediction:
-        phi = self._phi(x, state)
+        return self._predict_at(x, state, self._demand_index(x, state))
+
+    def _predict_at(self, x: dict[Hashable, Any], state: list[float], d: float) -> Prediction:
+        """``_predict`` at demand index ``d`` (``_demand_index(x, state)``, which the caller has)."""
+        phi = (1.0, d, max(0.0, d - math.log(self.surge_ratio)))
         noise_var, _, level_mean, level_var = state[_NOISE:_TAIL]
         tail_share, _, _, rho, _, _, anchor, drift_var, within, recent = state[_TAIL:_FLOOR]
         sampling_var = self._sampling_var(x, within)
@@ -562,21 +573,22 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         previous window and the drift check; against the load-blind level) from one
         prediction: what a detector asks of every window."""
         state = self.numbers
-        prediction = self._predict(x, state)
         d = self._demand_index(x, state)
+        prediction = self._predict_at(x, state, d)
         usual_demand = self._ordinary(x, d)
         at_most_usual = usual_demand or (d < 0 and not x.get("saturated", 0.0))
-        if not self.warm or not (y > 0 and math.isfinite(y)):
+        n_learned, grace_windows = int(state[_STATE_SIZE]), self.grace_windows  # ``n_learned``, ``warm``
+        if n_learned < grace_windows or not (y > 0 and math.isfinite(y)):
             return Judgement(prediction, 0.0, 0.0, False, at_most_usual)
         last_z, rho = state[_LAST_Z], state[_RHO]
         log_y, sign, nu = math.log(y), self._sign, prediction.nu
         z = sign * (log_y - prediction.mean) / prediction.sd
         alone = student_surprise(z, nu)
         echo = state[_ECHO]
-        paired = pair_surprise(z, sign * last_z, rho, nu, echo) if self.n_learned > self.grace_windows else 0.0
+        paired = pair_surprise(z, sign * last_z, rho, nu, echo) if n_learned > grace_windows else 0.0
         window = max(alone, paired) - TWO_LOOKS
         drift = 0.0
-        if 0 < self.drift_after <= self.n_learned and usual_demand:  # a drift is judged at flat demand
+        if 0 < self.drift_after <= n_learned and usual_demand:  # a drift is judged at flat demand
             # How far recent windows, this one included, stand above the anchored level: the
             # latency itself, not the level (which stops following once windows surprise).
             now = sign * (log_y - prediction.mean + prediction.drift)

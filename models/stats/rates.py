@@ -261,12 +261,17 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
     @property
     def expected_rate(self) -> float:
         """The usual rate: the segment's own windows and the prior, together."""
-        return (self.alpha + self.prior_alpha) / (self.alpha + self.beta + self.prior_alpha + self.prior_beta)
+        # Read from the buffer at once (``alpha``, ``beta``, ``prior_alpha``, ``prior_beta``):
+        # asked several times per judged window, four property reads cost more than the sum.
+        buf, at = self._buf, self._at
+        alpha, beta, prior_alpha, prior_beta = buf[at], buf[at + 1], buf[at + 8], buf[at + 9]
+        return (alpha + prior_alpha) / (alpha + beta + prior_alpha + prior_beta)
 
     @property
     def strength(self) -> float:
         """Requests behind the usual rate: the own windows' (discounted) and the prior's."""
-        return self.alpha + self.beta + self.prior_alpha + self.prior_beta
+        buf, at = self._buf, self._at
+        return buf[at] + buf[at + 1] + buf[at + 8] + buf[at + 9]
 
     def _hypotheses(self, n: int) -> tuple[float, float]:
         """The usual rate and the raised one the CUSUM weighs a window of ``n`` between.

@@ -97,6 +97,10 @@ class PhaseStats(NamedTuple):
 
 
 COLUMN_OF = {name: column for column, name in enumerate(SUMS)}
+#: Each phase's (count, sum of logs, sum of squared logs) columns.
+_PHASE_COLUMNS = {name: tuple(COLUMN_OF[f"{name}{part}"] for part in ("_n", "_log", "_log2")) for name in PHASES}
+#: The largest count each width of the count tables holds (``WindowBlock.fit``).
+_COUNT_MAX = {np.dtype(t): int(np.iinfo(t).max) for t in (np.uint8, np.uint16, np.int32, np.int64)}
 
 
 def _add_range(ranges: list[tuple[int, int, int]], new: tuple[int, int, int]) -> list[tuple[int, int, int]]:
@@ -162,9 +166,8 @@ class WindowBlock:
     def fit(self, requests: int) -> None:
         """Widen the counts, if needed, so a row of ``requests`` requests cannot overflow them
         (no count in a row exceeds its requests). Call before adding those counts."""
-        dtype = self.hist.dtype
-        if requests > np.iinfo(dtype).max:
-            wider = next(t for t in (np.uint16, np.int32, np.int64) if requests <= np.iinfo(t).max)
+        if requests > _COUNT_MAX[self.hist.dtype]:
+            wider = next(t for t in (np.uint16, np.int32, np.int64) if requests <= _COUNT_MAX[np.dtype(t)])
             self.hist, self.reasons = self.hist.astype(wider), self.reasons.astype(wider)
 
     def make_room(self, rows: int) -> None:
@@ -227,7 +230,7 @@ class WindowStats:
         # The summed figures (requests, prompt_tokens, ..., e2e_sum, ttft_sum), from the block.
         column = COLUMN_OF.get(name)
         if column is not None:
-            value = float(self.block.sums[self.row, column])
+            value = self.block.sums.item(self.row, column)  # a Python float, in one call
             return int(value) if name in INTEGER_SUMS else value
         raise AttributeError(name)
 
@@ -305,9 +308,7 @@ class WindowStats:
 
     def phase(self, name: str) -> PhaseStats:
         """Log-moment summary of ``name`` (one of ``PHASES``) over the requests that reported it."""
-        n, total, squares = (
-            float(self.block.sums[self.row, COLUMN_OF[f"{name}{part}"]]) for part in ("_n", "_log", "_log2")
-        )
+        n, total, squares = (self.block.sums.item(self.row, column) for column in _PHASE_COLUMNS[name])
         if n == 0:
             return PhaseStats(0, math.nan, math.nan)
         mean = total / n
