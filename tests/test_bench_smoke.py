@@ -41,6 +41,14 @@ def test_compare_on_the_real_gpu_runs_reads_the_degradation_and_no_verdict_betwe
     assert "load differs: 4.9 vs 1.5 req/s, 23 % of requests comparable" in out
 
 
+def test_model_speed_times_every_registered_model() -> None:
+    from servewatch.models import REGISTRY
+
+    out = run("-m", "bench.model_speed", "--windows", "300", "--runs", "1")
+    timed = {line.split()[0] for line in out.splitlines()[1:]}
+    assert timed == set(REGISTRY)
+
+
 @pytest.mark.integration
 def test_throughput_benchmark_runs() -> None:
     out = run("-m", "bench.throughput", "--records", "3000", "--single", "300", "--repeat", "1")
