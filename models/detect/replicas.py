@@ -308,8 +308,8 @@ def _latency_steps(
         for instance, row in rows.items():
             if instance not in ready:
                 continue
-            item, at = row.block.sums.item, row.row
-            n, total, squares = item(at, n_at), item(at, log_at), item(at, log2_at)
+            item, index = row.block.sums.item, row.row
+            n, total, squares = item(index, n_at), item(index, log_at), item(index, log2_at)
             if n <= 0:
                 continue
             mean = total / n

@@ -363,7 +363,10 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
         return (now[0] - state[_REF] + now[1] - state[_REF + 1]) / 2
 
     def _phi(self, x: dict[Hashable, Any], state: Sequence[float] | None = None) -> tuple[float, float, float]:
-        d = self._demand_index(x, self.numbers if state is None else state)
+        return self._phi_at(self._demand_index(x, self.numbers if state is None else state))
+
+    def _phi_at(self, d: float) -> tuple[float, float, float]:
+        """The regression's features at demand index ``d``: level, slope, and the surge beyond ``surge_ratio``."""
         return (1.0, d, max(0.0, d - math.log(self.surge_ratio)))
 
     @property
@@ -523,7 +526,7 @@ class LoadConditionedLatency(CompactState, base.SupervisedAnomalyDetector):
 
     def _predict_at(self, x: dict[Hashable, Any], state: list[float], d: float) -> Prediction:
         """``_predict`` at demand index ``d`` (``_demand_index(x, state)``, which the caller has)."""
-        phi = (1.0, d, max(0.0, d - math.log(self.surge_ratio)))
+        phi = self._phi_at(d)
         noise_var, _, level_mean, level_var = state[_NOISE:_TAIL]
         tail_share, _, _, rho, _, _, anchor, drift_var, within, recent = state[_TAIL:_FLOOR]
         sampling_var = self._sampling_var(x, within)

@@ -24,6 +24,6 @@ def shared(params_type: type[T], *values: Any) -> T:
 def param(name: str) -> Any:
     """A read-only property for constructor argument ``name``, read from ``self._params``.
 
-    Its getter is an ``attrgetter``: read many times per judged window, a Python function
-    in between would cost several times the read."""
+    Its getter is an ``attrgetter``: arguments are read many times per judged window, and a
+    Python function as the getter costs half as much again (about 95 ns a read against 60)."""
     return property(operator.attrgetter(f"_params.{name}"), doc=f"Constructor argument ``{name}``.")

@@ -103,6 +103,12 @@ _PHASE_COLUMNS = {name: tuple(COLUMN_OF[f"{name}{part}"] for part in ("_n", "_lo
 _COUNT_MAX = {np.dtype(t): int(np.iinfo(t).max) for t in (np.uint8, np.uint16, np.int32, np.int64)}
 
 
+def _count_max(dtype: np.dtype[Any]) -> int:
+    """``np.iinfo(dtype).max``, looked up for the widths ``WindowBlock`` uses (asked per merge)."""
+    known = _COUNT_MAX.get(dtype)
+    return known if known is not None else int(np.iinfo(dtype).max)
+
+
 def _add_range(ranges: list[tuple[int, int, int]], new: tuple[int, int, int]) -> list[tuple[int, int, int]]:
     """Offsets seen per partition as one (partition, first, last) range each.
 
@@ -166,8 +172,8 @@ class WindowBlock:
     def fit(self, requests: int) -> None:
         """Widen the counts, if needed, so a row of ``requests`` requests cannot overflow them
         (no count in a row exceeds its requests). Call before adding those counts."""
-        if requests > _COUNT_MAX[self.hist.dtype]:
-            wider = next(t for t in (np.uint16, np.int32, np.int64) if requests <= _COUNT_MAX[np.dtype(t)])
+        if requests > _count_max(self.hist.dtype):
+            wider = next(t for t in (np.uint16, np.int32, np.int64) if requests <= _count_max(np.dtype(t)))
             self.hist, self.reasons = self.hist.astype(wider), self.reasons.astype(wider)
 
     def make_room(self, rows: int) -> None:
