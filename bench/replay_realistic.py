@@ -9,8 +9,9 @@ traces through slot-limited engines, background errors and cut answers), written
 and replayed as ``servewatch replay`` reads a file, in a fresh process per run. Prints
 records/s, the segment-windows judged and the cost of each (the run's time divided by
 them). ``--against``: another checkout (a ``git worktree`` of an older commit) replayed in
-turn with this one on the same file, and the ratio of their medians (this kind of machine
-drifts by tens of per cent within a minute, so runs are paired). ``--floor``: this checkout
+turn with this one on the same file: the ratio of their medians, and the median of the ratios
+of each round's two runs (this kind of machine drifts by tens of per cent within a minute, so
+runs are paired; the paired median is the steadier figure). ``--floor``: this checkout
 (and the other, with ``--against``) replayed in turn with its detectors switched off
 (windows made, merged and released, none judged), the most any faster judging could give:
 what is left is reading, segmenting and windowing.
@@ -92,11 +93,15 @@ def main() -> None:
               f"{records / windows:.1f} records each, {per_window_ms:.3f} ms per segment-window  "
               f"[{', '.join(f'{r:,.0f}' for r, _, _ in runs)}]")  # fmt: skip
     if args.against is not None:
-        this, other = (statistics.median(r for r, _, _ in results[name]) for name in ("this", "other"))
-        print(f"ratio this/other: {this / other:.2f}")
-        if args.floor:
-            this, other = (statistics.median(r for r, _, _ in results[name]) for name in ("floor", "floor other"))
-            print(f"floor ratio this/other: {this / other:.2f}")
+        for label, this_side, other_side in (("", "this", "other"), ("floor ", "floor", "floor other")):
+            if this_side not in results:
+                continue
+            this, other = (statistics.median(r for r, _, _ in results[name]) for name in (this_side, other_side))
+            # Each run against the other side's run of the same round, a moment apart: the
+            # machine's drift over the sitting falls on both.
+            paired = [a / b for (a, _, _), (b, _, _) in zip(results[this_side], results[other_side], strict=True)]
+            print(f"{label}ratio this/other: {this / other:.2f} (of the medians); paired by round: median "
+                  f"{statistics.median(paired):.2f}  [{', '.join(f'{r:.2f}' for r in paired)}]")  # fmt: skip
 
 
 if __name__ == "__main__":
