@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import math
 import random
 import statistics
@@ -129,8 +130,6 @@ def in_checkout(checkout: Path, windows: int, runs: int) -> dict[str, tuple[floa
     done = subprocess.run([sys.executable, "-c", code], cwd=checkout, capture_output=True, text=True, check=False)
     if done.returncode:
         raise SystemExit(f"model_speed in {checkout} failed:\n{done.stderr[-2000:]}")
-    import json
-
     return {name: (float(us), str(digest)) for name, (us, digest) in json.loads(done.stdout).items()}
 
 

@@ -105,18 +105,13 @@ def _template(signal: Signal, grace_windows: int, source: str = "requests") -> A
 
 
 @functools.cache
-def _judging_order(signals: tuple[str, ...]) -> tuple[str, ...]:
-    """The signals in the order a window judges them: the prefix-cache hit rate first and queue
-    time next, so that the latencies that include prefill know whether the cache is failing,
-    and those that include the queue whether it pages (``_corroborate``)."""
-    first = (Signal.CACHE_HIT_RATE.value, Signal.QUEUE_TIME.value)
-    return tuple(sorted(signals, key=lambda name: first.index(name) if name in first else len(first)))
-
-
-@functools.cache
 def _judging_specs(source: str, signals: tuple[str, ...]) -> tuple[SignalSpec, ...]:
-    """``source``'s specs of ``signals``, in ``_judging_order``."""
-    return tuple(SPEC_SETS[source][Signal(name)] for name in _judging_order(signals))
+    """``source``'s specs of ``signals`` in the order a window judges them: the prefix-cache hit
+    rate first and queue time next, so that the latencies that include prefill know whether
+    the cache is failing, and those that include the queue whether it pages (``_corroborate``)."""
+    first = (Signal.CACHE_HIT_RATE.value, Signal.QUEUE_TIME.value)
+    order = sorted(signals, key=lambda name: first.index(name) if name in first else len(first))
+    return tuple(SPEC_SETS[source][Signal(name)] for name in order)
 
 
 def _corroborate(verdict: Verdict, reading: Reading, config: DetectorConfig, cause: str | None = "cache") -> None:

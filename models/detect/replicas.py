@@ -39,7 +39,7 @@ against the detector's ``threshold``. An instance is judged once it has served
 ``warmup_requests`` requests (a replica that just started has a cold cache and warms up);
 an instance absent from a window counts as normal there, so a drained replica resolves.
 
->>> from servewatch.models.windows.window import WindowStats, log_seconds
+>>> from servewatch.models.windows.window import COLUMN_OF, WindowStats, log_seconds
 >>> import numpy as np
 >>> watch = ReplicaWatch(DetectorConfig(), warmup_requests=0)
 >>> def row(instance, start, itl_s):
@@ -80,7 +80,7 @@ from servewatch.models.detect.peer_incidents import (
 )
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.segment_keys import join_key, parse_key
-from servewatch.models.windows.window import COLUMN_OF, WindowStats
+from servewatch.models.windows.window import PHASE_COLUMNS, WindowStats
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
 from servewatch.schemas.series import SeriesPoint
 
@@ -300,7 +300,7 @@ def _latency_steps(
     little about it, and a tight one would make a single slow request a certainty. Instances
     in ``named`` are compared as the others, but their comparisons teach ``calibration`` nothing;
     those in ``short`` (``_short_of_share``) are compared without pooling their few requests."""
-    n_at, log_at, log2_at = (COLUMN_OF[f"{phase}{part}"] for part in ("_n", "_log", "_log2"))
+    n_at, log_at, log2_at = PHASE_COLUMNS[phase]
     sums: dict[str, list[float]] = {}  # instance -> [weight, weighted diff, weighted variance]
     for segment_key, rows in segments.items():
         means: dict[str, tuple[float, float]] = {}  # instance -> (n, mean)

@@ -146,6 +146,10 @@ class _RateParams(NamedTuple):
     recovery: float
 
 
+#: Where a rate's own and its prior's counts sit in its state (``expected_rate`` reads them at once).
+_ALPHA, _BETA, _PRIOR_ALPHA, _PRIOR_BETA = 0, 1, 8, 9
+
+
 class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
     """Share of requests with a bad outcome. ``x["trials"]`` is the window's requests (the
     denominator), ``y`` the bad ones among them.
@@ -212,16 +216,16 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
     # constructor arguments shared (``models.stats.params``).
     __slots__ = ()
     STATE_SIZE = 10
-    alpha = number(0)  # the segment's own windows' bad and good requests (discounted)
-    beta = number(1)
+    alpha = number(_ALPHA)  # the segment's own windows' bad and good requests (discounted)
+    beta = number(_BETA)
     n_learned = count(2)
     icc = number(3)  # intra-class correlation of the bad outcomes within a window (overdispersion)
     cusum = number(4)  # nats of evidence for a raised rate, over the windows since it stood at 0
     run_bad = number(5)  # bad outcomes and requests of those windows: the raised rate's estimate
     run_trials = number(6)
     recovery_evidence = number(7)  # inside an incident: nats of evidence for the usual rate
-    prior_alpha = number(8)  # the prior's bad and good pseudo-requests (never discounted)
-    prior_beta = number(9)
+    prior_alpha = number(_PRIOR_ALPHA)  # the prior's bad and good pseudo-requests (never discounted)
+    prior_beta = number(_PRIOR_BETA)
     prior_rate = param("prior_rate")
     prior_strength = param("prior_strength")
     max_prior_strength = param("max_prior_strength")
@@ -264,14 +268,15 @@ class BetaBinomialRate(CompactState, base.SupervisedAnomalyDetector):
         # Read from the buffer at once (``alpha``, ``beta``, ``prior_alpha``, ``prior_beta``):
         # asked several times per judged window, four property reads cost more than the sum.
         buf, at = self._buf, self._at
-        alpha, beta, prior_alpha, prior_beta = buf[at], buf[at + 1], buf[at + 8], buf[at + 9]
+        alpha, beta = buf[at + _ALPHA], buf[at + _BETA]
+        prior_alpha, prior_beta = buf[at + _PRIOR_ALPHA], buf[at + _PRIOR_BETA]
         return (alpha + prior_alpha) / (alpha + beta + prior_alpha + prior_beta)
 
     @property
     def strength(self) -> float:
         """Requests behind the usual rate: the own windows' (discounted) and the prior's."""
         buf, at = self._buf, self._at
-        return buf[at] + buf[at + 1] + buf[at + 8] + buf[at + 9]
+        return buf[at + _ALPHA] + buf[at + _BETA] + buf[at + _PRIOR_ALPHA] + buf[at + _PRIOR_BETA]
 
     def _hypotheses(self, n: int) -> tuple[float, float]:
         """The usual rate and the raised one the CUSUM weighs a window of ``n`` between.

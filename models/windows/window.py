@@ -12,6 +12,7 @@ copies; scalars are slots.
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from typing import Any, NamedTuple
@@ -98,15 +99,13 @@ class PhaseStats(NamedTuple):
 
 COLUMN_OF = {name: column for column, name in enumerate(SUMS)}
 #: Each phase's (count, sum of logs, sum of squared logs) columns.
-_PHASE_COLUMNS = {name: tuple(COLUMN_OF[f"{name}{part}"] for part in ("_n", "_log", "_log2")) for name in PHASES}
-#: The largest count each width of the count tables holds (``WindowBlock.fit``).
-_COUNT_MAX = {np.dtype(t): int(np.iinfo(t).max) for t in (np.uint8, np.uint16, np.int32, np.int64)}
+PHASE_COLUMNS = {name: tuple(COLUMN_OF[f"{name}{part}"] for part in ("_n", "_log", "_log2")) for name in PHASES}
 
 
+@functools.cache
 def _count_max(dtype: np.dtype[Any]) -> int:
-    """``np.iinfo(dtype).max``, looked up for the widths ``WindowBlock`` uses (asked per merge)."""
-    known = _COUNT_MAX.get(dtype)
-    return known if known is not None else int(np.iinfo(dtype).max)
+    """``np.iinfo(dtype).max``, remembered: ``WindowBlock.fit`` asks it at every merge."""
+    return int(np.iinfo(dtype).max)
 
 
 def _add_range(ranges: list[tuple[int, int, int]], new: tuple[int, int, int]) -> list[tuple[int, int, int]]:
@@ -314,7 +313,7 @@ class WindowStats:
 
     def phase(self, name: str) -> PhaseStats:
         """Log-moment summary of ``name`` (one of ``PHASES``) over the requests that reported it."""
-        n, total, squares = (self.block.sums.item(self.row, column) for column in _PHASE_COLUMNS[name])
+        n, total, squares = (self.block.sums.item(self.row, column) for column in PHASE_COLUMNS[name])
         if n == 0:
             return PhaseStats(0, math.nan, math.nan)
         mean = total / n
