@@ -175,6 +175,20 @@ def test_a_replica_that_completes_few_slow_requests_is_named_without_waiting_for
         assert firings(events) == ([("10.0.0.5:8000", "itl")] if named else [])
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_quiet_replica_that_slows_down_is_compared_every_window_its_few_requests_say_enough(seed: int) -> None:
+    """Every replica completes 4 requests a window, fewer than a comparison waits for. Once
+    one window's few hold as much evidence as a window may add, they are compared rather
+    than pooled: a 2.5x slower replica is named within 4 windows (pooled until it had served
+    ``MIN_BLOCK_REQUESTS``, it took 6 on each of these seeds), and healthy ones never."""
+    for factor, named in ((2.5, True), (1.0, False)):
+        watch, rng = ReplicaWatch(DetectorConfig(), warmup_requests=0), np.random.default_rng(seed)
+        for w in range(300):
+            assert watch.observe(rows(w * WINDOW, fleet(8), rng, n=4)) == []
+        events = [e for w in range(300, 304) for e in watch.observe(rows(w * WINDOW, fleet(8, {5: factor}), rng, n=4))]
+        assert firings(events) == ([("10.0.0.5:8000", "itl")] if named else [])
+
+
 def test_a_new_replica_is_judged_once_it_has_served_its_warmup() -> None:
     watch = ReplicaWatch(DetectorConfig(), warmup_requests=100)
     run(watch, 30, lambda w: fleet(4))

@@ -40,6 +40,13 @@ def count_step(
     return count * math.log(alternative) - expected * (alternative - 1), count / expected
 
 
+def window_cap(config: DetectorConfig) -> float:
+    """The most one window without critical evidence adds to an instance's CUSUM (natural log):
+    half the bar, as a segment's lifecycle needs two anomalous windows, so that one
+    heavy-tailed window never pages alone."""
+    return config.threshold * LN10 / 2
+
+
 def replica_series_key(model: str, instance: str, source: str = "requests") -> str:
     """The series key of an instance's ratios to its peers (no segment's key starts so); the
     scrapes' comparison of the same instance is a row of its own."""
@@ -164,9 +171,9 @@ class PeerIncidents:
         if step is not None:
             increment, ratio = step
             # As a segment's lifecycle: a window pages alone only with critical evidence; else
-            # it is worth half the bar at most (one heavy-tailed window must not page).
+            # it is worth ``window_cap`` at most.
             if increment < self.config.critical * LN10 or not (self.critical_alone if alone is None else alone):
-                increment = min(increment, bar / 2)
+                increment = min(increment, window_cap(self.config))
             level = min(max(0.0, level + increment), 3 * bar)
             state.ratio[name] = round(ratio, 3)
         elif not present:

@@ -28,7 +28,7 @@ Real traffic is rougher than a per-request spread says, so three guards (each fo
 real GPU load tests, where replicas are random splits of one server's requests and any page
 is false): a segment's spread is its window's shrunk towards the one learned over many
 (``PRIOR_SPREAD``, ``PRIOR_DF``); a comparison pools an instance's windows until it holds
-``MIN_BLOCK_REQUESTS`` requests (or critical evidence already, or slower requests while it
+``MIN_BLOCK_REQUESTS`` requests (or as much evidence as one window may add, or slower requests while it
 completes far fewer than its usual share: ``SHORT_SHARE_SURPRISE``); and the standard errors
 are calibrated against how far
 the model's recent differences actually strayed (``Calibration``), nothing judged before
@@ -69,7 +69,6 @@ import numpy as np
 from scipy.special import bdtr
 
 from servewatch.models.detect.peer_incidents import (
-    LN10,
     InstanceState,
     PeerIncidents,
     count_step,
@@ -77,6 +76,7 @@ from servewatch.models.detect.peer_incidents import (
     replica_series_key,
     restored_instances,
     tail_spread,
+    window_cap,
 )
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.segment_keys import join_key, parse_key
@@ -250,7 +250,7 @@ class ReplicaWatch:
                     self.spread.setdefault(model, {}),
                     calibration,
                     blocks,
-                    self.config.critical * LN10,
+                    window_cap(self.config),
                     frozenset(name for name, state in instances.items() if state.names(signal)),
                     short,
                 )
@@ -290,7 +290,7 @@ def _split(key: str) -> tuple[str, str, str | None]:
 
 def _latency_steps(
     segments: dict[str, dict[str, WindowStats]], ready: set[str], phase: str, min_ratio: float,
-    learned: dict[str, float], calibration: Calibration, blocks: dict[str, list[float]], critical_llr: float,
+    learned: dict[str, float], calibration: Calibration, blocks: dict[str, list[float]], window_llr: float,
     named: frozenset[str] = frozenset(), short: frozenset[str] = frozenset(),
 ) -> dict[str, tuple[float, float]]:  # fmt: skip
     """Per instance of ``ready``: (CUSUM increment, ratio to its peers) of one latency phase.
@@ -333,7 +333,10 @@ def _latency_steps(
             kept[2] += n * n * var_diff
     # A comparison is made over at least ``MIN_BLOCK_REQUESTS`` of an instance's requests: a
     # quiet replica's few requests of one window are pooled with its next windows'; unless
-    # those few already hold critical evidence on their own (a replica plainly broken), or the
+    # those few already hold ``window_llr``, as much as one window without critical evidence
+    # adds to the CUSUM (``window_cap``): compared now, they count that much in this window,
+    # and the next requests make a comparison of their own rather than wait in the block
+    # (a replica that slows down completes few requests a window, each slower). Or the
     # replica completes far fewer than its share (``SHORT_SHARE_SURPRISE``) and its few are
     # slower than its peers': few because they are slow, not a quiet replica's.
     shift = math.log(min_ratio)
@@ -353,7 +356,7 @@ def _latency_steps(
         block[1] += weighted_diff
         block[2] += weighted_var
         found = step(block)
-        if block[0] >= MIN_BLOCK_REQUESTS or found[0] >= critical_llr or (instance in short and found[0] > 0):
+        if block[0] >= MIN_BLOCK_REQUESTS or found[0] >= window_llr or (instance in short and found[0] > 0):
             del blocks[instance]
             if block[2] > 0 and instance not in named:  # how far healthy ones stray (``InstanceState.names``)
                 calibration.note([abs(block[1]) / math.sqrt(block[2])])
