@@ -180,7 +180,8 @@ def test_a_quiet_replica_that_slows_down_is_compared_every_window_its_few_reques
     """Every replica completes 4 requests a window, fewer than a comparison waits for. Once
     one window's few hold as much evidence as a window may add, they are compared rather
     than pooled: a 2.5x slower replica is named within 4 windows (pooled until it had served
-    ``MIN_BLOCK_REQUESTS``, it took 6 on each of these seeds), and healthy ones never."""
+    ``MIN_BLOCK_REQUESTS``, it would be named in the sixth on each of these seeds), and
+    healthy ones never."""
     for factor, named in ((2.5, True), (1.0, False)):
         watch, rng = ReplicaWatch(DetectorConfig(), warmup_requests=0), np.random.default_rng(seed)
         for w in range(300):

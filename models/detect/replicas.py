@@ -28,16 +28,16 @@ Real traffic is rougher than a per-request spread says, so three guards (each fo
 real GPU load tests, where replicas are random splits of one server's requests and any page
 is false): a segment's spread is its window's shrunk towards the one learned over many
 (``PRIOR_SPREAD``, ``PRIOR_DF``); a comparison pools an instance's windows until it holds
-``MIN_BLOCK_REQUESTS`` requests (or as much evidence as one window may add, or slower requests while it
-completes far fewer than its usual share: ``SHORT_SHARE_SURPRISE``); and the standard errors
-are calibrated against how far
-the model's recent differences actually strayed (``Calibration``), nothing judged before
-``CALIBRATION_SEEN`` of them. As a segment's lifecycle, one window pages alone only with
-critical evidence (``models.detect.peer_incidents``).
-The CUSUM is reported on the surprise scale (log10 of the likelihood ratio) and judged
-against the detector's ``threshold``. An instance is judged once it has served
-``warmup_requests`` requests (a replica that just started has a cold cache and warms up);
-an instance absent from a window counts as normal there, so a drained replica resolves.
+``MIN_BLOCK_REQUESTS`` requests (or as much evidence as one window may add, or slower
+requests while it completes far fewer than its usual share: ``SHORT_SHARE_SURPRISE``); and
+the standard errors are calibrated against how far the model's recent differences actually
+strayed (``Calibration``), nothing judged before ``CALIBRATION_SEEN`` of them. As a
+segment's lifecycle, one window pages alone only with critical evidence
+(``models.detect.peer_incidents``). The CUSUM is reported on the surprise scale (log10 of
+the likelihood ratio) and judged against the detector's ``threshold``. An instance is judged
+once it has served ``warmup_requests`` requests (a replica that just started has a cold
+cache and warms up); an instance absent from a window counts as normal there, so a drained
+replica resolves.
 
 >>> from servewatch.models.windows.window import COLUMN_OF, WindowStats, log_seconds
 >>> import numpy as np
