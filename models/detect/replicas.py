@@ -299,7 +299,8 @@ def _latency_steps(
     ``learned`` one (kept in place, by segment and phase): a window of a few requests says
     little about it, and a tight one would make a single slow request a certainty. Instances
     in ``named`` are compared as the others, but their comparisons teach ``calibration`` nothing;
-    those in ``short`` (``_short_of_share``) are compared without pooling their few requests."""
+    those in ``short`` (``_short_of_share``) are compared without pooling their few requests, as
+    is any instance whose pooled requests already hold ``window_llr`` (``window_cap``)."""
     n_at, log_at, log2_at = PHASE_COLUMNS[phase]
     sums: dict[str, list[float]] = {}  # instance -> [weight, weighted diff, weighted variance]
     for segment_key, rows in segments.items():
