@@ -15,7 +15,10 @@ Per window, per instance and signal:
   faster than the rest weighed down (``_peers``; instances an incident names left out; the
   prompt and output bands and the route are held fixed by the segment), weighted by its
   requests over the segments, with the standard error of that difference from the
-  requests' own spread;
+  requests' own spread; made twice, over its requests alike and with each weighed by the
+  share of its life spent in the window (``RECENT_COLUMNS``: a request log comes when the
+  request ends, and a replica that slowed down a moment ago first finishes requests it
+  slowed for part of their life), the view that says more counting;
 - errors: the instance's failed requests against its peers' rate.
 
 Evidence accumulates in a one-sided CUSUM of the log-likelihood ratio of "``min_ratio`` or
@@ -80,7 +83,7 @@ from servewatch.models.detect.peer_incidents import (
 )
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.segment_keys import join_key, parse_key
-from servewatch.models.windows.window import PHASE_COLUMNS, WindowStats
+from servewatch.models.windows.window import PHASE_COLUMNS, RECENT_COLUMNS, WindowStats
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
 from servewatch.schemas.series import SeriesPoint
 
@@ -154,7 +157,8 @@ class ReplicaWatch:
     # what it learned, rather than from the prior)
     spread: dict[str, dict[str, float]] = field(default_factory=dict)
     calibration: dict[str, Calibration] = field(default_factory=dict)  # model|phase ->
-    # model|phase -> instance -> [requests, weighted difference, weighted variance] not yet compared
+    # model|phase -> instance -> [weight, weighted difference, weighted variance] of each view
+    # (``_latency_steps``), then requests, not yet compared
     blocks: dict[str, dict[str, list[float]]] = field(default_factory=dict)
     judged_until: dict[str, float] = field(default_factory=dict)  # model -> newest window end judged
     judged: int = 0  # windows judged since the states were last taken
@@ -302,9 +306,13 @@ def _latency_steps(
     those in ``short`` (``_short_of_share``) are compared without pooling their few requests, as
     is any instance whose pooled requests already hold ``window_llr`` (``window_cap``)."""
     n_at, log_at, log2_at = PHASE_COLUMNS[phase]
-    sums: dict[str, list[float]] = {}  # instance -> [weight, weighted diff, weighted variance]
+    w_at, recent_at, w2_at = RECENT_COLUMNS[phase]
+    # instance -> per view (all requests alike, then the recent ones weighed up): weight,
+    # weighted difference, weighted variance; then its requests
+    sums: dict[str, list[float]] = {}
     for segment_key, rows in segments.items():
-        means: dict[str, tuple[float, float]] = {}  # instance -> (n, mean)
+        means: dict[str, tuple[float, float]] = {}  # instance -> (requests, mean)
+        recent: dict[str, tuple[float, float]] = {}  # instance -> (effective requests, recent mean)
         spread_n = spread_sq = 0.0
         for instance, row in rows.items():
             if instance not in ready:
@@ -317,6 +325,10 @@ def _latency_steps(
             means[instance] = (n, mean)
             spread_n += n
             spread_sq += max(squares - n * mean * mean, 0.0)
+            # Weighed by how recent each request is (``RECENT_COLUMNS``), with the requests an
+            # equal-weight mean as noisy would hold (Kish's effective sample size).
+            weight, weighted, squared = item(index, w_at), item(index, recent_at), item(index, w2_at)
+            recent[instance] = (weight * weight / squared, weighted / weight) if weight > 0 else (n, mean)
         if len(means) < 2:
             continue
         df = spread_n - len(means)
@@ -324,14 +336,17 @@ def _latency_steps(
         variance = max((spread_sq + PRIOR_DF * known) / (df + PRIOR_DF), MIN_SPREAD**2)
         if df > 0:
             learned[segment] = known + (spread_sq / df - known) * df / (df + LEARN_DF)
-        for instance, (peer_n, peer_sum) in _peers(means, named, variance).items():
-            n, mean = means[instance]
-            diff = mean - peer_sum / peer_n
-            var_diff = variance / n + variance / peer_n
-            kept = sums.setdefault(instance, [0.0, 0.0, 0.0])
-            kept[0] += n
-            kept[1] += n * diff
-            kept[2] += n * n * var_diff
+        for at, view in ((0, means), (3, recent)):
+            for instance, (peer_n, peer_sum) in _peers(view, named, variance).items():
+                n, mean = view[instance]
+                diff = mean - peer_sum / peer_n
+                var_diff = variance / n + variance / peer_n
+                kept = sums.setdefault(instance, [0.0] * 7)
+                kept[at] += n
+                kept[at + 1] += n * diff
+                kept[at + 2] += n * n * var_diff
+        for instance, (n, _) in means.items():
+            sums[instance][6] += n
     # A comparison is made over at least ``MIN_BLOCK_REQUESTS`` of an instance's requests: a
     # quiet replica's few requests of one window are pooled with its next windows'; unless
     # those few already hold ``window_llr``, as much as one window without critical evidence
@@ -343,21 +358,27 @@ def _latency_steps(
     shift = math.log(min_ratio)
     inflation = calibration.inflation()
 
-    def step(block: list[float]) -> tuple[float, float]:
-        diff, modelled = block[1] / block[0], math.sqrt(block[2]) / block[0]
+    def view_step(weight: float, weighted_diff: float, weighted_var: float) -> tuple[float, float]:
+        diff, modelled = weighted_diff / weight, math.sqrt(weighted_var) / weight
         error = max(modelled * (inflation or 1.0), MIN_STANDARD_ERROR)
         # Log-likelihood ratio of a mean 2*shift against 0, with the reference at the shift:
         # positive only for differences beyond ``min_ratio``.
         return (diff - shift) * 2 * shift / error**2, math.exp(diff)
 
+    def step(block: list[float]) -> tuple[float, float]:
+        # A request log is written when the request ends: a replica that slowed down a moment
+        # ago first finishes requests it slowed for part of their life, and all its requests
+        # alike read a part of the change. Its recent requests read more of it, its older
+        # ones less; the view that says more is the step.
+        return max(view_step(*block[0:3]), view_step(*block[3:6]))
+
     steps = {}
-    for instance, (weight, weighted_diff, weighted_var) in sums.items():
-        block = blocks.setdefault(instance, [0.0, 0.0, 0.0])
-        block[0] += weight
-        block[1] += weighted_diff
-        block[2] += weighted_var
+    for instance, kept in sums.items():
+        block = blocks.setdefault(instance, [0.0] * 7)
+        for k, value in enumerate(kept):
+            block[k] += value
         found = step(block)
-        if block[0] >= MIN_BLOCK_REQUESTS or found[0] >= window_llr or (instance in short and found[0] > 0):
+        if block[6] >= MIN_BLOCK_REQUESTS or found[0] >= window_llr or (instance in short and found[0] > 0):
             del blocks[instance]
             if block[2] > 0 and instance not in named:  # how far healthy ones stray (``InstanceState.names``)
                 calibration.note([abs(block[1]) / math.sqrt(block[2])])

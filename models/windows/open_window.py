@@ -30,7 +30,12 @@ from servewatch.models.stats.sketch import N_BUCKETS, bucket_indices
 from servewatch.models.windows.batch import RowBatch
 from servewatch.models.windows.segment_keys import LABEL_DIMENSIONS, model_of
 from servewatch.models.windows.segments import Segmenter
-from servewatch.models.windows.signal_columns import DEFAULT_REASONING_MARKERS, PrefixMemory, signal_columns
+from servewatch.models.windows.signal_columns import (
+    DEFAULT_REASONING_MARKERS,
+    PrefixMemory,
+    recent_columns,
+    signal_columns,
+)
 from servewatch.models.windows.window import COLUMN_OF, REASONS, SUMS, WindowBlock, WindowStats, pack_location
 
 _ERROR_CODES = np.array([REASONS.index("error"), REASONS.index("abort")])
@@ -209,6 +214,7 @@ def fold_batch(
     lags = window_ids - np.floor((timestamps - e2e) / window_s)  # windows back the request started
     queue = batch.column("queue_s")
     columns["running_s"] = e2e - np.where(np.isnan(queue), 0.0, queue)
+    columns.update(recent_columns(columns, timestamps - window_ids * window_s, e2e))
     low, high = int(window_ids.min()), int(window_ids.max())
     # Each window's records, in their order. A live worker's batch spans a window or two; a
     # replayed file's spans dozens, and folding them one window at a time cost a few dozen

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from servewatch.models.windows.batch import RowBatch
-from servewatch.models.windows.window import LOG_FLOOR_S, PHASES, SUMS, log_seconds
+from servewatch.models.windows.window import LOG_FLOOR_S, PHASES, RECENT_PHASES, SUMS, log_seconds
 
 #: What reasoning models print between their reasoning and their answer. Seen in the
 #: answer text, it means the engine's reasoning parser did not split the output.
@@ -159,4 +159,34 @@ def signal_columns(
     if timed_prefill.any():
         out["prefill_tokens"] = np.where(timed_prefill, uncached, 0.0)
         out["prefill_s"] = np.where(timed_prefill, prefill, 0.0)
+    return out
+
+
+def recent_columns(columns: dict[str, np.ndarray], into_window: np.ndarray, e2e: np.ndarray) -> dict[str, np.ndarray]:
+    """The ``RECENT_PHASES``' sums weighed by how recent each request is: the share of its
+    life (``e2e``) that falls in the window it finished in (``into_window``: seconds from that
+    window's start to its finish; 1 where its life is not known), from ``signal_columns``'
+    ``columns``.
+
+    A request log is written when the request ends, its whole life averaged. A replica that
+    slowed down a moment ago finishes requests slowed for part of their life: the longer a
+    request ran before the change, the less of it the change shows. Weighed this way, the
+    requests that ran mostly in the window speak for it, and the rest count for less.
+
+    >>> columns = {"itl_n": np.array([True, True, False]), "itl_log": np.array([2.0, 4.0, 0.0])}
+    >>> recent = recent_columns(columns, np.array([5.0, 5.0, 5.0]), np.array([2.0, 20.0, np.nan]))
+    >>> recent["itl_recent_w"].tolist(), recent["itl_recent_log"].tolist(), recent["itl_recent_w2"].tolist()
+    ([1.0, 0.25, 0.0], [2.0, 1.0, 0.0], [1.0, 0.0625, 0.0])
+    """
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = np.where(e2e > 0, np.minimum(into_window / e2e, 1.0), 1.0)
+    out: dict[str, np.ndarray] = {}
+    for phase in RECENT_PHASES:
+        known = columns.get(f"{phase}_n")
+        if known is None:
+            continue
+        weight = np.where(known, share, 0.0)
+        out[f"{phase}_recent_w"] = weight
+        out[f"{phase}_recent_log"] = weight * columns[f"{phase}_log"]
+        out[f"{phase}_recent_w2"] = weight * weight
     return out

@@ -71,8 +71,12 @@ SUMS = (
     # seconds requests spent in service (end-to-end less queue time, where logged), and the
     # model's: over the window's length, the slots its engines kept busy (Little's law)
     "running_s", "model_running_s",
+    # the phases replicas are compared on, each request weighed by the share of its life
+    # (``timestamp - e2e_s`` to ``timestamp``) that falls in the window it finished in: the
+    # weights, the weighted sum of logs and the squared weights (``RECENT_COLUMNS``)
+    *(f"{phase}_recent{part}" for phase in ("prefill_token", "itl") for part in ("_w", "_log", "_w2")),
 )  # fmt: skip
-INTEGER_SUMS = frozenset(name for name in SUMS if not name.endswith(("_sum", "_log", "_log2", "_s")))
+INTEGER_SUMS = frozenset(name for name in SUMS if not name.endswith(("_sum", "_log", "_log2", "_s", "_w", "_w2")))
 #: Timed phases whose log moments a window keeps (``WindowStats.phase``).
 PHASES = ("queue", "prefill", "itl", "e2e", "prefill_token")
 #: Phase times are kept as ``log(max(t, LOG_FLOOR_S) / LOG_FLOOR_S)``: never negative (the
@@ -100,6 +104,12 @@ class PhaseStats(NamedTuple):
 COLUMN_OF = {name: column for column, name in enumerate(SUMS)}
 #: Each phase's (count, sum of logs, sum of squared logs) columns.
 PHASE_COLUMNS = {name: tuple(COLUMN_OF[f"{name}{part}"] for part in ("_n", "_log", "_log2")) for name in PHASES}
+#: Phases whose requests are also summed weighed by how recent they are, and each one's
+#: (weights, weighted sum of logs, squared weights) columns.
+RECENT_PHASES = ("prefill_token", "itl")
+RECENT_COLUMNS = {
+    name: tuple(COLUMN_OF[f"{name}_recent{part}"] for part in ("_w", "_log", "_w2")) for name in RECENT_PHASES
+}
 
 
 @functools.cache
