@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import base64
+import functools
 import math
 from typing import Any
+
+import numpy as np
 
 from servewatch.models.windows.open_window import aggregate_rows
 from servewatch.models.windows.segments import Segmenter
 from servewatch.models.windows.signal_columns import PrefixMemory
 from servewatch.models.windows.window import WindowStats
-from servewatch.models.windows.wire import windows_from_wire, windows_to_wire
+from servewatch.models.windows.wire import PREVIOUS_WIDTH, windows_from_wire, windows_to_wire
 
 T0 = 1_700_000_000.0
 
@@ -79,3 +83,24 @@ def test_new_figures_survive_merge_and_the_wire_format() -> None:
     assert c.rate("reasoning_leaks", "content_reported") == (1, 2)
     assert c.prefix_reported == 2
     assert c.phase("queue") == a.phase("queue") and c.phase("queue").n == 3
+
+
+def test_replicas_recent_sums_weigh_each_request_by_the_share_of_its_life_in_its_window() -> None:
+    # Window [T0, T0 + 10): the first request finished 1 s into it after 4 s of life, the
+    # second lived all its 0.5 s in it; the third logged no decode (no inter-token latency).
+    w = window([row(0, e2e_s=4.0), row(1, e2e_s=0.5), row(2, completion_tokens=1)])
+    itl = math.log(0.02 / 1e-4)  # log_seconds of 2 s over 100 decoded tokens
+    close = functools.partial(math.isclose, rel_tol=1e-6)  # unix timestamps: ~0.2 µs apart
+    assert close(w.itl_recent_w, 0.25 + 1.0)
+    assert close(w.itl_recent_log, 1.25 * itl) and close(w.itl_recent_w2, 0.25**2 + 1.0)
+    assert close(w.prefill_token_recent_w, 0.25 + 1.0 + 1.02 / 3.0)  # the third: 1.02 s of 3
+
+
+def test_partials_of_a_stage_one_from_before_the_recent_sums_are_still_read() -> None:
+    """A rolling upgrade: a stage 1 not yet upgraded sends sums without the last columns."""
+    a = window([row(0), row(1, queue_s=0.4)])
+    [group] = windows_to_wire([a])
+    sums = np.frombuffer(base64.b64decode(group["sums"]), dtype="<f8")[:PREVIOUS_WIDTH]
+    [c] = windows_from_wire([{**group, "sums": base64.b64encode(sums.astype("<f8").tobytes()).decode()}])
+    assert c.phase("queue") == a.phase("queue") and c.requests == 2
+    assert c.itl_recent_w == 0.0 and a.itl_recent_w > 0

@@ -369,7 +369,8 @@ def _latency_steps(
         # A request log is written when the request ends: a replica that slowed down a moment
         # ago first finishes requests it slowed for part of their life, and all its requests
         # alike read a part of the change. Its recent requests read more of it, its older
-        # ones less; the view that says more is the step.
+        # ones less; the view that says more is the step. One calibration scales both
+        # views' errors, learned from the view over requests alike.
         return max(view_step(*block[0:3]), view_step(*block[3:6]))
 
     steps = {}

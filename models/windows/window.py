@@ -40,6 +40,10 @@ ARRIVAL_COLUMNS = tuple(
     f"{scope}arrived{what}_{lag}" for scope in ("", "model_") for what in ("", "_tokens") for lag in range(ARRIVAL_LAGS)
 )
 
+#: Timed phases replicas are compared on, whose requests a window also sums weighed by how
+#: recent they are (the last columns of ``SUMS``).
+RECENT_PHASES = ("prefill_token", "itl")
+
 #: Figures that simply add up under ``merge``: the columns of ``WindowBlock.sums``.
 #: Counts of requests and tokens; for each timed phase (queue, prefill, inter-token
 #: latency, end-to-end) the number of requests that reported it and the sum and sum of
@@ -74,7 +78,7 @@ SUMS = (
     # the phases replicas are compared on, each request weighed by the share of its life
     # (``timestamp - e2e_s`` to ``timestamp``) that falls in the window it finished in: the
     # weights, the weighted sum of logs and the squared weights (``RECENT_COLUMNS``)
-    *(f"{phase}_recent{part}" for phase in ("prefill_token", "itl") for part in ("_w", "_log", "_w2")),
+    *(f"{phase}_recent{part}" for phase in RECENT_PHASES for part in ("_w", "_log", "_w2")),
 )  # fmt: skip
 INTEGER_SUMS = frozenset(name for name in SUMS if not name.endswith(("_sum", "_log", "_log2", "_s", "_w", "_w2")))
 #: Timed phases whose log moments a window keeps (``WindowStats.phase``).
@@ -104,9 +108,7 @@ class PhaseStats(NamedTuple):
 COLUMN_OF = {name: column for column, name in enumerate(SUMS)}
 #: Each phase's (count, sum of logs, sum of squared logs) columns.
 PHASE_COLUMNS = {name: tuple(COLUMN_OF[f"{name}{part}"] for part in ("_n", "_log", "_log2")) for name in PHASES}
-#: Phases whose requests are also summed weighed by how recent they are, and each one's
-#: (weights, weighted sum of logs, squared weights) columns.
-RECENT_PHASES = ("prefill_token", "itl")
+#: Each ``RECENT_PHASES`` phase's (weights, weighted sum of logs, squared weights) columns.
 RECENT_COLUMNS = {
     name: tuple(COLUMN_OF[f"{name}_recent{part}"] for part in ("_w", "_log", "_w2")) for name in RECENT_PHASES
 }

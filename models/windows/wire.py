@@ -28,7 +28,11 @@ from typing import Any
 import numpy as np
 
 from servewatch.models.stats.sketch import N_BUCKETS
-from servewatch.models.windows.window import REASONS, SUMS, WindowBlock, WindowStats
+from servewatch.models.windows.window import REASONS, RECENT_COLUMNS, SUMS, WindowBlock, WindowStats
+
+#: Columns of ``SUMS`` a window had before the recent-weighted ones (its last columns) were
+#: added: partials of that width are still read.
+PREVIOUS_WIDTH = len(SUMS) - sum(len(columns) for columns in RECENT_COLUMNS.values())
 
 
 def windows_to_wire(partials: Sequence[WindowStats]) -> list[dict[str, Any]]:
@@ -91,7 +95,12 @@ def _group_from_wire(group: dict[str, Any]) -> list[WindowStats]:
     keys = [sys.intern(str(key)) for key in group["keys"]]
     n = len(keys)
     block = WindowBlock(n, int(group["evidence_k"]))
-    sums = _unpack(group["sums"], "<f8").reshape(n, len(SUMS))
+    sums = _unpack(group["sums"], "<f8")
+    if n and sums.size == n * PREVIOUS_WIDTH:
+        # From a stage 1 not yet upgraded (a rolling upgrade): its windows' requests are
+        # compared across replicas alike, with no weights for how recent they are.
+        sums = np.hstack([sums.reshape(n, PREVIOUS_WIDTH), np.zeros((n, len(SUMS) - PREVIOUS_WIDTH))])
+    sums = sums.reshape(n, len(SUMS))
     if n and (not np.isfinite(sums).all() or (sums < 0).any()):
         raise ValueError("partials with negative or non-finite sums")
     block.sums[:] = sums
