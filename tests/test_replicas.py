@@ -21,7 +21,7 @@ from servewatch.models.detect.peer_incidents import tail_spread
 from servewatch.models.detect.replicas import ReplicaWatch, _peers
 from servewatch.models.detect.signal_detector import DetectorConfig
 from servewatch.models.windows.engine_window import EngineWindow
-from servewatch.models.windows.window import COLUMN_OF, WindowStats, log_seconds
+from servewatch.models.windows.window import COLUMN_OF, RECENT_COLUMNS, WindowStats, log_seconds
 from servewatch.pipeline.dev.replica_scenarios import FAULTY_HOST, rolling_restart, slow_replica
 from servewatch.pipeline.dev.scenarios import run_scenario
 from servewatch.pipeline.dev.sim_scrapes import run_scrape_scenario
@@ -66,10 +66,15 @@ def rows(
         row.block.sums[0, [COLUMN_OF["itl_log"], COLUMN_OF["itl_log2"]]] = logs.sum(), (logs**2).sum()
         if recent:
             share = np.minimum((end - start) / life, 1.0)
-            columns = [COLUMN_OF["itl_recent_w"], COLUMN_OF["itl_recent_log"], COLUMN_OF["itl_recent_w2"]]
-            row.block.sums[0, columns] = share.sum(), (share * logs).sum(), (share**2).sum()
+            add_recent(row, logs, share)
         out.append(row)
     return out
+
+
+def add_recent(row: WindowStats, logs: np.ndarray, share: np.ndarray) -> None:
+    """The row's inter-token latency summed weighed by each request's share of its life in the
+    window, as stage 1 folds it (``recent_columns``)."""
+    row.block.sums[0, list(RECENT_COLUMNS["itl"])] = share.sum(), (share * logs).sum(), (share**2).sum()
 
 
 def run(watch: ReplicaWatch, windows: int, itl_at: object, seed: int = 1, first: int = 0) -> list[AnomalyEvent]:
@@ -143,8 +148,7 @@ def bimodal_rows(start: float, instances: int, rng: np.random.Generator) -> list
         row = WindowStats(f"~replica|model=m|route=-|instance=10.0.0.{k}:8000", start, WINDOW, requests=n, itl_n=n)
         logs, share = log_seconds(itl), rng.uniform(0.05, 1.0, n)
         row.block.sums[0, [COLUMN_OF["itl_log"], COLUMN_OF["itl_log2"]]] = logs.sum(), (logs**2).sum()
-        recent = [COLUMN_OF["itl_recent_w"], COLUMN_OF["itl_recent_log"], COLUMN_OF["itl_recent_w2"]]
-        row.block.sums[0, recent] = share.sum(), (share * logs).sum(), (share**2).sum()
+        add_recent(row, logs, share)
         out.append(row)
     return out
 

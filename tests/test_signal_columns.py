@@ -26,9 +26,15 @@ def row(i: int, **extra: Any) -> dict[str, Any]:
     return {**base, **extra}
 
 
-def window(rows: list[dict[str, Any]], **kwargs: Any) -> WindowStats:
-    [only] = aggregate_rows(rows, Segmenter(dimensions=("model",)), 10.0, **kwargs)
+def window(rows: list[dict[str, Any]], dimensions: tuple[str, ...] = ("model",), **kwargs: Any) -> WindowStats:
+    [only] = aggregate_rows(rows, Segmenter(dimensions=dimensions), 10.0, **kwargs)
     return only
+
+
+def replica_window(rows: list[dict[str, Any]]) -> WindowStats:
+    """A window of one instance's requests, keyed by instance as replica rows are: it also
+    sums them weighed by how recent they are (``recent_columns``)."""
+    return window([{**r, "instance": "10.0.0.1:8000"} for r in rows], dimensions=("model", "instance"))
 
 
 def test_phases_are_log_moments_of_the_requests_that_reported_them() -> None:
@@ -88,7 +94,7 @@ def test_new_figures_survive_merge_and_the_wire_format() -> None:
 def test_replicas_recent_sums_weigh_each_request_by_the_share_of_its_life_in_its_window() -> None:
     # Window [T0, T0 + 10): the first request finished 1 s into it after 4 s of life, the
     # second lived all its 0.5 s in it; the third logged no decode (no inter-token latency).
-    w = window([row(0, e2e_s=4.0), row(1, e2e_s=0.5), row(2, completion_tokens=1)])
+    w = replica_window([row(0, e2e_s=4.0), row(1, e2e_s=0.5), row(2, completion_tokens=1)])
     itl = math.log(0.02 / 1e-4)  # log_seconds of 2 s over 100 decoded tokens
     close = functools.partial(math.isclose, rel_tol=1e-6)  # unix timestamps: ~0.2 µs apart
     assert close(w.itl_recent_w, 0.25 + 1.0)
@@ -98,7 +104,7 @@ def test_replicas_recent_sums_weigh_each_request_by_the_share_of_its_life_in_its
 
 def test_partials_of_a_stage_one_from_before_the_recent_sums_are_still_read() -> None:
     """A rolling upgrade: a stage 1 not yet upgraded sends sums without the last columns."""
-    a = window([row(0), row(1, queue_s=0.4)])
+    a = replica_window([row(0), row(1, queue_s=0.4)])
     [group] = windows_to_wire([a])
     sums = np.frombuffer(base64.b64decode(group["sums"]), dtype="<f8")[:PREVIOUS_WIDTH]
     [c] = windows_from_wire([{**group, "sums": base64.b64encode(sums.astype("<f8").tobytes()).decode()}])

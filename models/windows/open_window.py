@@ -185,10 +185,12 @@ def fold_batch(
     # A record goes into an ``also`` table keyed by instance only if it names its instance: the
     # replica rows compare instances, and a row of requests of no instance would cost a table
     # row per segment (most of a live segment's windows in flight) to compare nothing.
-    targets: list[tuple[np.ndarray, dict[float, OpenWindow], np.ndarray | None]] = [(ids_of(segmenter), into, None)]
+    targets: list[tuple[np.ndarray, dict[float, OpenWindow], np.ndarray | None, bool]] = [
+        (ids_of(segmenter), into, None, "instance" in segmenter.dimensions)
+    ]
     for seg, windows in also:
         named = _named(seg, all_labels)
-        targets.append((ids_of(seg, named), windows, named))
+        targets.append((ids_of(seg, named), windows, named, "instance" in seg.dimensions))
 
     reason_codes = batch.reason_codes()
     # Same rule as RequestLog.is_error: error/abort finish, or a 5xx status.
@@ -214,7 +216,9 @@ def fold_batch(
     lags = window_ids - np.floor((timestamps - e2e) / window_s)  # windows back the request started
     queue = batch.column("queue_s")
     columns["running_s"] = e2e - np.where(np.isnan(queue), 0.0, queue)
-    columns.update(recent_columns(columns, timestamps - window_ids * window_s, e2e))
+    # Read only by the replica comparison: folded only into the tables keyed by instance.
+    by_instance = any(keyed for *_, keyed in targets)
+    recent = recent_columns(columns, timestamps - window_ids * window_s, e2e) if by_instance else {}
     low, high = int(window_ids.min()), int(window_ids.max())
     # Each window's records, in their order. A live worker's batch spans a window or two; a
     # replayed file's spans dozens, and folding them one window at a time cost a few dozen
@@ -226,9 +230,9 @@ def fold_batch(
         ids, firsts = np.unique(window_ids[by_window], return_index=True)
         picks = np.split(by_window, firsts[1:])
         spans = [(float(w * window_s), picked) for w, picked in zip(ids.tolist(), picks, strict=True)]
-    per_record = _PerRecord(columns, buckets, reason_codes, ttft, has_ttft, lags, partitions, offsets)
+    per_record = _PerRecord(columns, recent, buckets, reason_codes, ttft, has_ttft, lags, partitions, offsets)
     touched = []
-    for k, (segment_ids, windows, named) in enumerate(targets):
+    for k, (segment_ids, windows, named, keyed) in enumerate(targets):
         parts = []
         for start, picked in spans:
             mine = picked
@@ -243,7 +247,7 @@ def fold_batch(
             if k == 0:
                 touched.append(window)
         if parts:
-            _fold_into(parts, batch, per_record)
+            _fold_into(parts, batch, per_record, keyed)
     return touched
 
 
@@ -264,6 +268,7 @@ class _PerRecord(NamedTuple):
     """A batch's figures per record, as ``fold_batch`` computed them for every table it feeds."""
 
     columns: dict[str, np.ndarray]  # the columns of SUMS
+    recent: dict[str, np.ndarray]  # the recent-weighted columns of SUMS (``recent_columns``)
     buckets: np.ndarray  # TTFT histogram bucket
     reason_codes: np.ndarray
     ttft: np.ndarray
@@ -273,11 +278,14 @@ class _PerRecord(NamedTuple):
     offsets: np.ndarray
 
 
-def _fold_into(parts: list[tuple[OpenWindow, Any, np.ndarray]], batch: RowBatch, per_record: _PerRecord) -> None:
+def _fold_into(
+    parts: list[tuple[OpenWindow, Any, np.ndarray]], batch: RowBatch, per_record: _PerRecord, by_instance: bool = False
+) -> None:
     """Add records to their windows' rows: ``parts`` holds, per window, the records picked for
     it and each one's row there. Every figure is counted for all windows at once, one
     ``np.bincount`` per column over (window, row) slots; only the adding into each window's
-    table (and its evidence) is done window by window."""
+    table (and its evidence) is done window by window. ``by_instance``: the tables are keyed
+    by instance (replica rows), and take the recent-weighted columns too."""
     # Each record's slot among the rows this fold touches, numbered window after window,
     # without a sort: a sort of the records, or np.add.at into a table of 55 columns, cost
     # more than all the adding.
@@ -298,7 +306,7 @@ def _fold_into(parts: list[tuple[OpenWindow, Any, np.ndarray]], batch: RowBatch,
     # Sums per slot: one weighted bincount per column (a pass over the records each).
     added = np.zeros((len(SUMS), n_slots))
     added[COLUMN_OF["requests"]] = np.bincount(slot, minlength=n_slots)
-    for name, values in per_record.columns.items():
+    for name, values in (per_record.columns | per_record.recent if by_instance else per_record.columns).items():
         added[COLUMN_OF[name]] = np.bincount(slot, weights=values[picked], minlength=n_slots)
     _count_arrivals(added, slot, per_record.lags[picked], per_record.columns["prompt_tokens"][picked], n_slots)
     # Counts per (slot, code) by one bincount: np.add.at cost ~0.1 µs per record and cell,
