@@ -20,6 +20,7 @@ from servewatch.models.detect.grouping import IncidentGrouper
 from servewatch.models.detect.peer_incidents import tail_spread
 from servewatch.models.detect.replicas import ReplicaWatch, _peers
 from servewatch.models.detect.signal_detector import DetectorConfig
+from servewatch.models.stats.prefill_cost import PrefillCost
 from servewatch.models.windows.engine_window import EngineWindow
 from servewatch.models.windows.window import COLUMN_OF, RECENT_COLUMNS, WindowStats, log_seconds
 from servewatch.pipeline.dev.replica_scenarios import FAULTY_HOST, rolling_restart, slow_replica
@@ -425,6 +426,40 @@ def test_from_scrapes_prefill_per_token_is_read_on_the_requests_the_histogram_ho
     assert max(pooled) / min(pooled) > 10  # what the same mix did to the old reading
 
 
+def test_from_scrapes_an_engine_that_served_short_prompts_awhile_is_not_a_slow_replica() -> None:
+    """Every prefill costs some time whatever its length (here 0.02 s, 167 tokens' worth), so
+    per uncached token a quiet engine's interval of short prompts reads slow, and from scrapes
+    one engine may serve the short ones for a minute. The model's fixed cost is learned from
+    its engines' intervals: read with it, eight hours of heavy-tailed prompt lengths page no
+    one, and a replica prefilling 2.5x slower is still named; read without it, they page."""
+
+    def run(learned: bool) -> tuple[list[AnomalyEvent], EnginePeers]:
+        peers, events = EnginePeers(DetectorConfig()), []
+        if not learned:
+            peers.prefill_cost["m"] = PrefillCost(min_intervals=10**9)
+        rng = np.random.default_rng(2)
+        for t in range(0, 8 * 3600, 10):
+            for k in range(4):
+                n = max(int(rng.poisson(5)), MIN_COUNT)
+                uncached = rng.lognormal(6.5, 1.2, n)
+                slow = 2.5 if k == 1 and t >= 7 * 3600 else 1.0
+                prefill = slow * (0.02 + 1.2e-4 * uncached * rng.lognormal(0.0, 0.1, n))
+                window = replace(
+                    engine(k, float(t)),
+                    latency={"prefill_time": LatencySummary(count=n, mean_s=float(prefill.mean()))},
+                    uncached_per_finished=float(uncached.mean()),
+                )
+                events += peers.observe(window)
+        return events, peers
+
+    events, peers = run(learned=True)
+    assert firings(events) == [("10.0.0.1:8000", "prefill_per_token")]
+    assert min(e.window_end for e in events) > 7 * 3600
+    assert 120 < peers.prefill_cost["m"].overhead_tokens < 220
+    plain, _ = run(learned=False)
+    assert any(e.window_end < 7 * 3600 for e in plain if e.transition == "firing")
+
+
 def test_from_scrapes_a_restarted_worker_resolves_the_replica_incident_its_predecessor_fired() -> None:
     stored: dict[str, dict[str, object]] = {}
     first = EnginePeers(DetectorConfig(), save_every=30)
@@ -436,6 +471,8 @@ def test_from_scrapes_a_restarted_worker_resolves_the_replica_incident_its_prede
     assert firings(events) == [("10.0.0.2:8000", "itl")]
     # Killed; a successor reads the table and sees engine 2 healthy again.
     successor = EnginePeers(DetectorConfig(), save_every=30, restore=stored.get)  # type: ignore[arg-type]
+    successor._meet("m")
+    assert successor.prefill_cost["m"].intervals >= 4 * 60  # the prefill cost it learned goes on too
     after = []
     for t in range(900, 1200, 10):
         for k in range(4):
@@ -497,16 +534,16 @@ def test_from_scrapes_one_interval_pages_alone_only_against_the_peers_over_the_s
 
 @pytest.mark.parametrize("phase", ["decode", "prefill"])
 def test_from_scrapes_one_slow_replica_of_four_is_named_alone(phase: str) -> None:
-    """Named alone, and soon: a request's prefill time is scraped when it finishes, so the
-    prefill case shows a request's length later than the decode case does (minutes, when
-    its prefill per token was read against pooled prompt lengths)."""
+    """Named alone, and within 3 windows of the fault's: a request's prefill time is scraped
+    when it finishes, so the prefill case shows a request's length later than the decode case
+    does, and each of this quiet engine's intervals holds a handful of finished requests."""
     scenario = slow_replica(4, 2.5, phase)
     workload = scenario.build(7)
     run = run_scrape_scenario(workload)
     injected_at = workload.start + scenario.warmup_s
     causes = [(g.cause, g.window_end > injected_at) for g in run.paging_groups]
     assert causes[0] == (f"replica_outlier {FAULTY_HOST}", True) and all(after for _, after in causes)
-    assert run.paging_groups[0].window_end - injected_at <= 10 * 10.0
+    assert run.paging_groups[0].window_end - 10.0 * (injected_at // 10.0) <= 3 * 10.0
 
 
 async def test_the_replica_table_shows_the_scrapes_comparison_beside_the_request_logs(

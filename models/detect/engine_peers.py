@@ -6,7 +6,9 @@ so an engine's interval is compared with each peer's latest one that ended withi
 ``peer_horizon_s`` of it: its mean inter-token latency and its prefill seconds per prompt
 token the prefix cache did not serve (the prefill histogram's mean over the uncached prompt
 tokens per request of the same finished requests, ``_uncached_per_request``: prompt lengths
-and a cold cache taken out) on the log scale against the median of its peers', and its
+and a cold cache taken out; the model's fixed cost per request counted as that many tokens'
+worth, ``models.stats.prefill_cost``, as every engine is read at once: else an interval of
+short prompts reads slow) on the log scale against the median of its peers', and its
 failed requests and preemptions per request against their rates.
 
 Scrapes carry no per-request spread, and an interval's mean moves with the few requests
@@ -67,6 +69,7 @@ from servewatch.models.detect.peer_incidents import (
     tail_spread,
 )
 from servewatch.models.detect.signal_detector import DetectorConfig
+from servewatch.models.stats.prefill_cost import PrefillCost
 from servewatch.models.windows.engine_window import EngineWindow
 from servewatch.schemas.anomaly import AnomalyEvent, Signal
 from servewatch.schemas.series import SeriesPoint
@@ -78,8 +81,11 @@ WORDS = {
     Signal.ERROR_RATE: "fails {ratio:.1f}x as many requests",
     Signal.PREEMPTIONS: "preempts {ratio:.1f}x as many requests",
 }
-#: Requests an interval's histogram must count for its mean to be compared.
-MIN_COUNT = 5
+#: Requests an interval's histogram must count for its mean to be compared. A quiet engine
+#: (a request every few seconds) finishes three or four in an interval, and skipping those
+#: delays its first slowed interval by one; the mean of one or two is their own tail, wider
+#: than the learned per-request spread allows for (a healthy fleet scaling out paged on it).
+MIN_COUNT = 3
 MIN_STANDARD_ERROR = 0.05
 #: The learned spread is over the latest ``SPREAD_MEMORY`` differences (a few minutes of a
 #: model's engines); no engine is judged before ``SPREAD_SEEN`` were seen.
@@ -99,6 +105,23 @@ class _Latest:
     requests: float
     counts: dict[Signal, float]  # errors and preemptions in the interval
     before: _Latest | None = None  # the engine's interval before this one (its own ``before`` dropped)
+    prefill: tuple[float, float, float] | None = None  # mean prefill seconds, uncached tokens, requests
+
+    def log(self, signal: Signal, overhead: float) -> tuple[float, float] | None:
+        """The interval's log mean of ``signal`` and the requests behind it; prefill per
+        uncached token read with the model's fixed cost of ``overhead`` tokens, which every
+        engine compared is read with at once."""
+        if signal is Signal.PREFILL_PER_TOKEN and self.prefill is not None:
+            mean_s, uncached, requests = self.prefill
+            return math.log(mean_s / (uncached + overhead)), requests
+        return self.logs.get(signal)
+
+    def all_logs(self, overhead: float) -> dict[Signal, tuple[float, float]]:
+        found = dict(self.logs)
+        prefill = self.log(Signal.PREFILL_PER_TOKEN, overhead)
+        if prefill is not None:
+            found[Signal.PREFILL_PER_TOKEN] = prefill
+        return found
 
 
 @dataclass(slots=True)
@@ -111,48 +134,53 @@ class _Held:
     logs: dict[Signal, tuple[float, float]]
     peers: frozenset[str]
     load: dict[str, float]
+    overhead: float = 0.0  # the prefill fixed cost ``logs`` were read with, in tokens; the peers' are too
 
     def state(self) -> dict[str, Any]:
         return {"start": self.start, "end": self.end, "logs": {s.value: list(v) for s, v in self.logs.items()},
-                "peers": sorted(self.peers), "load": self.load}  # fmt: skip
+                "peers": sorted(self.peers), "load": self.load, "overhead": self.overhead}  # fmt: skip
 
     @classmethod
     def from_state(cls, saved: dict[str, Any]) -> _Held:
         logs = {Signal(signal): (float(log), float(n)) for signal, (log, n) in saved["logs"].items()}
         load = {str(k): float(v) for k, v in saved["load"].items()}
-        return cls(float(saved["start"]), float(saved["end"]), logs, frozenset(map(str, saved["peers"])), load)
+        peers = frozenset(map(str, saved["peers"]))
+        return cls(float(saved["start"]), float(saved["end"]), logs, peers, load, float(saved.get("overhead", 0.0)))
 
 
-def _over(peer: _Latest, signal: Signal, start: float, end: float) -> tuple[float, float] | None:
+def _over(peer: _Latest, signal: Signal, start: float, end: float, overhead: float) -> tuple[float, float] | None:
     """A peer's log mean of ``signal`` over ``start`` to ``end``: its intervals there weighted
     by how much of the span each covers, with the requests behind that share of each."""
     weight = log_sum = requests = 0.0
     for interval in (peer.before, peer):
-        if interval is None or signal not in interval.logs:
+        figure = None if interval is None else interval.log(signal, overhead)
+        if interval is None or figure is None:
             continue
         covered = min(interval.end, end) - max(interval.start, start)
         if covered > 0:
-            log, n = interval.logs[signal]
+            log, n = figure
             weight, log_sum = weight + covered, log_sum + covered * log
             requests += n * covered / max(interval.end - interval.start, 1e-9)
     if weight <= 0:
-        return peer.logs.get(signal)
+        return peer.log(signal, overhead)
     return log_sum / weight, max(requests, 1.0)
 
 
-def _log_latencies(window: EngineWindow) -> dict[Signal, tuple[float, float]]:
-    """The interval's mean ITL and prefill seconds per uncached prompt token, as logs, each
-    with the requests behind it (only those with ``MIN_COUNT`` observations behind them)."""
+def _latest(window: EngineWindow, before: _Latest | None) -> _Latest:
+    """The interval as compared: its mean ITL as a log, and its mean prefill seconds with the
+    uncached prompt tokens per request behind them, each with the requests behind it (only
+    those with ``MIN_COUNT`` observations behind them), and its errors and preemptions."""
     logs = {}
     itl = window.latency.get("itl")
     if itl is not None and itl.mean_s and itl.count >= MIN_COUNT:
         # Its tokens come from the requests decoding: those that finished, or the batch running.
         logs[Signal.ITL] = (math.log(itl.mean_s), max(window.requests, window.running or 0.0, 1.0))
-    prefill = window.latency.get("prefill_time")
+    prefill, figures = window.latency.get("prefill_time"), None
     uncached = _uncached_per_request(window)
     if prefill is not None and prefill.mean_s and prefill.count >= MIN_COUNT and uncached >= 1.0:
-        logs[Signal.PREFILL_PER_TOKEN] = (math.log(prefill.mean_s / uncached), float(prefill.count))
-    return logs
+        figures = (prefill.mean_s, uncached, float(prefill.count))
+    counts = {Signal.ERROR_RATE: window.errors, Signal.PREEMPTIONS: float(window.preempted)}
+    return _Latest(window.start, window.end, logs, window.requests, counts, before, figures)
 
 
 def _uncached_per_request(window: EngineWindow) -> float:
@@ -199,6 +227,7 @@ class EnginePeers:
     states: dict[str, dict[str, InstanceState]] = field(default_factory=dict)
     # model -> signal -> recent absolute log differences of its engines from their peers
     spread: dict[str, dict[Signal, deque[float]]] = field(default_factory=dict)
+    prefill_cost: dict[str, PrefillCost] = field(default_factory=dict)  # model -> its engines' prefill cost
     incidents: PeerIncidents = field(init=False)
     # Where each compared interval's ratios go as a replica table row (``ratio_point``); None:
     # nowhere (a replay). The worker publishes and empties it, as ``DetectorBank.series``.
@@ -229,7 +258,9 @@ class EnginePeers:
                     signal.value: [round(d, 5) for d in seen] for signal, seen in self.spread.get(model, {}).items()
                 }
                 held = {name: interval.state() for name, interval in self.held.get(model, {}).items()}
-                due.append((self.key(model), {"instances": instances, "spread": spread, "held": held}))
+                cost = self.prefill_cost[model].state() if model in self.prefill_cost else None
+                due.append((self.key(model), {"instances": instances, "spread": spread, "held": held,
+                                              "prefill_cost": cost}))  # fmt: skip
         return due
 
     def forget(self) -> None:
@@ -238,6 +269,7 @@ class EnginePeers:
         self.latest.clear()
         self.states.clear()
         self.spread.clear()
+        self.prefill_cost.clear()
         self._unsaved.clear()
         self.held.clear()
 
@@ -253,6 +285,9 @@ class EnginePeers:
             held = {str(name): _Held.from_state(saved) for name, saved in stored.get("held", {}).items()}
             if held:
                 self.held[model] = held
+            cost = stored.get("prefill_cost")  # absent in a state stored before it was learned
+            if cost is not None:
+                self.prefill_cost[model] = PrefillCost.from_state(cost)
 
         instances = self.states[model] = restored_instances(self.restore, self.key(model), self.config, rest)
         self._unsaved[model] = 0
@@ -260,16 +295,17 @@ class EnginePeers:
 
     def observe(self, window: EngineWindow) -> list[AnomalyEvent]:
         model, instance = window.labels.get("model", "other"), window.labels.get("instance", "")
-        logs = _log_latencies(window)
-        engines = self.latest.setdefault(model, {})
-        counts = {Signal.ERROR_RATE: window.errors, Signal.PREEMPTIONS: float(window.preempted)}
-        previous = engines.get(instance)
-        if previous is not None:
-            previous.before = None
-        engines[instance] = _Latest(window.start, window.end, logs, window.requests, counts, previous)
         instances = self.states.get(model)
         if instances is None:
             instances = self._meet(model)
+        cost = self.prefill_cost.setdefault(model, PrefillCost())
+        overhead = cost.overhead_tokens
+        engines = self.latest.setdefault(model, {})
+        previous = engines.get(instance)
+        if previous is not None:
+            previous.before = None
+        latest = engines[instance] = _latest(window, previous)
+        logs, counts = latest.all_logs(overhead), latest.counts
         events = self._look_again(model, instance)
         state = instances.setdefault(instance, InstanceState())
         state.served += 1  # intervals, for the warm-up
@@ -289,12 +325,15 @@ class EnginePeers:
         steps: dict[Signal, tuple[float, float]] = {}
         if peers and state.served >= self.warmup_intervals:
             for signal, (own, n) in logs.items():
-                theirs = [latest.logs[signal] for latest in peers.values() if signal in latest.logs]
+                theirs = [f for f in (peer.log(signal, overhead) for peer in peers.values()) if f is not None]
                 step = self._difference(model, state, signal, own, n, theirs, learn=True)
                 if step is not None:
                     steps[signal] = step
             for signal in MIN_PEER_RATE:
                 steps.update(_count_step(signal, window.requests, counts[signal], peers))
+        if latest.prefill is not None and not state.names(Signal.PREFILL_PER_TOKEN):
+            mean_s, uncached, requests = latest.prefill
+            cost.learn(uncached, mean_s, requests)  # after the comparison: an interval is not judged on itself
         load = {"requests": window.requests, "requests_per_s": window.requests / max(window.length, 1e-9)}
         if window.kv_cache_usage is not None:
             load["kv_cache_usage"] = window.kv_cache_usage
@@ -305,7 +344,9 @@ class EnginePeers:
             signal: logs[signal] for signal, (increment, _) in steps.items() if signal in logs and increment >= critical
         }
         if hold:
-            self.held.setdefault(model, {})[instance] = _Held(window.start, window.end, hold, frozenset(peers), load)
+            self.held.setdefault(model, {})[instance] = _Held(
+                window.start, window.end, hold, frozenset(peers), load, overhead
+            )
             self._unsaved[model] = -1  # stored at once, as an event would be
         for signal in WORDS:
             if signal in hold:
@@ -366,7 +407,7 @@ class EnginePeers:
                 continue
             span = (interval.start, interval.end)
             for signal, (own, n) in interval.logs.items():
-                over = [_over(engines[name], signal, interval.start, interval.end) for name in heard]
+                over = [_over(engines[name], signal, interval.start, interval.end, interval.overhead) for name in heard]
                 theirs = [figure for figure in over if figure is not None]
                 step = self._difference(model, state, signal, own, n, theirs, learn=False)
                 event = self.incidents.step(model, instance, state, signal, step, span, True, interval.load, alone=True)
