@@ -11,7 +11,7 @@ import orjson
 
 from servewatch.models.explain.hints import engine_slots_idle
 from servewatch.models.stats.capacity import Capacity
-from servewatch.models.windows.engine_window import EngineMemory, EngineWindow
+from servewatch.models.windows.engine_window import PERHAPS_FULL, EngineMemory, EngineWindow
 from servewatch.pipeline.dev.serving_sim import CHAT_MODEL, SimPhase, TraceWorkload
 from servewatch.pipeline.dev.sim_scrapes import run_scrape_scenario
 from servewatch.pipeline.messages.origin import MessageOrigin
@@ -235,3 +235,27 @@ def test_a_capacity_not_learned_yet_says_nothing_of_slots_or_demand_against_usua
     capacity.observe(window, load)
     assert not {"running_vs_most", "served_vs_capacity", "arrivals_vs_usual"} & load.keys()
     assert not engine_slots_idle({**load, "running_measured": 1.0})
+
+
+def test_a_wait_no_scrape_saw_is_not_taken_for_lost_slots_and_one_every_scrape_sees_is() -> None:
+    """A long prompt waits a second or two for KV blocks between two scrapes: the engine
+    reports queue time, its gauges never saw anyone waiting, and it ran fewer requests than
+    it can. As a wait one scrape saw, that is at least as likely memory as slots that are
+    gone (which leave requests waiting scrape after scrape), so it is not said to have idle
+    slots; the same engine with requests waiting at every scrape is."""
+
+    def last(waiting: float) -> EngineWindow:
+        memory, rng, window = EngineMemory(), random.Random(4), None
+        for i in range(30):
+            busy = i < 20  # it has run 24 requests; now 10, its KV cache a third full
+            record = interval(i, rng, waiting=0.0 if busy else waiting, kv_cache_usage=0.3)
+            if not busy:
+                record["running"] = 10.0
+            window = memory.window(EngineInterval.model_validate(record))
+        assert window is not None
+        return window
+
+    unseen, seen = last(waiting=0.0), last(waiting=6.0)
+    assert unseen.kv_full == PERHAPS_FULL and seen.kv_full == 0.0
+    loads = [{**window.load(), "running_vs_most": 10.0 / 24.0} for window in (unseen, seen)]
+    assert [engine_slots_idle(load) for load in loads] == [False, True]

@@ -211,7 +211,8 @@ def _engine_saturated(load: dict[str, float]) -> str:
     slots it ran when its queue formed against the most it has run."""
     arrived, served = load.get("arrived_per_s", math.nan), load.get("model_requests_per_s", math.nan)
     running, most = load.get("model_running", math.nan), load.get("most_running", math.nan)
-    full = " with its KV cache full" if load.get("kv_full", 0.0) > 0 else ""
+    kv_full = load.get("kv_full", 0.0)
+    full = " with its KV cache full" if kv_full >= 1 else " with its KV cache perhaps full" if kv_full > 0 else ""
     arrivals = f"{arrived:.1f} req/s arrive" if not math.isnan(arrived) else "requests arrive"
     surge = load.get("arrivals_vs_usual", math.nan)
     if surge > 0:

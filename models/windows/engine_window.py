@@ -85,7 +85,8 @@ class EngineWindow:
     # the batch its decode steps ran at, where one scrape's reading is a moment of it.
     decode_batch: float = math.nan
     # 1.0 when, at the scrape ``busy`` was read at, the KV cache had no room for another
-    # context of the size its running ones hold on average: full, though slots were free.
+    # context of the size its running ones hold on average: full, though slots were free;
+    # ``PERHAPS_FULL`` when no scrape saw the queue.
     kv_full: float = math.nan
 
     @classmethod
@@ -217,6 +218,8 @@ LOOKBACK_INTERVALS = 60
 #: A size-biased draw from lengths with a coefficient of variation ``c`` averages (1 + c^2)
 #: times the mean; with c about 1 in served traffic (as above), two.
 HEAD_CONTEXTS = 2.0
+#: ``kv_full`` of a queue no scrape saw: the KV cache may have been full when it formed.
+PERHAPS_FULL = 0.5
 #: Scrapes over which the most requests an engine ran is forgotten by half (a day of 10-second
 #: scrapes, as ``models.stats.capacity`` forgets capacity: a quiet night does not shrink it).
 MOST_RUNNING_HALFLIFE = 8640.0
@@ -306,7 +309,8 @@ class EngineMemory:
         )
 
     def _busy(self, window: EngineWindow) -> tuple[float, float]:
-        """(slots busy when the queue these requests report formed, 1.0 if the KV cache was full then)."""
+        """(slots busy when the queue these requests report formed, 1.0 if the KV cache was full
+        then, ``PERHAPS_FULL`` if the gauges cannot tell, 0.0 if it was not)."""
         e2e = window.latency.get("e2e")
         horizon = window.length
         if e2e is not None and e2e.count >= 1:
@@ -331,12 +335,14 @@ class EngineMemory:
             full = at.running > 0 and at.kv >= at.running / (at.running + HEAD_CONTEXTS)  # False for NaN
             return at.running, 1.0 if full else 0.0
         # No scrape saw the queue: it formed and drained between two, and the engine may have
-        # been full then. Which the gauges cannot rule out is taken (up to the most it has run,
-        # which stays a measured figure): slots lost leave a queue the scrapes do see, unless
-        # demand fits in what is left, when nobody waits for long.
+        # been full then, of slots or of memory. Which the gauges cannot rule out is taken (up
+        # to the most it has run, which stays a measured figure; its memory perhaps full, 0.5):
+        # slots lost leave a queue the scrapes do see, unless demand fits in what is left, when
+        # nobody waits for long, and a wait too short for one scrape to see is, as above, the
+        # wait of a long context for blocks at least as likely as of slots that are gone.
         bound = max((r.peak_bound for r in seen), default=window.running)
         busy = max(min(bound, self.most_running), max((r.running for r in seen), default=window.running))
-        return busy, 0.0
+        return busy, PERHAPS_FULL
 
     def _pooled(self) -> tuple[float, float, float]:
         """(prompt tokens per request, output tokens per request, hit rate), each over the latest
