@@ -86,7 +86,7 @@ class EngineWindow:
     decode_batch: float = math.nan
     # 1.0 when, at the scrape ``busy`` was read at, the KV cache had no room for another
     # context of the size its running ones hold on average: full, though slots were free;
-    # ``PERHAPS_FULL`` when no scrape saw the queue.
+    # ``PERHAPS_FULL`` when no scrape saw a queue (the gauges cannot tell).
     kv_full: float = math.nan
 
     @classmethod
