@@ -298,7 +298,9 @@ class EnginePeers:
         instances = self.states.get(model)
         if instances is None:
             instances = self._meet(model)
-        cost = self.prefill_cost.setdefault(model, PrefillCost())
+        cost = self.prefill_cost.get(model)
+        if cost is None:  # (not setdefault: that would build one on every interval)
+            cost = self.prefill_cost[model] = PrefillCost()
         overhead = cost.overhead_tokens
         engines = self.latest.setdefault(model, {})
         previous = engines.get(instance)

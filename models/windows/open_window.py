@@ -279,7 +279,7 @@ class _PerRecord(NamedTuple):
 
 
 def _fold_into(
-    parts: list[tuple[OpenWindow, Any, np.ndarray]], batch: RowBatch, per_record: _PerRecord, by_instance: bool = False
+    parts: list[tuple[OpenWindow, Any, np.ndarray]], batch: RowBatch, per_record: _PerRecord, by_instance: bool
 ) -> None:
     """Add records to their windows' rows: ``parts`` holds, per window, the records picked for
     it and each one's row there. Every figure is counted for all windows at once, one
