@@ -259,3 +259,27 @@ def test_a_wait_no_scrape_saw_is_not_taken_for_lost_slots_and_one_every_scrape_s
     assert unseen.kv_full == PERHAPS_FULL and seen.kv_full == 0.0
     loads = [{**window.load(), "running_vs_most": 10.0 / 24.0} for window in (unseen, seen)]
     assert [engine_slots_idle(load) for load in loads] == [False, True]
+
+
+def test_a_long_context_waiting_across_scrapes_is_judged_at_the_fullest_scrape_that_saw_it() -> None:
+    """A long prompt waits half a minute for KV blocks while decodes free memory a little at
+    a time: the first scrape of its queue finds every slot busy, the last a third of them
+    free beside a cache not quite full. Its queue time, reported when it finishes, may have
+    formed at either, so the engine is not said to have lost slots; an engine whose every
+    scrape of its queue found slots and memory to spare is."""
+
+    def last(queued: list[tuple[float, float]]) -> EngineWindow:
+        memory, rng, window = EngineMemory(), random.Random(4), None
+        for i in range(30 + len(queued)):
+            record = interval(i, rng, waiting=0.0)
+            if i >= 30:
+                (record["running"], record["kv_cache_usage"]), record["waiting"] = queued[i - 30], 1.0
+                record["latency"] = {"e2e": {"count": 8.0, "mean_s": 20.0, "p90_s": 35.0, "p99_s": 40.0}}
+            window = memory.window(EngineInterval.model_validate(record))
+        assert window is not None
+        return window
+
+    memory_wait, slots_lost = last([(26.0, 0.8), (20.0, 0.78), (16.0, 0.72)]), last([(16.0, 0.35)] * 3)
+    assert memory_wait.busy == 26.0 and slots_lost.busy == 16.0
+    loads = [{**w.load(), "running_vs_most": w.busy / w.most_running} for w in (memory_wait, slots_lost)]
+    assert [engine_slots_idle(load) for load in loads] == [False, True]

@@ -251,8 +251,8 @@ class EngineMemory:
       are measured, though: requests that arrived = finished + the change of running plus
       waiting between the two scrapes, and those scheduled = finished + the change of running;
     * busy slots: a request's queue time is recorded when it finishes, up to its end-to-end
-      time after it queued. Whether the engine was full *then* is the running gauge at the
-      latest scrape within that time that saw requests waiting (a queue forms only when no
+      time after it queued. Whether the engine was full *then* is read at the scrapes within
+      that time that saw requests waiting, at the fullest of them (a queue forms only when no
       slot or KV block is free: the running count then is the slots the engine had); where
       no scrape saw the queue (it formed and drained between two), the most running then;
     * per-request tokens, pooled over ``POOLED_REQUESTS`` on their own clocks, and the hit rate
@@ -317,23 +317,15 @@ class EngineMemory:
             horizon += max(e2e.p99_s or 0.0, e2e.p90_s or 0.0, e2e.mean_s or 0.0)
         since = window.end - horizon
         seen = [r for r in self.recent if r.end >= since]
-        queued = [r for r in seen if r.waiting > 0]
+        queued = [i for i, r in enumerate(seen) if r.waiting > 0]
         if queued:
-            at = queued[-1]
-            i = seen.index(at)
-            if i + 1 < len(seen) and seen[i + 1].waiting == 0 and (i == 0 or seen[i - 1].waiting == 0):
-                # Seen at one scrape and gone by the next: a queue the engine served within
-                # one interval with the slots it has. Slots lost leave requests waiting scrape
-                # after scrape (demand above what is left); a moment's wait with slots free
-                # is memory (a long context at the head, waiting for blocks), as when full.
-                return at.running, 1.0
-            # No room for the request at the queue's head. Its size is unknown, but the head of
-            # a queue blocked on memory is size-biased: a long context waits where a short one
-            # would have fitted, and for prompt lengths as spread as served traffic's
-            # (coefficient of variation about 1) it averages about twice the running ones' mean
-            # context. Full: 1 - u < HEAD_CONTEXTS * u / running.
-            full = at.running > 0 and at.kv >= at.running / (at.running + HEAD_CONTEXTS)  # False for NaN
-            return at.running, 1.0 if full else 0.0
+            # The requests this window reports may have waited at any scrape that saw a queue,
+            # and the gauges cannot tell whose wait was when: the queue is judged at the
+            # fullest of them, slots and memory each. Slots lost leave every one of them short
+            # of both; a long context waiting for blocks leaves some full and some not (its
+            # wait spans scrapes at which decodes free memory a little at a time).
+            readings = [self._queue_reading(seen, i) for i in queued]
+            return max(busy for busy, _ in readings), max(full for _, full in readings)
         # No scrape saw the queue: it formed and drained between two, and the engine may have
         # been full then, of slots or of memory. Which the gauges cannot rule out is taken (up
         # to the most it has run, which stays a measured figure; its memory perhaps full, 0.5):
@@ -343,6 +335,24 @@ class EngineMemory:
         bound = max((r.peak_bound for r in seen), default=window.running)
         busy = max(min(bound, self.most_running), max((r.running for r in seen), default=window.running))
         return busy, PERHAPS_FULL
+
+    @staticmethod
+    def _queue_reading(seen: list[_Interval], i: int) -> tuple[float, float]:
+        """(slots busy, 1.0 if the KV cache was full) at ``seen[i]``, a scrape that saw a queue."""
+        at = seen[i]
+        if i + 1 < len(seen) and seen[i + 1].waiting == 0 and (i == 0 or seen[i - 1].waiting == 0):
+            # Seen at one scrape and gone by the next: a queue the engine served within
+            # one interval with the slots it has. Slots lost leave requests waiting scrape
+            # after scrape (demand above what is left); a moment's wait with slots free
+            # is memory (a long context at the head, waiting for blocks), as when full.
+            return at.running, 1.0
+        # No room for the request at the queue's head. Its size is unknown, but the head of
+        # a queue blocked on memory is size-biased: a long context waits where a short one
+        # would have fitted, and for prompt lengths as spread as served traffic's
+        # (coefficient of variation about 1) it averages about twice the running ones' mean
+        # context. Full: 1 - u < HEAD_CONTEXTS * u / running.
+        full = at.running > 0 and at.kv >= at.running / (at.running + HEAD_CONTEXTS)  # False for NaN
+        return at.running, 1.0 if full else 0.0
 
     def _pooled(self) -> tuple[float, float, float]:
         """(prompt tokens per request, output tokens per request, hit rate), each over the latest
