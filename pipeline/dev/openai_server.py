@@ -223,6 +223,7 @@ class OpenAIServer(LoopbackServer):
                 return _sse({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]})
             return _sse({**head, "choices": [{"index": 0, "text": text or "", "finish_reason": reason}]})
 
+        served = False
         try:
             if chat:
                 await response.write(chunk(None))  # the role first, as engines do: not a token
@@ -234,14 +235,17 @@ class OpenAIServer(LoopbackServer):
             await response.write(chunk("", finish))
             if (body.get("stream_options") or {}).get("include_usage"):
                 await response.write(_sse({**head, "choices": [], "usage": account.usage()}))
+            # Logged before the stream ends: a client that has read "[DONE]" finds its request
+            # in the log, however long this process then waits for the CPU.
+            self._record(account.served(200))
+            served = True
             await response.write(_sse("[DONE]"))
             await response.write_eof()
         except (ConnectionResetError, asyncio.CancelledError) as exc:  # the client left
-            self._record(account.served(499, "abort"))
+            if not served:
+                self._record(account.served(499, "abort"))
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            return response
-        self._record(account.served(200))
         return response
 
     async def _tokens(self, words: list[str], count: int, account: _Account) -> AsyncGenerator[str, None]:
