@@ -273,7 +273,8 @@ def test_a_long_context_waiting_across_scrapes_is_judged_at_the_fullest_scrape_t
         for i in range(30 + len(queued)):
             record = interval(i, rng, waiting=0.0)
             if i >= 30:
-                (record["running"], record["kv_cache_usage"]), record["waiting"] = queued[i - 30], 1.0
+                record["running"], record["kv_cache_usage"] = queued[i - 30]
+                record["waiting"] = 1.0
                 record["latency"] = {"e2e": {"count": 8.0, "mean_s": 20.0, "p90_s": 35.0, "p99_s": 40.0}}
             window = memory.window(EngineInterval.model_validate(record))
         assert window is not None

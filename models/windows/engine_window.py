@@ -325,7 +325,7 @@ class EngineMemory:
             # of both; a long context waiting for blocks leaves some full and some not (its
             # wait spans scrapes at which decodes free memory a little at a time).
             readings = [self._queue_reading(seen, i) for i in queued]
-            return max(busy for busy, _ in readings), max(full for _, full in readings)
+            return max(running for running, _ in readings), max(full for _, full in readings)
         # No scrape saw the queue: it formed and drained between two, and the engine may have
         # been full then, of slots or of memory. Which the gauges cannot rule out is taken (up
         # to the most it has run, which stays a measured figure; its memory perhaps full, 0.5):
